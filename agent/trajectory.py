@@ -1,0 +1,259 @@
+"""Trajectory types: one episode of an agent working a task, step by step.
+
+Pure data (pydantic). The episode loop fills a `Trajectory` as it goes (seed 000 §4.2:
+"one trace object through the whole loop, each stage fills its fields"); `storage/`
+turns it into SQL rows and objects. Nothing here touches SQL, Prefect or the sandbox.
+
+Episode ids are deterministic (`episode_id_for`): uuid5 of the run key, the task id and
+the rollout index, so re-running a collection with the same run key resumes instead of
+duplicating.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.types import FileChange, InjectedFault, ResourceUsage
+
+__all__ = [
+    "EpisodeStatus",
+    "FailureCategory",
+    "FileChange",
+    "InjectedFault",
+    "ParseKind",
+    "ResourceUsage",
+    "Step",
+    "Trajectory",
+    "episode_id_for",
+    "history_hash",
+    "utcnow",
+]
+
+#: Namespace for deterministic episode ids. Never change it: ids on disk depend on it.
+EPISODE_NAMESPACE = uuid.UUID("6f1d7c0e-5b8a-4f63-9a1e-2c4d8e9b7a10")
+
+PROTOCOL_VERSION = "1"
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now; naive datetimes are rejected everywhere in epiflow."""
+    return datetime.now(UTC)
+
+
+def episode_id_for(run_key: str, task_id: str, rollout_index: int) -> uuid.UUID:
+    """The deterministic id of rollout `rollout_index` of `task_id` in run `run_key`."""
+    return uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1f{task_id}\x1f{rollout_index}")
+
+
+def history_hash(messages: list[dict[str, Any]]) -> str:
+    """sha256 of the chat history as canonical JSON (dedup and similar-episode lookups)."""
+    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class EpisodeStatus(StrEnum):
+    """How an episode ended, coarsely. `failure_category` says why."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    ENV_ERROR = "env_error"
+    POLICY_ERROR = "policy_error"
+    STORAGE_ERROR = "storage_error"
+    ABORTED = "aborted"
+
+
+class FailureCategory(StrEnum):
+    """Why an episode ended; `success` for the good case (seed 000 §4.2 "failure reason")."""
+
+    SUCCESS = "success"
+    VERIFIER_FAILED = "verifier_failed"
+    MAX_STEPS = "max_steps"
+    TIMEOUT = "timeout"
+    PARSE_FAILURES = "parse_failures"
+    ENV_ERROR = "env_error"
+    POLICY_ERROR = "policy_error"
+    STORAGE_ERROR = "storage_error"
+    ABORTED = "aborted"
+
+
+class ParseKind(StrEnum):
+    """What the protocol parser found in one assistant message."""
+
+    TOOL_CALL = "tool_call"
+    FINAL = "final"
+    NONE = "none"
+    ERROR = "error"
+
+
+class Step(BaseModel):
+    """One assistant turn and what came of it, with every record point of seed 000 §4.2."""
+
+    index: int
+    """0-based position of the step in the episode."""
+    history_hash: str
+    """sha256 of the chat history sent to the policy for this step (before the request)."""
+    started_at: datetime = Field(default_factory=utcnow)
+    """When the request to the policy was made (UTC)."""
+
+    # after the response
+    raw_output: str = ""
+    """The model's text exactly as returned (capped at the loop's output cap)."""
+    raw_output_truncated: bool = False
+    """True when the model's answer exceeded the cap and `raw_output` holds a prefix."""
+    prompt_tokens: int | None = None
+    """Prompt tokens reported by the policy, when it reports them."""
+    completion_tokens: int | None = None
+    """Completion tokens reported by the policy, when it reports them."""
+    generation_latency_ms: float | None = None
+    """Wall time of the policy request, milliseconds."""
+    native_tool_calls: list[dict[str, Any]] | None = None
+    """Raw OpenAI `tool_calls` JSON when the endpoint used native tool calling."""
+
+    # after parsing
+    parse_kind: ParseKind = ParseKind.NONE
+    """What the parser found: a tool call, a final answer, nothing, or an error."""
+    parse_error: str | None = None
+    """The protocol error message sent back to the model, when parsing failed."""
+    parse_tolerances: list[str] = Field(default_factory=list)
+    """Lenient rules the parser applied (e.g. `stripped_markdown_fence`)."""
+    parse_latency_ms: float | None = None
+    """Time spent parsing, milliseconds."""
+    call_id: str | None = None
+    """The tool call's id as written by the model."""
+    tool: str | None = None
+    """Tool name of the parsed call."""
+    args: dict[str, Any] | None = None
+    """Arguments of the parsed call after schema coercion."""
+    final_answer: str | None = None
+    """Text of `<final>` when the model ended the episode."""
+
+    # after execution
+    observation: str | None = None
+    """The rendered `<tool_result>`/`<tool_error>` text fed back to the model."""
+    exit_code: int | None = None
+    """Exit code of the tool's command; None when it did not run or was killed by a signal."""
+    signal: int | None = None
+    """Signal that killed the command, if any."""
+    timed_out: bool = False
+    """True when the per-call timeout killed the command."""
+    error_type: str | None = None
+    """Typed tool failure (e.g. `not_found`, `permission_denied`, `timeout`), if any."""
+    stdout: str = ""
+    """Standard output, decoded, NUL-free and truncated for SQL; full bytes in the object store."""
+    stderr: str = ""
+    """Standard error, decoded, NUL-free and truncated for SQL; full bytes in the object store."""
+    stdout_truncated: bool = False
+    """True when `stdout` is shorter than what the command wrote."""
+    stderr_truncated: bool = False
+    """True when `stderr` is shorter than what the command wrote."""
+    stdout_bytes: bytes | None = Field(default=None, exclude=True)
+    """Raw stdout bytes, kept in memory only until storage writes them as an object."""
+    stderr_bytes: bytes | None = Field(default=None, exclude=True)
+    """Raw stderr bytes, kept in memory only until storage writes them as an object."""
+    duration_ms: float | None = None
+    """Wall time of the tool call inside the sandbox, milliseconds."""
+    resources: ResourceUsage | None = None
+    """rusage of the tool call."""
+    files_changed: list[FileChange] = Field(default_factory=list)
+    """Workspace files the call created, modified or deleted."""
+    injected_fault: InjectedFault | None = None
+    """The fault injected into this step, if any."""
+    soft_timeout_warning: bool = False
+    """True when the observation carried the soft-timeout warning."""
+
+    # scoring (filled by scoring/ after the episode)
+    immediate_reward: float = 0.0
+    """Per-step shaping reward (format, repetition, exploration)."""
+    return_: float = Field(default=0.0, alias="return")
+    """Discounted return from this step to the end of the episode."""
+
+    model_config = ConfigDict(populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+
+class Trajectory(BaseModel):
+    """One episode: metadata plus its steps. The unit that is collected, stored and scored."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    episode_id: uuid.UUID
+    """Deterministic id, see `episode_id_for`."""
+    run_key: str
+    """The collection run's key; re-running the same key resumes."""
+    task_id: str
+    """Stable id of the task instance (template, seed, version)."""
+    rollout_index: int = 0
+    """Which rollout of this task instance within the run (0-based)."""
+    suite: str
+    """Suite the task came from."""
+    suite_version: str
+    """Version of that suite."""
+    template: str
+    """Task template name within the suite."""
+    task_version: str = "1"
+    """Version of the task template."""
+    instance_seed: int = 0
+    """Seed that generated the task instance."""
+    prompt: str = ""
+    """The task as the agent saw it."""
+    policy: str
+    """Policy spec, e.g. `scripted:oracle`, `openai:http://…#model`, `hf:/path`."""
+    policy_seed: int = 0
+    """Seed the policy used (perturbations, sampling)."""
+    protocol_version: str = PROTOCOL_VERSION
+    """Tool-call protocol version the episode spoke."""
+    tool_versions: dict[str, str] = Field(default_factory=dict)
+    """Version string of each tool offered, by tool name."""
+    sandbox_spec_hash: str = ""
+    """Stable hash of the sandbox spec the episode ran under."""
+    fault_profile: dict[str, Any] = Field(default_factory=dict)
+    """The fault-injection profile (probabilities and ranges) in force; empty when off."""
+    fault_seed: int | None = None
+    """Seed of the fault injector, so a replay injects the same faults."""
+    started_at: datetime = Field(default_factory=utcnow)
+    """When the episode started (UTC)."""
+    ended_at: datetime | None = None
+    """When the episode ended (UTC)."""
+    status: EpisodeStatus = EpisodeStatus.ABORTED
+    """How the episode ended."""
+    failure_category: FailureCategory = FailureCategory.ABORTED
+    """Why the episode ended (`success` when it succeeded)."""
+    failure_reason: str | None = None
+    """Human-readable detail for a failure (error message, verifier reason)."""
+    verifier_score: float | None = None
+    """Verifier score in [0, 1]; None when the verifier did not run."""
+    verifier_reason: str | None = None
+    """The verifier's short reason."""
+    final_answer: str | None = None
+    """Text of the agent's `<final>`, if it gave one."""
+    final_reward: float | None = None
+    """Reward from the verifier outcome (+1 / partial / failure)."""
+    total_reward: float | None = None
+    """Sum of immediate rewards and the final reward."""
+    steps: list[Step] = Field(default_factory=list)
+    """The steps, in order."""
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds() * 1000.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens or 0 for s in self.steps)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens or 0 for s in self.steps)

@@ -1,0 +1,82 @@
+"""Task instances: what a suite hands to the episode loop. Pure data.
+
+A `TaskInstance` is generated deterministically from (template, seed, version): the
+workspace files, the prompt, a reference solution (used by the `scripted:oracle`
+policy), and a verifier that runs *inside* the sandbox after the episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ReferenceCall(BaseModel):
+    """One tool call of a task's reference solution."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    """Tool name."""
+    args: dict[str, Any]
+    """Arguments, already of the schema's types."""
+
+
+class VerifierSpec(BaseModel):
+    """How to check the outcome, inside the sandbox, after the agent finished.
+
+    The verifier's files are written into the jail after the episode (outside the
+    workspace the agent could have tampered with where possible), then `argv` runs and
+    must print one JSON object `{"score": float in [0, 1], "reason": str}` on stdout.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    argv: list[str]
+    """Command to run in the sandbox, e.g. `["python3", "/tmp/verify/verify.py"]`."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Absolute in-jail path → text content, written before `argv` runs."""
+    timeout_s: float = 30.0
+    """Timeout of the verifier command."""
+
+
+class TaskInstance(BaseModel):
+    """One concrete task: files, prompt, reference solution, verifier."""
+
+    model_config = ConfigDict(frozen=True)
+
+    suite: str
+    """Suite name."""
+    suite_version: str
+    """Suite version."""
+    template: str
+    """Template name within the suite."""
+    template_version: str
+    """Template version; bumping it changes task ids."""
+    seed: int
+    """Seed the instance was generated from."""
+    difficulty: int
+    """1 (a 2-step chore) … 5 (a 15-step job with traps)."""
+    prompt: str
+    """The task as the agent sees it."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Workspace-relative path → content of the initial workspace."""
+    reference_solution: list[ReferenceCall] = Field(default_factory=list)
+    """Tool calls that solve the task (the oracle policy replays them)."""
+    reference_final: str = "Done."
+    """The oracle's `<final>` text."""
+    verifier: VerifierSpec
+    """How the outcome is checked."""
+
+    @property
+    def task_id(self) -> str:
+        """Stable id: suite/template@version#seed plus a short content hash."""
+        digest = hashlib.sha256(
+            json.dumps(
+                {"prompt": self.prompt, "files": self.files}, sort_keys=True, ensure_ascii=False
+            ).encode()
+        ).hexdigest()[:10]
+        return f"{self.suite}/{self.template}@{self.template_version}#{self.seed}-{digest}"
