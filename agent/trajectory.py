@@ -201,6 +201,8 @@ class Trajectory(BaseModel):
     """Version of the task template."""
     instance_seed: int = 0
     """Seed that generated the task instance."""
+    difficulty: int | None = None
+    """Difficulty of the task template, 1 (chore) … 5 (long job with traps)."""
     prompt: str = ""
     """The task as the agent saw it."""
     policy: str

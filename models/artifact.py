@@ -1,0 +1,26 @@
+"""`artifact`: an object in the object store that a row points at (trace, stdout, docs, …)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlmodel import SQLModel
+
+from models.columns import doc, fk, time_col
+
+
+class Artifact(SQLModel, table=True):
+    """An object-store object. Objects are written before their row commits, so every
+    row points at an existing object; objects without a row are orphans (collectable)."""
+
+    __tablename__ = "artifact"
+
+    key: str = doc("Object key, e.g. episodes/<run>/<episode>/trajectory.json.", primary_key=True)
+    kind: str = doc("trajectory, stdout, stderr, workspace, qc_docs, dataset, checkpoint, …", index=True)
+    run_id: uuid.UUID | None = fk("Collection run it belongs to, if any.", "collection_run.id")
+    episode_id: uuid.UUID | None = fk("Episode it belongs to, if any.", "episode.id", ondelete="CASCADE")
+    size: int = doc("Size in bytes.")
+    sha256: str = doc("sha256 of the content.")
+    content_type: str = doc("MIME type.", default="application/octet-stream")
+    created_at: datetime = time_col("When the row was written (UTC).")

@@ -1,0 +1,25 @@
+"""`policy`: who produced the assistant turns (scripted, an endpoint, a local checkpoint)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import SQLModel
+
+from models.columns import doc, fk, json_col, time_col
+
+
+class Policy(SQLModel, table=True):
+    """A policy, identified by its spec string (e.g. `scripted:oracle`, `hf:/ckpt`)."""
+
+    __tablename__ = "policy"
+
+    id: str = doc("The policy spec string, e.g. `scripted:noisy` or `openai:http://…#model`.", primary_key=True)
+    kind: str = doc("Policy family: `scripted`, `openai` or `hf`.", index=True)
+    config: dict[str, Any] = json_col("Non-secret configuration of the policy (rates, model name).")
+    checkpoint_id: uuid.UUID | None = fk(
+        "The epiflow checkpoint an `hf:` policy runs, when it came from training.", "checkpoint.id"
+    )
+    created_at: datetime = time_col("When the row was first written (UTC).")

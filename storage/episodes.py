@@ -1,0 +1,115 @@
+"""Persist and load episodes: objects first, then the rows that point at them.
+
+Order matters: an episode's objects (full trajectory JSON, raw stdout/stderr bytes that
+the SQL text could not hold) are written before its rows commit, so no row ever points
+at a missing object. An episode whose objects cannot be written is recorded as
+`storage_error` with the reason and no object keys. Objects whose rows never committed
+are orphans: `list_orphans` finds them, `delete_orphans` collects them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import BaseModel
+from sqlalchemy import Engine, select
+
+from agent.trajectory import Trajectory
+from models import Artifact, Episode
+from storage.errors import ObjectNotFound, ObjectStoreError
+from storage.ingest import ArtifactRef, EpisodeBundle, IngestReport, existing_episode_ids, ingest_episodes
+from storage.objects import ObjectStore
+from storage.rows import mark_storage_error
+from storage.sanitize import decode_output
+
+SQL_OUTPUT_CAP = 16_384
+"""Characters of stdout/stderr kept in the `step` row; the rest is in the object store."""
+
+
+def episode_prefix(t: Trajectory) -> str:
+    return f"episodes/{t.run_key}/{t.episode_id}"
+
+
+def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
+    """Upload what the rows will point at. Raw outputs are kept when the row's text is not
+    the whole truth: truncated, or not clean UTF-8 / containing NULs."""
+    refs: list[ArtifactRef] = []
+    prefix = episode_prefix(t)
+    for s in t.steps:
+        for stream in ("stdout", "stderr"):
+            raw: bytes | None = getattr(s, f"{stream}_bytes")
+            if raw is None:
+                continue
+            _, truncated, lossy = decode_output(raw, SQL_OUTPUT_CAP)
+            if truncated or lossy or getattr(s, f"{stream}_truncated"):
+                info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
+                refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
+    body = t.model_dump_json(by_alias=True).encode()
+    info = store.put(f"{prefix}/trajectory.json", body, content_type="application/json")
+    refs.append(ArtifactRef(info=info, kind="trajectory"))
+    return refs
+
+
+def persist_episodes(
+    engine: Engine, store: ObjectStore, trajectories: Sequence[Trajectory], *, upload_workers: int = 8
+) -> IngestReport:
+    """Write objects (concurrently) then rows (one transaction). Idempotent on episode id.
+
+    Raises:
+        IngestError: the SQL batch failed; objects written for it are orphans.
+    """
+    with engine.connect() as conn:
+        present = existing_episode_ids(conn, (t.episode_id for t in trajectories))
+    todo = [t for t in trajectories if t.episode_id not in present]
+
+    def upload(t: Trajectory) -> EpisodeBundle:
+        try:
+            return EpisodeBundle(trajectory=t, artifacts=_write_objects(store, t))
+        except ObjectStoreError as e:
+            return EpisodeBundle(trajectory=mark_storage_error(t, f"object store: {e}"))
+
+    if len(todo) > 1 and upload_workers > 1:
+        with ThreadPoolExecutor(max_workers=upload_workers) as pool:
+            bundles = list(pool.map(upload, todo))
+    else:
+        bundles = [upload(t) for t in todo]
+    report = ingest_episodes(engine, bundles)
+    report.skipped_existing = sorted(set(report.skipped_existing) | present, key=str)
+    return report
+
+
+def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -> Trajectory:
+    """The full trajectory of an episode, from the object its row points at.
+
+    Raises:
+        ObjectNotFound: no such episode, or it has no stored trajectory (a storage error).
+    """
+    with engine.connect() as conn:
+        key = conn.execute(select(Episode.trajectory_key).where(Episode.id == episode_id)).scalar_one_or_none()  # type: ignore[arg-type]
+    if key is None:
+        raise ObjectNotFound(f"episode {episode_id} has no stored trajectory")
+    return Trajectory.model_validate_json(store.get(key))
+
+
+class OrphanReport(BaseModel):
+    """Objects with no `artifact` row pointing at them."""
+
+    keys: list[str]
+    """Orphaned keys."""
+
+
+def list_orphans(engine: Engine, store: ObjectStore, prefix: str = "episodes/") -> OrphanReport:
+    """Objects under `prefix` that no `artifact` row points at (left by failed batches)."""
+    with engine.connect() as conn:
+        known = set(conn.execute(select(Artifact.key).where(Artifact.key.startswith(prefix))).scalars())  # type: ignore[attr-defined]
+    return OrphanReport(keys=[k for k in store.list(prefix) if k not in known])
+
+
+def delete_orphans(engine: Engine, store: ObjectStore, prefix: str = "episodes/") -> OrphanReport:
+    """Delete what `list_orphans` finds; returns what was deleted."""
+    report = list_orphans(engine, store, prefix)
+    for key in report.keys:
+        store.delete(key)
+    return report

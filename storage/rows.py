@@ -1,0 +1,168 @@
+"""Trajectory → SQL row dicts (pure: no session). Text is cleaned for PostgreSQL on the way."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
+from agent.trajectory import Step as StepData
+from models import run_id_for
+from storage.sanitize import clean_json, clean_text
+
+
+def policy_kind(spec: str) -> str:
+    """`scripted:oracle` → `scripted`."""
+    return spec.split(":", 1)[0] if ":" in spec else spec
+
+
+def task_row(t: Trajectory) -> dict[str, Any]:
+    return {
+        "id": t.task_id,
+        "suite": t.suite,
+        "suite_version": t.suite_version,
+        "template": t.template,
+        "template_version": t.task_version,
+        "seed": t.instance_seed,
+        "difficulty": t.difficulty,
+        "prompt": clean_text(t.prompt),
+        "created_at": t.started_at,
+    }
+
+
+def policy_row(t: Trajectory) -> dict[str, Any]:
+    return {
+        "id": t.policy,
+        "kind": policy_kind(t.policy),
+        "config": {},
+        "checkpoint_id": None,
+        "created_at": t.started_at,
+    }
+
+
+def run_row(t: Trajectory) -> dict[str, Any]:
+    return {
+        "id": run_id_for(t.run_key),
+        "run_key": t.run_key,
+        "suite": t.suite,
+        "policy_id": t.policy,
+        "parameters": {},
+        "sandbox_spec": {},
+        "fault_profile": clean_json(t.fault_profile),
+        "status": "running",
+        "prefect_flow_run_id": None,
+        "started_at": t.started_at,
+        "ended_at": None,
+    }
+
+
+def _tool_failed(s: StepData) -> bool:
+    return s.parse_kind == ParseKind.TOOL_CALL and (
+        s.timed_out
+        or s.error_type is not None
+        or s.signal is not None
+        or (s.exit_code is not None and s.exit_code != 0)
+    )
+
+
+def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
+    return {
+        "id": t.episode_id,
+        "run_id": run_id_for(t.run_key),
+        "task_id": t.task_id,
+        "rollout_index": t.rollout_index,
+        "suite": t.suite,
+        "suite_version": t.suite_version,
+        "template": t.template,
+        "task_version": t.task_version,
+        "instance_seed": t.instance_seed,
+        "policy_id": t.policy,
+        "policy_seed": t.policy_seed,
+        "protocol_version": t.protocol_version,
+        "tool_versions": clean_json(t.tool_versions),
+        "sandbox_spec_hash": t.sandbox_spec_hash,
+        "fault_profile": clean_json(t.fault_profile),
+        "fault_seed": t.fault_seed,
+        "started_at": t.started_at,
+        "ended_at": t.ended_at,
+        "duration_ms": t.duration_ms,
+        "status": str(t.status),
+        "failure_category": str(t.failure_category),
+        "failure_reason": clean_text(t.failure_reason) if t.failure_reason else None,
+        "verifier_score": t.verifier_score,
+        "verifier_reason": clean_text(t.verifier_reason) if t.verifier_reason else None,
+        "final_answer": clean_text(t.final_answer) if t.final_answer is not None else None,
+        "claimed_success": t.final_answer is not None,
+        "final_reward": t.final_reward,
+        "total_reward": t.total_reward,
+        "n_steps": len(t.steps),
+        "n_parse_errors": sum(1 for s in t.steps if s.parse_kind == ParseKind.ERROR),
+        "n_tool_errors": sum(1 for s in t.steps if _tool_failed(s)),
+        "n_injected_faults": sum(1 for s in t.steps if s.injected_fault is not None),
+        "prompt_tokens": t.prompt_tokens,
+        "completion_tokens": t.completion_tokens,
+        "trajectory_key": trajectory_key,
+        "created_at": t.ended_at or t.started_at,
+    }
+
+
+def step_row(
+    episode_id: uuid.UUID, s: StepData, *, output_keys: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    keys = output_keys or {}
+    fault = s.injected_fault
+    return {
+        "episode_id": episode_id,
+        "step_index": s.index,
+        "history_hash": s.history_hash,
+        "started_at": s.started_at,
+        "raw_output": clean_text(s.raw_output),
+        "raw_output_truncated": s.raw_output_truncated,
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "generation_latency_ms": s.generation_latency_ms,
+        "native_tool_calls": clean_json(s.native_tool_calls) if s.native_tool_calls is not None else None,
+        "parse_kind": str(s.parse_kind),
+        "parse_error": clean_text(s.parse_error) if s.parse_error else None,
+        "parse_tolerances": clean_json(list(s.parse_tolerances)),
+        "parse_latency_ms": s.parse_latency_ms,
+        "call_id": clean_text(s.call_id) if s.call_id else None,
+        "tool": clean_text(s.tool) if s.tool else None,
+        "args": clean_json(s.args) if s.args is not None else None,
+        "final_answer": clean_text(s.final_answer) if s.final_answer is not None else None,
+        "policy_perturbation": getattr(s, "policy_perturbation", None),
+        "observation": clean_text(s.observation) if s.observation is not None else None,
+        "exit_code": s.exit_code,
+        "signal": s.signal,
+        "timed_out": s.timed_out,
+        "error_type": s.error_type,
+        "stdout": clean_text(s.stdout),
+        "stderr": clean_text(s.stderr),
+        "stdout_truncated": s.stdout_truncated,
+        "stderr_truncated": s.stderr_truncated,
+        "stdout_key": keys.get("stdout"),
+        "stderr_key": keys.get("stderr"),
+        "duration_ms": s.duration_ms,
+        "cpu_ms": s.resources.cpu_ms if s.resources else None,
+        "max_rss_kib": s.resources.max_rss_kib if s.resources else None,
+        "files_changed": clean_json([f.model_dump() for f in s.files_changed]),
+        "injected_fault_kind": fault.kind if fault else None,
+        "injected_fault": clean_json(fault.detail) if fault else None,
+        "soft_timeout_warning": s.soft_timeout_warning,
+        "immediate_reward": s.immediate_reward,
+        "discounted_return": s.return_,
+    }
+
+
+def mark_storage_error(t: Trajectory, reason: str) -> Trajectory:
+    """A copy of `t` recorded as a storage failure (its objects could not be written)."""
+    from agent.trajectory import FailureCategory
+
+    return t.model_copy(
+        update={
+            "status": EpisodeStatus.STORAGE_ERROR,
+            "failure_category": FailureCategory.STORAGE_ERROR,
+            "failure_reason": reason,
+        }
+    )

@@ -1,0 +1,119 @@
+"""Settings of the storage subsystem: the SQL database and the object store.
+
+Built at the entry point (CLI, flow) and passed down; never read at import. Secrets are
+`SecretStr` and URLs are shown redacted, so neither reaches logs, reprs or errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+DEFAULT_HOME = Path(".epiflow")
+
+
+class DatabaseSettings(BaseSettings):
+    """Where episode metadata lives. SQLite by default; PostgreSQL in production."""
+
+    model_config = SettingsConfigDict(env_prefix="EPIFLOW_DATABASE_", extra="ignore")
+
+    url: SecretStr = Field(
+        default=SecretStr(f"sqlite:///{DEFAULT_HOME / 'epiflow.db'}"),
+        description=(
+            "SQLAlchemy URL of the metadata database, e.g. "
+            "`postgresql+psycopg://user:pass@host:5432/epiflow` or `sqlite:///path.db` "
+            "(env EPIFLOW_DATABASE_URL). A secret: it may hold a password."
+        ),
+    )
+    echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
+    connect_timeout_s: int = Field(
+        default=5, gt=0, description="Seconds to wait for a PostgreSQL connection before failing."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _parseable(cls, value: SecretStr) -> SecretStr:
+        try:
+            make_url(value.get_secret_value())
+        except ArgumentError as e:
+            # Never echo the value: it may contain a password.
+            raise ValueError(
+                "EPIFLOW_DATABASE_URL is not a valid SQLAlchemy URL "
+                "(expected e.g. postgresql+psycopg://user:pass@host/db or sqlite:///file.db)"
+            ) from e
+        return value
+
+    def redacted_url(self) -> str:
+        """The URL with its password masked, for messages."""
+        return make_url(self.url.get_secret_value()).render_as_string(hide_password=True)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return make_url(self.url.get_secret_value()).get_backend_name() == "sqlite"
+
+
+class ObjectStoreSettings(BaseSettings):
+    """Where artifacts live: a local directory by default, or any S3 bucket (MinIO in production)."""
+
+    model_config = SettingsConfigDict(env_prefix="EPIFLOW_OBJECTS_", extra="ignore")
+
+    url: str = Field(
+        default=str(DEFAULT_HOME / "objects"),
+        description=(
+            "A local directory path (or `file:///abs/path`), or `s3://bucket[/prefix]` "
+            "(env EPIFLOW_OBJECTS_URL)."
+        ),
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="S3 endpoint as host:port, e.g. `minio:9000` (env EPIFLOW_OBJECTS_ENDPOINT).",
+    )
+    access_key: SecretStr | None = Field(
+        default=None, description="S3 access key (env EPIFLOW_OBJECTS_ACCESS_KEY)."
+    )
+    secret_key: SecretStr | None = Field(
+        default=None, description="S3 secret key (env EPIFLOW_OBJECTS_SECRET_KEY)."
+    )
+    secure: bool = Field(
+        default=True, description="Use HTTPS to reach the S3 endpoint (env EPIFLOW_OBJECTS_SECURE)."
+    )
+    region: str | None = Field(
+        default=None, description="S3 region; MinIO ignores it (env EPIFLOW_OBJECTS_REGION)."
+    )
+    retries: int = Field(
+        default=4, ge=0, description="Retries of a failed upload or download, with backoff."
+    )
+    backoff_s: float = Field(
+        default=0.2, gt=0, description="First retry delay in seconds; doubles on each retry."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in ("", "file", "s3"):
+            raise ValueError(
+                f"EPIFLOW_OBJECTS_URL must be a directory, file:///path or s3://bucket, got scheme {scheme!r}"
+            )
+        if scheme == "s3" and not urlsplit(value).netloc:
+            raise ValueError("EPIFLOW_OBJECTS_URL=s3://… needs a bucket name, e.g. s3://epiflow")
+        return value
+
+    @property
+    def is_s3(self) -> bool:
+        return urlsplit(self.url).scheme == "s3"
+
+    def bucket_and_prefix(self) -> tuple[str, str]:
+        """For s3:// URLs: the bucket and the key prefix (no leading/trailing slash)."""
+        parts = urlsplit(self.url)
+        return parts.netloc, parts.path.strip("/")
+
+    def local_root(self) -> Path:
+        """For local URLs: the directory."""
+        parts = urlsplit(self.url)
+        return Path(parts.path) if parts.scheme == "file" else Path(self.url)
