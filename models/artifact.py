@@ -17,9 +17,13 @@ class Artifact(SQLModel, table=True):
     __tablename__ = "artifact"
 
     key: str = doc("Object key, e.g. episodes/<run>/<episode>/trajectory.json.", primary_key=True)
-    kind: str = doc("trajectory, stdout, stderr, workspace, qc_docs, dataset, checkpoint, …", index=True)
+    kind: str = doc(
+        "trajectory, stdout, stderr, workspace, qc_docs, dataset, checkpoint, …", index=True
+    )
     run_id: uuid.UUID | None = fk("Collection run it belongs to, if any.", "collection_run.id")
-    episode_id: uuid.UUID | None = fk("Episode it belongs to, if any.", "episode.id", ondelete="CASCADE")
+    episode_id: uuid.UUID | None = fk(
+        "Episode it belongs to, if any.", "episode.id", ondelete="CASCADE"
+    )
     size: int = doc("Size in bytes.")
     sha256: str = doc("sha256 of the content.")
     content_type: str = doc("MIME type.", default="application/octet-stream")

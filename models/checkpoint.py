@@ -17,11 +17,19 @@ class Checkpoint(SQLModel, table=True):
     __tablename__ = "checkpoint"
 
     id: uuid.UUID = doc("Id of the checkpoint.", primary_key=True)
-    training_run_id: uuid.UUID | None = fk("Training run that produced it (NULL for a base model).", "training_run.id")
-    parent_checkpoint_id: uuid.UUID | None = fk("Checkpoint it was trained from, if any.", "checkpoint.id")
+    training_run_id: uuid.UUID | None = fk(
+        "Training run that produced it (NULL for a base model).", "training_run.id"
+    )
+    parent_checkpoint_id: uuid.UUID | None = fk(
+        "Checkpoint it was trained from, if any.", "checkpoint.id"
+    )
     object_prefix: str = doc("Object-store prefix of the HF model directory.")
-    config_key: str | None = doc("Object-store key of the training config artifact (tools, prompt, protocol).", default=None)
+    config_key: str | None = doc(
+        "Object-store key of the training config artifact (tools, prompt, protocol).", default=None
+    )
     protocol_version: str = doc("Tool-call protocol the model was trained on.", default="1")
     metrics: dict[str, Any] = json_col("Training metrics at save time.")
-    evaluation: dict[str, Any] = json_col("Latest evaluation: completion_rate, avg_steps, tool_failure_rate, …")
+    evaluation: dict[str, Any] = json_col(
+        "Latest evaluation: completion_rate, avg_steps, tool_failure_rate, …"
+    )
     created_at: datetime = time_col("When it was saved (UTC).", index=True)

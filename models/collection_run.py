@@ -24,7 +24,9 @@ class CollectionRun(SQLModel, table=True):
     __tablename__ = "collection_run"
 
     id: uuid.UUID = doc("Deterministic id: uuid5 of the run key.", primary_key=True)
-    run_key: str = doc("Human-chosen or generated key; re-running the same key resumes.", unique=True)
+    run_key: str = doc(
+        "Human-chosen or generated key; re-running the same key resumes.", unique=True
+    )
     suite: str | None = doc("Suite collected from.", default=None, index=True)
     # Not a foreign key: policy -> checkpoint -> training_run -> dataset -> qc_run -> collection_run
     # would close a cycle. Episodes carry the enforced `episode.policy_id`.
@@ -33,6 +35,8 @@ class CollectionRun(SQLModel, table=True):
     sandbox_spec: dict[str, Any] = json_col("The sandbox spec the run used.")
     fault_profile: dict[str, Any] = json_col("Fault-injection profile in force; empty when off.")
     status: str = doc("`running`, `completed` or `failed`.", default="running", index=True)
-    prefect_flow_run_id: str | None = doc("Prefect flow run that collected it, if any.", default=None)
+    prefect_flow_run_id: str | None = doc(
+        "Prefect flow run that collected it, if any.", default=None
+    )
     started_at: datetime = time_col("When the run started (UTC).", index=True)
     ended_at: datetime | None = time_col("When the run ended (UTC).", nullable=True)

@@ -14,7 +14,12 @@ class DatasetEpisode(SQLModel, table=True):
 
     __tablename__ = "dataset_episode"
 
-    dataset_id: uuid.UUID = fk("Dataset snapshot.", "dataset.id", nullable=False, primary_key=True, ondelete="CASCADE")
+    dataset_id: uuid.UUID = fk(
+        "Dataset snapshot.", "dataset.id", nullable=False, primary_key=True, ondelete="CASCADE"
+    )
     episode_id: uuid.UUID = fk("Episode used.", "episode.id", nullable=False, primary_key=True)
-    role: str = doc("How it is used: example, chosen, rejected, desirable, undesirable, prompt.", primary_key=True)
+    role: str = doc(
+        "How it is used: example, chosen, rejected, desirable, undesirable, prompt.",
+        primary_key=True,
+    )
     weight: float = doc("Sampling weight in the snapshot (the quality score for SFT).", default=1.0)

@@ -21,8 +21,12 @@ class Episode(SQLModel, table=True):
         Index("ix_episode_run_status", "run_id", "status"),
     )
 
-    id: uuid.UUID = doc("Deterministic id: uuid5 of (run key, task id, rollout index).", primary_key=True)
-    run_id: uuid.UUID = fk("Collection run the episode belongs to.", "collection_run.id", nullable=False)
+    id: uuid.UUID = doc(
+        "Deterministic id: uuid5 of (run key, task id, rollout index).", primary_key=True
+    )
+    run_id: uuid.UUID = fk(
+        "Collection run the episode belongs to.", "collection_run.id", nullable=False
+    )
     task_id: str = fk("Task instance the episode worked on.", "task.id", nullable=False)
     rollout_index: int = doc("Which rollout of the task within the run (0-based).", default=0)
     suite: str = doc("Suite of the task (denormalised for queries).")
@@ -36,7 +40,9 @@ class Episode(SQLModel, table=True):
     tool_versions: dict[str, Any] = json_col("Version of each tool offered, by tool name.")
     sandbox_spec_hash: str = doc("Stable hash of the sandbox spec.", index=True)
     fault_profile: dict[str, Any] = json_col("Fault-injection profile in force; empty when off.")
-    fault_seed: int | None = doc("Seed of the fault injector (replays inject the same faults).", default=None)
+    fault_seed: int | None = doc(
+        "Seed of the fault injector (replays inject the same faults).", default=None
+    )
     started_at: datetime = time_col("When the episode started (UTC).", index=True)
     ended_at: datetime | None = time_col("When the episode ended (UTC).", nullable=True)
     duration_ms: float | None = doc("Wall time of the whole episode, milliseconds.", default=None)
@@ -49,18 +55,30 @@ class Episode(SQLModel, table=True):
         "policy_error, storage_error, aborted.",
         index=True,
     )
-    failure_reason: str | None = text_col("Detail of a failure (error message, verifier reason).", nullable=True)
-    verifier_score: float | None = doc("Verifier score in [0, 1]; NULL when it did not run.", default=None)
+    failure_reason: str | None = text_col(
+        "Detail of a failure (error message, verifier reason).", nullable=True
+    )
+    verifier_score: float | None = doc(
+        "Verifier score in [0, 1]; NULL when it did not run.", default=None
+    )
     verifier_reason: str | None = text_col("The verifier's short reason.", nullable=True)
     final_answer: str | None = text_col("Text of the agent's <final>, if any.", nullable=True)
-    claimed_success: bool = doc("True when the agent gave a <final> answer (it claimed to be done).", default=False)
-    final_reward: float | None = doc("Reward from the verifier outcome (+1 / partial / failure).", default=None)
+    claimed_success: bool = doc(
+        "True when the agent gave a <final> answer (it claimed to be done).", default=False
+    )
+    final_reward: float | None = doc(
+        "Reward from the verifier outcome (+1 / partial / failure).", default=None
+    )
     total_reward: float | None = doc("Sum of immediate rewards and the final reward.", default=None)
     n_steps: int = doc("Number of steps.", default=0)
     n_parse_errors: int = doc("Steps whose assistant text did not parse.", default=0)
-    n_tool_errors: int = doc("Tool calls that failed (non-zero exit, typed error, timeout).", default=0)
+    n_tool_errors: int = doc(
+        "Tool calls that failed (non-zero exit, typed error, timeout).", default=0
+    )
     n_injected_faults: int = doc("Steps that carried an injected fault.", default=0)
     prompt_tokens: int = doc("Prompt tokens over all steps, as reported by the policy.", default=0)
-    completion_tokens: int = doc("Completion tokens over all steps, as reported by the policy.", default=0)
+    completion_tokens: int = doc(
+        "Completion tokens over all steps, as reported by the policy.", default=0
+    )
     trajectory_key: str | None = doc("Object-store key of the full trajectory JSON.", default=None)
     created_at: datetime = time_col("When the row was written (UTC).")

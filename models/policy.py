@@ -16,7 +16,10 @@ class Policy(SQLModel, table=True):
 
     __tablename__ = "policy"
 
-    id: str = doc("The policy spec string, e.g. `scripted:noisy` or `openai:http://…#model`.", primary_key=True)
+    id: str = doc(
+        "The policy spec string, e.g. `scripted:noisy` or `openai:http://…#model`.",
+        primary_key=True,
+    )
     kind: str = doc("Policy family: `scripted`, `openai` or `hf`.", index=True)
     config: dict[str, Any] = json_col("Non-secret configuration of the policy (rates, model name).")
     checkpoint_id: uuid.UUID | None = fk(

@@ -16,10 +16,16 @@ class QcResult(SQLModel, table=True):
 
     __tablename__ = "qc_result"
 
-    qc_run_id: uuid.UUID = fk("Gate run.", "qc_run.id", nullable=False, primary_key=True, ondelete="CASCADE")
-    episode_id: uuid.UUID = fk("Episode judged.", "episode.id", nullable=False, primary_key=True, ondelete="CASCADE")
+    qc_run_id: uuid.UUID = fk(
+        "Gate run.", "qc_run.id", nullable=False, primary_key=True, ondelete="CASCADE"
+    )
+    episode_id: uuid.UUID = fk(
+        "Episode judged.", "episode.id", nullable=False, primary_key=True, ondelete="CASCADE"
+    )
     verdict: str = doc("keep, downweight or discard.", index=True)
     quality_score: float = doc("Quality score in [0, 1]; the sampling weight for training.")
     reward_sign: int = doc("+1 when the verifier confirmed success, -1 otherwise.", default=0)
-    reasons: list[Any] = json_col("Failed expectations and rule findings that shaped the verdict.", factory=list)
+    reasons: list[Any] = json_col(
+        "Failed expectations and rule findings that shaped the verdict.", factory=list
+    )
     created_at: datetime = time_col("When the row was written (UTC).", index=True)

@@ -19,13 +19,21 @@ class Step(SQLModel, table=True):
     __table_args__ = (Index("ix_step_tool_exit", "tool", "exit_code"),)
 
     episode_id: uuid.UUID = fk(
-        "Episode the step belongs to.", "episode.id", nullable=False, primary_key=True, ondelete="CASCADE"
+        "Episode the step belongs to.",
+        "episode.id",
+        nullable=False,
+        primary_key=True,
+        ondelete="CASCADE",
     )
     step_index: int = doc("0-based position in the episode.", primary_key=True)
-    history_hash: str = doc("sha256 of the chat history sent to the policy before this step.", index=True)
+    history_hash: str = doc(
+        "sha256 of the chat history sent to the policy before this step.", index=True
+    )
     started_at: datetime = time_col("When the policy request was made (UTC).")
     raw_output: str = text_col("The model's text exactly as returned (NULs stripped, capped).")
-    raw_output_truncated: bool = doc("True when the model's answer exceeded the output cap.", default=False)
+    raw_output_truncated: bool = doc(
+        "True when the model's answer exceeded the output cap.", default=False
+    )
     prompt_tokens: int | None = doc("Prompt tokens reported by the policy.", default=None)
     completion_tokens: int | None = doc("Completion tokens reported by the policy.", default=None)
     generation_latency_ms: float | None = doc("Wall time of the policy request, ms.", default=None)
@@ -33,33 +41,63 @@ class Step(SQLModel, table=True):
         "Raw OpenAI tool_calls JSON when the endpoint used native tool calling.", nullable=True
     )
     parse_kind: str = doc("tool_call, final, none or error.", index=True)
-    parse_error: str | None = text_col("Protocol error sent back to the model, if parsing failed.", nullable=True)
-    parse_tolerances: list[Any] = json_col("Lenient parsing rules applied (e.g. stripped_markdown_fence).", factory=list)
+    parse_error: str | None = text_col(
+        "Protocol error sent back to the model, if parsing failed.", nullable=True
+    )
+    parse_tolerances: list[Any] = json_col(
+        "Lenient parsing rules applied (e.g. stripped_markdown_fence).", factory=list
+    )
     parse_latency_ms: float | None = doc("Time spent parsing, ms.", default=None)
     call_id: str | None = doc("Tool call id as written by the model.", default=None)
     tool: str | None = doc("Tool name of the parsed call.", default=None)
-    args: dict[str, Any] | None = json_col("Arguments of the parsed call after schema coercion.", nullable=True)
+    args: dict[str, Any] | None = json_col(
+        "Arguments of the parsed call after schema coercion.", nullable=True
+    )
     final_answer: str | None = text_col("Text of <final> on this step, if any.", nullable=True)
     policy_perturbation: str | None = doc(
         "Perturbation a scripted:noisy policy injected into this turn, if any.", default=None
     )
-    observation: str | None = text_col("Rendered <tool_result>/<tool_error> fed back to the model.", nullable=True)
+    observation: str | None = text_col(
+        "Rendered <tool_result>/<tool_error> fed back to the model.", nullable=True
+    )
     exit_code: int | None = doc("Exit code of the tool's command.", default=None)
     signal: int | None = doc("Signal that killed the command, if any.", default=None)
     timed_out: bool = doc("True when the per-call timeout killed the command.", default=False)
-    error_type: str | None = doc("Typed tool failure (not_found, permission_denied, timeout, …).", default=None)
-    stdout: str = text_col("Standard output, decoded, NUL-free, truncated; full bytes in the object store.")
-    stderr: str = text_col("Standard error, decoded, NUL-free, truncated; full bytes in the object store.")
-    stdout_truncated: bool = doc("True when stdout here is shorter than what the command wrote.", default=False)
-    stderr_truncated: bool = doc("True when stderr here is shorter than what the command wrote.", default=False)
-    stdout_key: str | None = doc("Object-store key of the raw stdout bytes, when kept.", default=None)
-    stderr_key: str | None = doc("Object-store key of the raw stderr bytes, when kept.", default=None)
+    error_type: str | None = doc(
+        "Typed tool failure (not_found, permission_denied, timeout, …).", default=None
+    )
+    stdout: str = text_col(
+        "Standard output, decoded, NUL-free, truncated; full bytes in the object store."
+    )
+    stderr: str = text_col(
+        "Standard error, decoded, NUL-free, truncated; full bytes in the object store."
+    )
+    stdout_truncated: bool = doc(
+        "True when stdout here is shorter than what the command wrote.", default=False
+    )
+    stderr_truncated: bool = doc(
+        "True when stderr here is shorter than what the command wrote.", default=False
+    )
+    stdout_key: str | None = doc(
+        "Object-store key of the raw stdout bytes, when kept.", default=None
+    )
+    stderr_key: str | None = doc(
+        "Object-store key of the raw stderr bytes, when kept.", default=None
+    )
     duration_ms: float | None = doc("Wall time of the tool call in the sandbox, ms.", default=None)
     cpu_ms: float | None = doc("CPU time (user + system) of the tool call, ms.", default=None)
     max_rss_kib: int | None = doc("Peak resident memory of the tool call, KiB.", default=None)
-    files_changed: list[Any] = json_col("Workspace files changed: [{path, change, size, sha256}].", factory=list)
-    injected_fault_kind: str | None = doc("Kind of fault injected into this step, if any.", default=None, index=True)
-    injected_fault: dict[str, Any] | None = json_col("Parameters of the injected fault.", nullable=True)
-    soft_timeout_warning: bool = doc("True when the observation carried the soft-timeout warning.", default=False)
+    files_changed: list[Any] = json_col(
+        "Workspace files changed: [{path, change, size, sha256}].", factory=list
+    )
+    injected_fault_kind: str | None = doc(
+        "Kind of fault injected into this step, if any.", default=None, index=True
+    )
+    injected_fault: dict[str, Any] | None = json_col(
+        "Parameters of the injected fault.", nullable=True
+    )
+    soft_timeout_warning: bool = doc(
+        "True when the observation carried the soft-timeout warning.", default=False
+    )
     immediate_reward: float = doc("Per-step shaping reward.", default=0.0)
     discounted_return: float = doc("Discounted return from this step to the end.", default=0.0)

@@ -20,6 +20,8 @@ class Task(SQLModel, table=True):
     template: str = doc("Template that generated the instance.", index=True)
     template_version: str = doc("Version of the template.")
     seed: int = doc("Seed the instance was generated from.")
-    difficulty: int | None = doc("Difficulty 1 (2-step chore) … 5 (15-step job with traps).", default=None)
+    difficulty: int | None = doc(
+        "Difficulty 1 (2-step chore) … 5 (15-step job with traps).", default=None
+    )
     prompt: str = text_col("The task as the agent sees it.")
     created_at: datetime = time_col("When the row was first written (UTC).")

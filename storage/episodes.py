@@ -15,11 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel
 from sqlalchemy import Engine, select
+from sqlmodel import col
 
 from agent.trajectory import Trajectory
 from models import Artifact, Episode
 from storage.errors import ObjectNotFound, ObjectStoreError
-from storage.ingest import ArtifactRef, EpisodeBundle, IngestReport, existing_episode_ids, ingest_episodes
+from storage.ingest import (
+    ArtifactRef,
+    EpisodeBundle,
+    IngestReport,
+    existing_episode_ids,
+    ingest_episodes,
+)
 from storage.objects import ObjectStore
 from storage.rows import mark_storage_error
 from storage.sanitize import decode_output
@@ -53,7 +60,11 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
 
 
 def persist_episodes(
-    engine: Engine, store: ObjectStore, trajectories: Sequence[Trajectory], *, upload_workers: int = 8
+    engine: Engine,
+    store: ObjectStore,
+    trajectories: Sequence[Trajectory],
+    *,
+    upload_workers: int = 8,
 ) -> IngestReport:
     """Write objects (concurrently) then rows (one transaction). Idempotent on episode id.
 
@@ -87,7 +98,9 @@ def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -
         ObjectNotFound: no such episode, or it has no stored trajectory (a storage error).
     """
     with engine.connect() as conn:
-        key = conn.execute(select(Episode.trajectory_key).where(Episode.id == episode_id)).scalar_one_or_none()  # type: ignore[arg-type]
+        key = conn.execute(
+            select(col(Episode.trajectory_key)).where(col(Episode.id) == episode_id)
+        ).scalar_one_or_none()
     if key is None:
         raise ObjectNotFound(f"episode {episode_id} has no stored trajectory")
     return Trajectory.model_validate_json(store.get(key))
@@ -103,7 +116,11 @@ class OrphanReport(BaseModel):
 def list_orphans(engine: Engine, store: ObjectStore, prefix: str = "episodes/") -> OrphanReport:
     """Objects under `prefix` that no `artifact` row points at (left by failed batches)."""
     with engine.connect() as conn:
-        known = set(conn.execute(select(Artifact.key).where(Artifact.key.startswith(prefix))).scalars())  # type: ignore[attr-defined]
+        known = set(
+            conn.execute(
+                select(col(Artifact.key)).where(col(Artifact.key).startswith(prefix))
+            ).scalars()
+        )
     return OrphanReport(keys=[k for k in store.list(prefix) if k not in known])
 
 

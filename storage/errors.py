@@ -1,14 +1,14 @@
 """Storage errors. Each names the setting to fix, so the CLI can print one line and exit 2.
 
-    StorageError
-    ├── DatabaseError
-    │   ├── DatabaseUnavailable     cannot connect / authenticate (EPIFLOW_DATABASE_URL)
-    │   └── SchemaOutdated          the database is behind the code (run `epiflow db upgrade`)
-    ├── ObjectStoreError
-    │   ├── ObjectStoreUnavailable  endpoint unreachable, bad credentials, directory unwritable
-    │   ├── BucketMissing           the configured bucket does not exist
-    │   └── ObjectNotFound          a key that should exist does not
-    └── IngestError                 a batch could not be written; nothing of it was committed
+StorageError
+├── DatabaseError
+│   ├── DatabaseUnavailable     cannot connect / authenticate (EPIFLOW_DATABASE_URL)
+│   └── SchemaOutdated          the database is behind the code (run `epiflow db upgrade`)
+├── ObjectStoreError
+│   ├── ObjectStoreUnavailable  endpoint unreachable, bad credentials, directory unwritable
+│   ├── BucketMissing           the configured bucket does not exist
+│   └── ObjectNotFound          a key that should exist does not
+└── IngestError                 a batch could not be written; nothing of it was committed
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlmodel import col
 
 from agent.trajectory import Trajectory
 from models import Artifact, CollectionRun, Episode, Policy, Step, Task
@@ -68,7 +70,9 @@ def existing_episode_ids(conn: Connection, ids: Iterable[uuid.UUID]) -> set[uuid
     found: set[uuid.UUID] = set()
     for i in range(0, len(wanted), 500):
         chunk = wanted[i : i + 500]
-        found.update(conn.execute(select(Episode.id).where(Episode.id.in_(chunk))).scalars())  # type: ignore[attr-defined]
+        found.update(
+            conn.execute(select(col(Episode.id)).where(col(Episode.id).in_(chunk))).scalars()
+        )
     return found
 
 
@@ -103,21 +107,26 @@ def ingest_episodes(engine: Engine, bundles: Sequence[EpisodeBundle]) -> IngestR
             _bulk(conn, Artifact.__table__, artifacts)  # type: ignore[attr-defined]
             report.inserted = list(fresh)
             report.steps = len(steps)
-    except IntegrityError as e:
+    except (IntegrityError, psycopg.errors.IntegrityError) as e:
         raise IngestError(
             f"ingest of {len(bundles)} episode(s) conflicted with rows written concurrently; "
             f"nothing was committed, retry the batch: {_first_line(e)}"
         ) from e
-    except DBAPIError as e:
-        raise IngestError(f"ingest of {len(bundles)} episode(s) failed, nothing was committed: {_first_line(e)}") from e
+    except (DBAPIError, psycopg.Error) as e:
+        raise IngestError(
+            f"ingest of {len(bundles)} episode(s) failed, nothing was committed: {_first_line(e)}"
+        ) from e
     return report
 
 
-def _first_line(e: DBAPIError) -> str:
-    return str(e.orig or e).strip().splitlines()[0][:300]
+def _first_line(e: Exception) -> str:
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-def _rows(bundles: Sequence[EpisodeBundle]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def _rows(
+    bundles: Sequence[EpisodeBundle],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     episodes: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     artifacts: list[dict[str, Any]] = []
@@ -158,7 +167,11 @@ def _insert_missing(conn: Connection, table: Table, rows: list[dict[str, Any]]) 
     elif dialect == "sqlite":
         conn.execute(sqlite_insert(table).on_conflict_do_nothing(), unique)
     else:  # pragma: no cover - only SQLite and PostgreSQL are supported
-        existing = set(conn.execute(select(table.c.id).where(table.c.id.in_([r["id"] for r in unique]))).scalars())
+        existing = set(
+            conn.execute(
+                select(table.c.id).where(table.c.id.in_([r["id"] for r in unique]))
+            ).scalars()
+        )
         conn.execute(insert(table), [r for r in unique if r["id"] not in existing])
 
 
@@ -174,7 +187,11 @@ def _bulk(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
 def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """COPY rows into `table` through the connection's psycopg cursor (same transaction)."""
     columns = [c.name for c in table.columns]
-    json_columns = {c.name for c in table.columns if c.type.__class__.__name__ in ("JSON", "JSONB") or "JSON" in repr(c.type)}
+    json_columns = {
+        c.name
+        for c in table.columns
+        if c.type.__class__.__name__ in ("JSON", "JSONB") or "JSON" in repr(c.type)
+    }
     raw = conn.connection.driver_connection
     sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
     with raw.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]

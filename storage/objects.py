@@ -7,6 +7,7 @@ Keys are `/`-separated relative paths: `episodes/<run>/<episode>/trajectory.json
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import os
@@ -14,7 +15,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -49,9 +50,16 @@ class ObjectInfo(BaseModel):
 
 def validate_key(key: str) -> str:
     """Keys are relative POSIX paths without `..`, empty parts or a leading slash."""
-    parts = PurePosixPath(key).parts
-    if not key or key.startswith("/") or any(p in ("..", ".", "") for p in parts) or "\x00" in key:
-        raise ValueError(f"invalid object key {key!r}: use a relative path like 'episodes/run/x.json'")
+    parts = key.split("/")
+    if (
+        not key
+        or "\x00" in key
+        or any(p in ("..", ".", "") for p in parts[:-1])
+        or parts[-1] in ("..", ".")
+    ):
+        raise ValueError(
+            f"invalid object key {key!r}: use a relative path like 'episodes/run/x.json'"
+        )
     return key
 
 
@@ -73,7 +81,9 @@ class ObjectStore(ABC):
         """
 
     @abstractmethod
-    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectInfo:
+    def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
         """Write `data` under `key` atomically (readers never see a partial object).
 
         Raises:
@@ -101,11 +111,13 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Delete an object; deleting a missing key is not an error."""
 
-    def put_file(self, key: str, path: Path, *, content_type: str = "application/octet-stream") -> ObjectInfo:
+    def put_file(
+        self, key: str, path: Path, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
         """Upload a local file."""
         return self.put(key, path.read_bytes(), content_type=content_type)
 
-    def put_tree(self, prefix: str, root: Path) -> list[ObjectInfo]:
+    def put_tree(self, prefix: str, root: Path) -> builtins.list[ObjectInfo]:
         """Upload every regular file under `root` (symlinks are skipped) below `prefix`."""
         infos = []
         for path in sorted(root.rglob("*")):
@@ -114,7 +126,7 @@ class ObjectStore(ABC):
                 infos.append(self.put_file(f"{prefix.rstrip('/')}/{rel}", path))
         return infos
 
-    def get_tree(self, prefix: str, dest: Path) -> list[Path]:
+    def get_tree(self, prefix: str, dest: Path) -> builtins.list[Path]:
         """Download every object under `prefix` into `dest`, keeping relative paths."""
         written = []
         base = prefix.rstrip("/") + "/"
@@ -127,7 +139,9 @@ class ObjectStore(ABC):
 
 
 def _info(key: str, data: bytes, content_type: str) -> ObjectInfo:
-    return ObjectInfo(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest(), content_type=content_type)
+    return ObjectInfo(
+        key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest(), content_type=content_type
+    )
 
 
 class LocalObjectStore(ObjectStore):
@@ -153,7 +167,9 @@ class LocalObjectStore(ObjectStore):
                 f"the object directory {self.root} is not writable: {e.strerror}", setting=SETTING
             ) from e
 
-    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectInfo:
+    def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +193,9 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError as e:
             raise ObjectNotFound(f"no object {key} in {self.root}") from e
         except OSError as e:
-            raise ObjectStoreUnavailable(f"cannot read object {key}: {e.strerror}", setting=SETTING) from e
+            raise ObjectStoreUnavailable(
+                f"cannot read object {key}: {e.strerror}", setting=SETTING
+            ) from e
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -209,7 +227,8 @@ class S3ObjectStore(ObjectStore):
 
         if not settings.endpoint:
             raise ObjectStoreUnavailable(
-                "EPIFLOW_OBJECTS_URL is s3://… but no endpoint is set", setting="EPIFLOW_OBJECTS_ENDPOINT"
+                "EPIFLOW_OBJECTS_URL is s3://… but no endpoint is set",
+                setting="EPIFLOW_OBJECTS_ENDPOINT",
             )
         self.bucket, self.prefix = settings.bucket_and_prefix()
         self.settings = settings
@@ -255,7 +274,8 @@ class S3ObjectStore(ObjectStore):
         code = getattr(e, "code", "")
         if code == "NoSuchBucket":
             return BucketMissing(
-                f"the bucket {self.bucket!r} does not exist at {self.settings.endpoint}", setting=SETTING
+                f"the bucket {self.bucket!r} does not exist at {self.settings.endpoint}",
+                setting=SETTING,
             )
         if code in ("NoSuchKey", "NoSuchObject"):
             return ObjectNotFound(f"{what}: no such object")
@@ -275,7 +295,9 @@ class S3ObjectStore(ObjectStore):
                 setting=SETTING,
             )
 
-    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectInfo:
+    def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
         name = self._full(key)
         self._retry(
             f"upload of {key}",

@@ -122,7 +122,9 @@ def step_row(
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "generation_latency_ms": s.generation_latency_ms,
-        "native_tool_calls": clean_json(s.native_tool_calls) if s.native_tool_calls is not None else None,
+        "native_tool_calls": clean_json(s.native_tool_calls)
+        if s.native_tool_calls is not None
+        else None,
         "parse_kind": str(s.parse_kind),
         "parse_error": clean_text(s.parse_error) if s.parse_error else None,
         "parse_tolerances": clean_json(list(s.parse_tolerances)),

@@ -40,7 +40,7 @@ class DatabaseSettings(BaseSettings):
     def _parseable(cls, value: SecretStr) -> SecretStr:
         try:
             make_url(value.get_secret_value())
-        except ArgumentError as e:
+        except (ArgumentError, ValueError) as e:
             # Never echo the value: it may contain a password.
             raise ValueError(
                 "EPIFLOW_DATABASE_URL is not a valid SQLAlchemy URL "

@@ -1,0 +1,132 @@
+"""The `epiflow` command line. Settings are built here, at the entry point, and passed down.
+
+Every user-facing failure (bad setting, unreachable database, missing bucket, outdated
+schema, no sandbox) is one line on stderr naming what to fix, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from flows.settings import ConfigError, Settings, load_settings
+from storage.errors import StorageError
+
+app = typer.Typer(
+    name="epiflow",
+    help="Agent-training data platform: sandboxed episodes, QC, training, evaluation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(
+    help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
+)
+app.add_typer(db_app, name="db")
+
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] = "head") -> None:
+    """Upgrade the database schema (creates it on an empty database)."""
+    from storage import migrate
+    from storage.db import make_engine
+
+    settings = _settings()
+    engine = make_engine(settings.database)
+    before = migrate.current_revision(engine)
+    after = migrate.upgrade(engine, revision)
+    out.print(f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[
+        str, typer.Option(help="Target revision (`base` empties the schema).")
+    ] = "-1",
+) -> None:
+    """Downgrade the database schema."""
+    from storage import migrate
+    from storage.db import make_engine
+
+    settings = _settings()
+    engine = make_engine(settings.database)
+    before = migrate.current_revision(engine)
+    after = migrate.downgrade(engine, revision)
+    out.print(
+        f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after or 'empty'}"
+    )
+
+
+@db_app.command("current")
+def db_current(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the database's schema revision and the code's."""
+    from storage import migrate
+    from storage.db import make_engine
+
+    settings = _settings()
+    engine = make_engine(settings.database)
+    current = migrate.current_revision(engine)
+    head = migrate.head_revision()
+    if as_json:
+        typer.echo(json.dumps({"current": current, "head": head, "up_to_date": current == head}))
+    else:
+        state = "up to date" if current == head else "behind: run `epiflow db upgrade`"
+        out.print(f"current {current or 'empty'}, head {head} ({state})")
+
+
+@db_app.command("orphans")
+def db_orphans(
+    delete: Annotated[bool, typer.Option(help="Delete the orphaned objects.")] = False,
+) -> None:
+    """List (or delete) objects in the object store that no row points at."""
+    from storage.db import make_engine
+    from storage.episodes import delete_orphans, list_orphans
+    from storage.migrate import ensure_current
+    from storage.objects import make_object_store
+
+    settings = _settings()
+    engine = make_engine(settings.database)
+    ensure_current(engine)
+    store = make_object_store(settings.objects)
+    store.check()
+    report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
+    for key in report.keys:
+        typer.echo(key)
+    err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
+
+
+@app.command("demo")
+def demo(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+) -> None:
+    """Run the main job on embedded defaults and say where to look."""
+    from flows.demo import run_demo
+
+    summary = run_demo(_settings(), console=err if as_json else out)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line and exit code 2."""
+    try:
+        app()
+    except (StorageError, ConfigError) as e:
+        err.print(f"[bold red]error:[/] {e.user_message()}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

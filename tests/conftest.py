@@ -1,0 +1,100 @@
+"""Project-wide fixtures: real PostgreSQL, a real S3 server, isolated settings.
+
+PostgreSQL tests skip loudly when the binaries are missing, except under
+EPIFLOW_REQUIRE_POSTGRES=1 (set by .ci/run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from storage.settings import DatabaseSettings, ObjectStoreSettings
+from tests.services.postgres import PostgresCluster, find_pg_bin, running_cluster
+from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads the developer's EPIFLOW_* settings or writes into the checkout."""
+    for name in list(os.environ):
+        if name.startswith("EPIFLOW_") and name not in (
+            "EPIFLOW_REQUIRE_POSTGRES",
+            "EPIFLOW_PG_BIN",
+        ):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("EPIFLOW_DATABASE_URL", f"sqlite:///{tmp_path / 'epiflow.db'}")
+    monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PostgresCluster]:
+    bin_dir = find_pg_bin()
+    if bin_dir is None or not (bin_dir / "initdb").exists():
+        reason = (
+            "PostgreSQL binaries (initdb, pg_ctl) not found: install the `postgresql` package "
+            "or set EPIFLOW_PG_BIN; PostgreSQL tests are NOT running"
+        )
+        if os.environ.get("EPIFLOW_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason + " (EPIFLOW_REQUIRE_POSTGRES=1)")
+        pytest.skip(reason)
+    with running_cluster(bin_dir) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PostgresCluster) -> str:
+    """A fresh, empty database on the throwaway cluster."""
+    return pg_cluster.url(pg_cluster.create_database())
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test using it runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def migrated_engine(db_url: str) -> Iterator[Engine]:
+    """An engine on a freshly migrated database (SQLite and PostgreSQL)."""
+    from storage import migrate
+    from storage.db import make_engine
+
+    engine = make_engine(DatabaseSettings(url=db_url))
+    migrate.upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_settings(s3_server: S3Server) -> ObjectStoreSettings:
+    """Settings for a fresh bucket on the loopback S3 server."""
+    bucket = s3_server.create_bucket()
+    return ObjectStoreSettings(
+        url=f"s3://{bucket}/epiflow",
+        endpoint=s3_server.endpoint,
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        secure=False,
+        retries=1,
+        backoff_s=0.05,
+    )

@@ -1,0 +1,109 @@
+"""The `epiflow` CLI as a user runs it (a real subprocess): db commands, demo, bad input.
+
+Bad input gets one line on stderr naming the setting to fix, exit code 2, and nothing
+half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.services.postgres import PostgresCluster, free_port
+
+EPIFLOW = str(Path(sys.executable).parent / "epiflow")
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EPIFLOW_")}
+    full_env.update(env)
+    return subprocess.run(
+        [EPIFLOW, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    current = run(["db", "current", "--json"], tmp_path, EPIFLOW_DATABASE_URL=url)
+    assert json.loads(current.stdout) == {"current": None, "head": "0001", "up_to_date": False}
+    up = run(["db", "upgrade"], tmp_path, EPIFLOW_DATABASE_URL=url)
+    assert up.returncode == 0 and "empty -> 0001" in up.stdout
+    assert json.loads(run(["db", "current", "--json"], tmp_path, EPIFLOW_DATABASE_URL=url).stdout)[
+        "up_to_date"
+    ]
+    down = run(["db", "downgrade", "--revision", "base"], tmp_path, EPIFLOW_DATABASE_URL=url)
+    assert down.returncode == 0 and "0001 -> empty" in down.stdout
+
+
+def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
+    result = run(["demo", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["round_trip_identical"] is True
+    assert summary["ingest"]["inserted"]
+    assert (tmp_path / ".epiflow" / "epiflow.db").exists()
+    assert (tmp_path / ".epiflow" / "objects" / "episodes").is_dir()
+
+
+def test_unreachable_database(tmp_path: Path) -> None:
+    url = f"postgresql+psycopg://u:hunter2secret@127.0.0.1:{free_port()}/db"
+    line = one_error_line(run(["db", "upgrade"], tmp_path, EPIFLOW_DATABASE_URL=url))
+    assert "EPIFLOW_DATABASE_URL" in line and "hunter2secret" not in line
+
+
+def test_wrong_credentials(tmp_path: Path, pg_cluster: PostgresCluster) -> None:
+    url = pg_cluster.url("postgres", password="wrong-password-xyz")
+    line = one_error_line(run(["db", "current"], tmp_path, EPIFLOW_DATABASE_URL=url))
+    assert "EPIFLOW_DATABASE_URL" in line and "password" in line
+    assert "wrong-password-xyz" not in line
+
+
+def test_invalid_url_does_not_echo_it(tmp_path: Path) -> None:
+    line = one_error_line(
+        run(["db", "current"], tmp_path, EPIFLOW_DATABASE_URL="postgresql://u:s3cr3t@@h:port/x")
+    )
+    assert line.startswith("error: EPIFLOW_DATABASE_URL") and "s3cr3t" not in line
+
+
+def test_schema_older_than_code(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    line = one_error_line(run(["db", "orphans"], tmp_path, EPIFLOW_DATABASE_URL=url))
+    assert "epiflow db upgrade" in line and "EPIFLOW_DATABASE_URL" in line
+
+
+def test_unwritable_object_directory_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file, not a directory")
+    line = one_error_line(
+        run(["demo"], tmp_path, EPIFLOW_OBJECTS_URL=str(tmp_path / "blocker" / "objects"))
+    )
+    assert "EPIFLOW_OBJECTS_URL" in line
+    assert not (tmp_path / ".epiflow" / "epiflow.db").exists()
+
+
+@pytest.mark.s3
+def test_missing_bucket_writes_nothing(tmp_path: Path, s3_server) -> None:
+    env = {
+        "EPIFLOW_OBJECTS_URL": "s3://missing-bucket",
+        "EPIFLOW_OBJECTS_ENDPOINT": s3_server.endpoint,
+        "EPIFLOW_OBJECTS_ACCESS_KEY": "k",
+        "EPIFLOW_OBJECTS_SECRET_KEY": "very-secret-key",
+        "EPIFLOW_OBJECTS_SECURE": "false",
+    }
+    result = run(["demo"], tmp_path, **env)
+    line = one_error_line(result)
+    assert "missing-bucket" in line and "EPIFLOW_OBJECTS_URL" in line
+    assert "very-secret-key" not in result.stderr + result.stdout
+    assert not (tmp_path / ".epiflow" / "epiflow.db").exists()

@@ -1,0 +1,191 @@
+"""Episodes through storage: objects first, rows second; idempotent; NUL-safe; round trips."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select, text
+from sqlmodel import col
+
+from agent.trajectory import Trajectory
+from models import Artifact, Episode, Step
+from storage.episodes import list_orphans, load_trajectory, persist_episodes
+from storage.errors import IngestError, ObjectStoreError
+from storage.ingest import EpisodeBundle, ingest_episodes
+from storage.objects import LocalObjectStore, ObjectInfo, ObjectStore
+from tests.storage.builders import make_trajectory
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalObjectStore:
+    s = LocalObjectStore(tmp_path / "objects")
+    s.check()
+    return s
+
+
+def _count(engine: Engine, model: type) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(model)).scalar_one())
+
+
+def test_round_trip_json_sql_objects(migrated_engine: Engine, store: LocalObjectStore) -> None:
+    t = make_trajectory(n_steps=4)
+    assert Trajectory.model_validate_json(t.model_dump_json(by_alias=True)).model_dump(
+        mode="json"
+    ) == t.model_dump(mode="json")
+    report = persist_episodes(migrated_engine, store, [t])
+    assert report.inserted == [t.episode_id]
+    assert report.steps == 4
+    loaded = load_trajectory(migrated_engine, store, t.episode_id)
+    assert loaded.model_dump(mode="json") == t.model_dump(mode="json")
+    with migrated_engine.connect() as conn:
+        row = conn.execute(select(Episode).where(col(Episode.id) == t.episode_id)).one()
+        assert row.status == "success" and row.n_steps == 4 and row.n_tool_errors == 1
+        assert row.n_injected_faults == 1 and row.started_at == t.started_at
+        step = conn.execute(
+            select(Step).where(col(Step.episode_id) == t.episode_id, col(Step.step_index) == 0)
+        ).one()
+        assert step.args == {"command": "ls", "timeout": 5}
+        assert step.files_changed[0]["path"] == "out.json"
+        assert step.parse_tolerances == ["stripped_markdown_fence"]
+        assert step.discounted_return == 0.5
+
+
+def test_second_ingest_changes_nothing_and_says_so(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    batch = [make_trajectory(task=f"t{i}") for i in range(3)]
+    first = persist_episodes(migrated_engine, store, batch)
+    assert len(first.inserted) == 3
+    before = (
+        _count(migrated_engine, Episode),
+        _count(migrated_engine, Step),
+        _count(migrated_engine, Artifact),
+    )
+    objects_before = list(store.list(""))
+    second = persist_episodes(migrated_engine, store, [*batch, make_trajectory(task="t9")])
+    assert sorted(second.skipped_existing, key=str) == sorted(
+        (t.episode_id for t in batch), key=str
+    )
+    assert len(second.inserted) == 1
+    assert "already present" in second.summary()
+    assert _count(migrated_engine, Episode) == before[0] + 1
+    assert set(objects_before) <= set(store.list(""))
+
+
+def test_nul_and_invalid_utf8_are_cleaned_in_rows_and_kept_in_objects(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    raw = b"ok\x00\xff\xfebinary\n"
+    t = make_trajectory(stdout=raw)
+    t.steps[0].args = {"command": "printf 'a\x00b'"}
+    t.steps[0].raw_output = "before\x00after"
+    persist_episodes(migrated_engine, store, [t])
+    with migrated_engine.connect() as conn:
+        step = conn.execute(
+            select(Step).where(col(Step.episode_id) == t.episode_id, col(Step.step_index) == 0)
+        ).one()
+    assert "\x00" not in step.stdout and "\x00" not in step.raw_output
+    assert step.args == {"command": "printf 'ab'"}
+    assert step.stdout_key is not None
+    assert store.get(step.stdout_key) == raw
+
+
+def test_no_row_points_at_a_missing_object(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    persist_episodes(
+        migrated_engine, store, [make_trajectory(task=f"t{i}", stdout=b"\xff") for i in range(3)]
+    )
+    with migrated_engine.connect() as conn:
+        keys = list(conn.execute(select(col(Artifact.key))).scalars())
+        keys += [k for k in conn.execute(select(col(Step.stdout_key))).scalars() if k]
+        keys += [k for k in conn.execute(select(col(Episode.trajectory_key))).scalars() if k]
+    assert keys and all(store.exists(k) for k in keys)
+    assert list_orphans(migrated_engine, store).keys == []
+
+
+class _BrokenStore(LocalObjectStore):
+    """A real local store whose uploads fail for one episode (simulates an outage mid-batch)."""
+
+    def __init__(self, root: Path, fail_for: uuid.UUID) -> None:
+        super().__init__(root)
+        self.fail_for = str(fail_for)
+
+    def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
+        if self.fail_for in key:
+            raise ObjectStoreError("simulated outage")
+        return super().put(key, data, content_type=content_type)
+
+
+def test_failed_upload_is_recorded_as_storage_error(
+    migrated_engine: Engine, tmp_path: Path
+) -> None:
+    good, bad = make_trajectory(task="good"), make_trajectory(task="bad")
+    store = _BrokenStore(tmp_path / "objects", bad.episode_id)
+    persist_episodes(migrated_engine, store, [good, bad])
+    with migrated_engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(select(Episode))}
+    assert rows[good.episode_id].status == "success"
+    assert rows[bad.episode_id].status == "storage_error"
+    assert "simulated outage" in rows[bad.episode_id].failure_reason
+    assert rows[bad.episode_id].trajectory_key is None
+
+
+def test_failed_batch_leaves_nothing(migrated_engine: Engine, store: ObjectStore) -> None:
+    t = make_trajectory()
+    t.steps[1].index = 0  # duplicate step index: the primary key refuses the batch
+    with pytest.raises(IngestError, match="nothing was committed"):
+        ingest_episodes(
+            migrated_engine,
+            [EpisodeBundle(trajectory=make_trajectory(task="ok")), EpisodeBundle(trajectory=t)],
+        )
+    assert _count(migrated_engine, Episode) == 0
+    assert _count(migrated_engine, Step) == 0
+
+
+def test_postgres_ingest_uses_copy(pg_url: str, store: LocalObjectStore) -> None:
+    from storage import migrate
+    from storage.db import make_engine
+    from storage.settings import DatabaseSettings
+
+    engine = make_engine(DatabaseSettings(url=pg_url))
+    migrate.upgrade(engine)
+    statements: list[str] = []
+    from sqlalchemy import event
+
+    # COPY runs on the raw psycopg cursor, so SQLAlchemy never sees an INSERT INTO step.
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    persist_episodes(engine, store, [make_trajectory(task=f"t{i}", n_steps=5) for i in range(4)])
+    assert not any("INSERT INTO step" in s for s in statements)
+    assert _count(engine, Step) == 20
+    with engine.connect() as conn:
+        kinds = conn.execute(
+            text("SELECT jsonb_typeof(args) FROM step WHERE args IS NOT NULL LIMIT 1")
+        ).scalar_one()
+    assert kinds == "object"
+    engine.dispose()
+
+
+def test_views_answer_on_ingested_data(migrated_engine: Engine, store: LocalObjectStore) -> None:
+    persist_episodes(
+        migrated_engine, store, [make_trajectory(task=f"t{i}", n_steps=3) for i in range(2)]
+    )
+    with migrated_engine.connect() as conn:
+        summary = conn.execute(
+            text("SELECT status, n_steps FROM episode_summary ORDER BY episode_id")
+        ).all()
+        rates = conn.execute(
+            text(
+                "SELECT tool, fault_kind, calls, failures, failure_rate FROM tool_failure_rates ORDER BY fault_kind"
+            )
+        ).all()
+    assert [tuple(r) for r in summary] == [("success", 3), ("success", 3)]
+    assert [tuple(r) for r in rates] == [
+        ("execute_shell", "latency", 2, 2, 1.0),
+        ("execute_shell", "none", 2, 0, 0.0),
+    ]
