@@ -1,0 +1,12 @@
+"""Task suites: seeded task instances with in-sandbox verifiers (see docs/suites.md).
+
+Public API:
+
+- `suites.registry.load_suite(name, *, settings=None) -> Suite` — `"builtin"`, the example
+  suites in `suites/examples/`, and user suites on `EPIFLOW_SUITES_PATH`.
+- `Suite.templates`, `Suite.generate(template, seed)`, `Suite.instances(n, seed=…)`,
+  `Suite.heldout_instances(n, seed=…)` (evaluation seeds, disjoint from training seeds).
+- `suites.verify.run_verifier(sandbox, task) -> VerifierOutcome` — runs inside the jail.
+- `suites.curriculum.success_rates(...)`, `select_band(...)` — the 30–70 % band.
+- `suites.check.summarize(...)`, `replay_reference(...)` — behind `epiflow suites check`.
+"""

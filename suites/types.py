@@ -41,6 +41,8 @@ class VerifierSpec(BaseModel):
     """Absolute in-jail path → text content, written before `argv` runs."""
     timeout_s: float = 30.0
     """Timeout of the verifier command."""
+    stdin: str | None = None
+    """Text fed to `argv` on stdin, e.g. the script for `["python3", "-I", "-"]`; None for none."""
 
 
 class TaskInstance(BaseModel):

@@ -1,0 +1,204 @@
+"""`epiflow suites …`: list the task suites and check them with a policy in real sandboxes.
+
+Mounted by `flows.cli` as `epiflow suites`. Settings are built here (the entry point) and
+passed down. User-facing failures (unknown suite, malformed `suite.yaml`, bad policy spec,
+no sandbox) are printed on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from suites.check import CheckReport, InstanceResult, summarize
+from suites.errors import SuiteError
+from suites.registry import load_all_suites, load_suite
+from suites.settings import SuitesSettings
+from suites.suite import Suite
+from suites.types import TaskInstance
+
+app = typer.Typer(
+    help="Task suites: list templates, check them with a policy in real sandboxes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+_out = Console(soft_wrap=True)
+_err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    _err.print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(code=2)
+
+
+@app.command("list")
+def list_suites(
+    suite: Annotated[str | None, typer.Option(help="Only this suite.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List suites and their templates (versions, difficulty); malformed user suites are reported."""
+    settings = SuitesSettings()
+    errors: list[SuiteError] = []
+    if suite is not None:
+        try:
+            suites = [load_suite(suite, settings=settings)]
+        except SuiteError as e:
+            raise _fail(str(e)) from e
+    else:
+        suites, errors = load_all_suites(settings)
+    if as_json:
+        payload = {
+            "suites": [_suite_json(s) for s in suites],
+            "errors": [str(e) for e in errors],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        for s in suites:
+            table = Table(title=f"{s.name} v{s.version}" + (f" ({s.source})" if s.source else ""))
+            for column in ("template", "version", "difficulty", "summary"):
+                table.add_column(column)
+            for info in s.info():
+                table.add_row(info.template, info.version, str(info.difficulty), info.summary)
+            _out.print(table)
+        for problem in errors:
+            _err.print(f"error: {problem}", markup=False, highlight=False)
+    if errors:
+        raise typer.Exit(code=1)
+
+
+@app.command("check")
+def check(
+    suite: Annotated[str, typer.Option(help="Suite name.")] = "builtin",
+    policy: Annotated[
+        str, typer.Option(help="Policy spec, e.g. scripted:oracle.")
+    ] = "scripted:oracle",
+    instances: Annotated[int, typer.Option(min=1, help="Instances per template.")] = 3,
+    seed: Annotated[int, typer.Option(min=0, help="First instance seed.")] = 0,
+    heldout: Annotated[bool, typer.Option(help="Use held-out (evaluation) seeds.")] = False,
+    template: Annotated[
+        list[str] | None, typer.Option(help="Only these templates (repeatable).")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 2,
+    min_score: Annotated[
+        float | None, typer.Option(help="Exit 1 when the overall mean score is below this.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run N instances of every template with a policy in real sandboxes; report scores."""
+    try:
+        loaded = load_suite(suite, settings=SuitesSettings())
+        names = template if template else list(loaded.templates)
+        for name in names:
+            loaded.template(name)
+        tasks = (
+            loaded.heldout_instances(instances, seed=seed, templates=names)
+            if heldout
+            else loaded.instances(instances, seed=seed, templates=names)
+        )
+    except SuiteError as e:
+        raise _fail(str(e)) from e
+    report = asyncio.run(_run_check(loaded, tasks, policy, concurrency))
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        _print_report(report)
+    if report.environment_errors:
+        _err.print(f"{report.environment_errors} instance(s) hit a sandbox or verifier error")
+        raise typer.Exit(code=1)
+    if min_score is not None and report.mean_score < min_score:
+        raise typer.Exit(code=1)
+
+
+async def _run_check(
+    suite: Suite, tasks: list[TaskInstance], policy_spec: str, concurrency: int
+) -> CheckReport:
+    from agent.errors import PolicySpecError
+    from agent.loop import run_episode
+    from agent.policies import make_policy
+    from agent.settings import LoopSettings
+    from agent.trajectory import EpisodeStatus
+    from sandbox import SandboxSettings, SandboxSpec, open_sandbox
+
+    try:
+        policy = make_policy(policy_spec)
+    except PolicySpecError as e:
+        raise _fail(str(e)) from e
+    spec = SandboxSpec()
+    loop_settings = LoopSettings()
+    sandbox_settings = SandboxSettings()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def opener(spec: SandboxSpec, **kwargs: Any) -> Any:
+        return await open_sandbox(spec, settings=sandbox_settings, **kwargs)
+
+    async def one(task: TaskInstance) -> InstanceResult:
+        async with gate:
+            traj = await run_episode(
+                task,
+                policy,
+                spec=spec,
+                run_key=f"suites-check/{suite.name}@{suite.version}/{policy_spec}",
+                settings=loop_settings,
+                open_sandbox=opener,
+            )
+        env_broken = traj.status in (EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR)
+        return InstanceResult(
+            template=task.template,
+            seed=task.seed,
+            task_id=task.task_id,
+            score=traj.verifier_score or 0.0,
+            success=traj.status == EpisodeStatus.SUCCESS,
+            status=str(traj.status),
+            reason=traj.verifier_reason or traj.failure_reason or "",
+            verifier_error=env_broken,
+        )
+
+    try:
+        results = await asyncio.gather(*(one(task) for task in tasks))
+    finally:
+        await policy.aclose()
+    return summarize(suite, policy_spec, results)
+
+
+def _suite_json(suite: Suite) -> dict[str, Any]:
+    return {
+        "name": suite.name,
+        "version": suite.version,
+        "description": suite.description,
+        "source": str(suite.source) if suite.source else None,
+        "templates": [
+            info.model_dump(include={"template", "version", "difficulty", "summary"})
+            for info in suite.info()
+        ],
+    }
+
+
+def _print_report(report: CheckReport) -> None:
+    table = Table(title=f"{report.suite} v{report.suite_version} with {report.policy}")
+    for column in (
+        "template",
+        "difficulty",
+        "instances",
+        "mean_score",
+        "failures",
+        "first failure",
+    ):
+        table.add_column(column)
+    for t in report.templates:
+        first = t.failed[0].reason[:40] if t.failed else ""
+        table.add_row(
+            t.template,
+            str(t.difficulty),
+            str(t.instances),
+            f"{t.mean_score:.3f}",
+            str(t.failures),
+            first,
+        )
+    _out.print(table)
+    _out.print(f"overall mean_score: {report.mean_score:.3f}")

@@ -1,0 +1,210 @@
+"""Repair a failing Python module (difficulty 4): make its tests pass; hidden edge cases checked too."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from suites.builtin.common import python_verifier, read, shell, write
+from suites.template import TaskDraft, TaskTemplate
+
+
+@dataclass(frozen=True)
+class _Function:
+    name: str
+    buggy: str
+    fixed: str
+    tests: str
+    """Body lines of a unittest method; `m` is the module."""
+    hidden: tuple[tuple[list[Any], Any], ...]
+    """(args, expected) pairs; expected `"raises:ValueError"` means that exception."""
+
+
+_FUNCTIONS = (
+    _Function(
+        name="mean",
+        buggy='''def mean(values):
+    """Arithmetic mean of a non-empty list; ValueError for an empty one."""
+    if not values:
+        raise ValueError("mean of an empty list")
+    return sum(values) / (len(values) - 1)
+''',
+        fixed='''def mean(values):
+    """Arithmetic mean of a non-empty list; ValueError for an empty one."""
+    if not values:
+        raise ValueError("mean of an empty list")
+    return sum(values) / len(values)
+''',
+        tests="self.assertEqual(m.mean([2, 4, 6]), 4)\nwith self.assertRaises(ValueError):\n    m.mean([])",
+        hidden=(([[5]], 5), ([[1, 2]], 1.5), ([[]], "raises:ValueError")),
+    ),
+    _Function(
+        name="is_leap",
+        buggy='''def is_leap(year):
+    """True for Gregorian leap years."""
+    return year % 4 == 0
+''',
+        fixed='''def is_leap(year):
+    """True for Gregorian leap years."""
+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+''',
+        tests="self.assertTrue(m.is_leap(2024))\nself.assertFalse(m.is_leap(2023))\nself.assertFalse(m.is_leap(1900))",
+        hidden=(([2000], True), ([2100], False), ([1996], True), ([2023], False)),
+    ),
+    _Function(
+        name="word_count",
+        buggy='''def word_count(text):
+    """Number of whitespace-separated words in text."""
+    return len(text.split(" "))
+''',
+        fixed='''def word_count(text):
+    """Number of whitespace-separated words in text."""
+    return len(text.split())
+''',
+        tests='self.assertEqual(m.word_count("a b c"), 3)\nself.assertEqual(m.word_count("hello  world"), 2)',
+        hidden=(([""], 0), (["  lead and trail "], 3), (["tabs\tand\nnewlines"], 3)),
+    ),
+    _Function(
+        name="clamp",
+        buggy='''def clamp(x, lo, hi):
+    """x limited to the closed interval [lo, hi]."""
+    return max(lo, min(x, lo))
+''',
+        fixed='''def clamp(x, lo, hi):
+    """x limited to the closed interval [lo, hi]."""
+    return max(lo, min(x, hi))
+''',
+        tests="self.assertEqual(m.clamp(5, 0, 10), 5)\nself.assertEqual(m.clamp(-1, 0, 10), 0)",
+        hidden=(([99, 0, 10], 10), ([10, 0, 10], 10), ([-3, -5, 5], -3)),
+    ),
+    _Function(
+        name="median",
+        buggy='''def median(values):
+    """Median of a non-empty list of numbers."""
+    return values[len(values) // 2]
+''',
+        fixed='''def median(values):
+    """Median of a non-empty list of numbers."""
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+''',
+        tests="self.assertEqual(m.median([3, 1, 2]), 2)\nself.assertEqual(m.median([7]), 7)",
+        hidden=(([[4, 1, 3, 2]], 2.5), ([[9, 8, 7, 1, 2]], 7), ([[1, 1]], 1)),
+    ),
+)
+
+_VERIFY = """
+# The agent's code runs in child interpreters started with -I and the workspace appended to
+# sys.path (after the stdlib, so a planted unittest.py cannot fake a pass) and with a fresh
+# pycache prefix (a stale __pycache__ must not decide the verdict).
+TESTS = "import sys, unittest; sys.path.append('.'); unittest.main(module=None, argv=['unittest', sys.argv[1]])"
+RUNNER = '''
+import importlib, json, sys
+sys.path.append(".")
+module = importlib.import_module(sys.argv[1])
+results = []
+for func, args in json.loads(sys.stdin.read()):
+    try:
+        results.append(["ok", getattr(module, func)(*args)])
+    except Exception as e:
+        results.append(["raises", type(e).__name__])
+print(json.dumps(results))
+'''
+
+
+def verify():
+    import tempfile
+
+    module = EXPECTED["module"]
+    test_file = f"test_{module}.py"
+    if not os.path.isfile(test_file) or sha256_of(test_file) != EXPECTED["test_sha"]:
+        raise Reject(f"{test_file} was modified or removed")
+    python = [sys.executable, "-I", "-X", "pycache_prefix=" + tempfile.mkdtemp()]
+    run = subprocess.run(
+        [*python, "-c", TESTS, f"test_{module}"], capture_output=True, text=True, timeout=15
+    )
+    if run.returncode != 0:
+        raise Reject(f"the tests in {test_file} still fail")
+    checks = Checks()
+    checks.add(f"{test_file} passes", True)
+    cases = EXPECTED["hidden"]
+    probe = subprocess.run(
+        [*python, "-c", RUNNER, module],
+        input=json.dumps([[c["func"], c["args"]] for c in cases]),
+        capture_output=True, text=True, timeout=15,
+    )
+    try:
+        results = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        results = []
+    for i, case in enumerate(cases):
+        got = results[i] if i < len(results) else None
+        want = case["expect"]
+        if isinstance(want, str) and want.startswith("raises:"):
+            ok = got == ["raises", want.split(":", 1)[1]]
+        else:
+            ok = got is not None and got[0] == "ok" and got[1] == want
+        checks.add(f"{case['func']}{tuple(case['args'])} == {want!r}", ok)
+    return checks.verdict()
+"""
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "".join(prefix + line + "\n" for line in text.splitlines())
+
+
+def build(rng: random.Random) -> TaskDraft:
+    module = rng.choice(["mathutils", "helpers", "toolbox", "numtools"])
+    chosen = rng.sample(_FUNCTIONS, 3)
+    broken = chosen[0]
+    order = rng.sample(chosen, 3)
+    header = '"""Small helpers used by the reporting scripts."""\n'
+    buggy_src = header + "".join("\n\n" + (f.buggy if f is broken else f.fixed) for f in order)
+    fixed_src = header + "".join("\n\n" + f.fixed for f in order)
+    test_src = f"import unittest\n\nimport {module} as m\n\n\nclass Test{module.title()}(unittest.TestCase):\n"
+    for f in order:
+        test_src += f"    def test_{f.name}(self):\n" + _indent(f.tests, " " * 8) + "\n"
+    test_src += 'if __name__ == "__main__":\n    unittest.main()\n'
+    hidden = [
+        {"func": f.name, "args": args, "expect": want} for f in chosen for args, want in f.hidden
+    ]
+    test_file = f"test_{module}.py"
+    run_tests = f"python3 -B -m unittest -v test_{module}"
+    prompt = (
+        f"The tests in /workspace/{test_file} fail. Fix the bug in /workspace/{module}.py so that "
+        f"`{run_tests}` passes. Do not modify the test file; the functions must behave as their "
+        "docstrings say for every input, not only the tested ones."
+    )
+    return TaskDraft(
+        prompt=prompt,
+        files={f"{module}.py": buggy_src, test_file: test_src},
+        reference_solution=[
+            read(f"{module}.py"),
+            read(test_file),
+            shell(run_tests),
+            write(f"{module}.py", fixed_src),
+            shell(run_tests),
+        ],
+        reference_final=f"Fixed {broken.name} in {module}.py; the tests pass.",
+        verifier=python_verifier(
+            _VERIFY,
+            {
+                "module": module,
+                "test_sha": hashlib.sha256(test_src.encode()).hexdigest(),
+                "hidden": hidden,
+            },
+            timeout_s=25.0,
+        ),
+    )
+
+
+TEMPLATE = TaskTemplate(
+    name="fix_script",
+    version="1",
+    difficulty=4,
+    summary="repair a buggy Python module until its unittest passes (hidden edge cases)",
+    build=build,
+)

@@ -1,0 +1,62 @@
+"""Task templates: a name, a version, a difficulty and a seeded generator of task drafts.
+
+A template turns a seed into a `TaskDraft` (prompt, workspace files, reference solution,
+verifier) using only `random.Random(seed)`, so the same (template, version, seed) always
+yields the same task. The `Suite` wraps drafts into `TaskInstance`s with its own metadata.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from suites.types import ReferenceCall, VerifierSpec
+
+
+class TaskDraft(BaseModel):
+    """What a template generates for one seed; the suite adds names, versions and the seed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    """The task as the agent sees it."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Workspace-relative path → content of the initial workspace."""
+    reference_solution: list[ReferenceCall] = Field(default_factory=list)
+    """Tool calls that solve the task (replayed by the oracle policy)."""
+    reference_final: str = "Done."
+    """The oracle's `<final>` text."""
+    verifier: VerifierSpec
+    """How the outcome is checked inside the sandbox."""
+
+
+@dataclass(frozen=True)
+class TaskTemplate:
+    """A named, versioned generator of tasks of one kind."""
+
+    name: str
+    """Template name, unique within its suite."""
+    version: str
+    """Bumped whenever generated tasks or the verifier change (task ids change with it)."""
+    difficulty: int
+    """1 (a 2-step chore) … 5 (a ~15-step job with traps)."""
+    summary: str
+    """One line for `epiflow suites list`."""
+    build: Callable[[random.Random], TaskDraft]
+    """Generator; must draw every random choice from the `Random` it is given."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.difficulty <= 5:
+            raise ValueError(f"difficulty must be 1..5, got {self.difficulty} ({self.name})")
+
+    def draft(self, seed: int) -> TaskDraft:
+        """The draft for `seed`; deterministic."""
+        return self.build(random.Random(seed))
+
+
+def call(tool: str, **args: object) -> ReferenceCall:
+    """Shorthand for one reference tool call: `call("read_file", path="a.csv")`."""
+    return ReferenceCall(tool=tool, args=dict(args))
