@@ -116,12 +116,20 @@ class Step(BaseModel):
     """Wall time of the policy request, milliseconds."""
     native_tool_calls: list[dict[str, Any]] | None = None
     """Raw OpenAI `tool_calls` JSON when the endpoint used native tool calling."""
+    finish_reason: str | None = None
+    """The policy's finish reason (`stop`, `length`, `tool_calls`…), when reported."""
+    policy_perturbation: str | None = None
+    """Deliberate perturbation a scripted policy injected into this turn (`scripted:noisy`:
+    `malformed`, `unknown_tool`, `missing_arg`, `mistyped_arg`, `premature_final`,
+    `fabricated_claim`, `repeated_command`, `skipped_step`); None for a normal turn."""
 
     # after parsing
     parse_kind: ParseKind = ParseKind.NONE
     """What the parser found: a tool call, a final answer, nothing, or an error."""
     parse_error: str | None = None
     """The protocol error message sent back to the model, when parsing failed."""
+    parse_error_code: str | None = None
+    """Stable code of the protocol error (`unknown_tool`, `missing_arg`, … see docs/protocol.md)."""
     parse_tolerances: list[str] = Field(default_factory=list)
     """Lenient rules the parser applied (e.g. `stripped_markdown_fence`)."""
     parse_latency_ms: float | None = None
@@ -168,6 +176,10 @@ class Step(BaseModel):
     """The fault injected into this step, if any."""
     soft_timeout_warning: bool = False
     """True when the observation carried the soft-timeout warning."""
+    repetition_warning: bool = False
+    """True when the observation carried the repeated-call warning (see `repeat_count`)."""
+    repeat_count: int = 0
+    """How many identical consecutive calls (same tool and args) end with this one; 0 when no call."""
 
     # scoring (filled by scoring/ after the episode)
     immediate_reward: float = 0.0
@@ -175,7 +187,9 @@ class Step(BaseModel):
     return_: float = Field(default=0.0, alias="return")
     """Discounted return from this step to the end of the episode."""
 
-    model_config = ConfigDict(populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64")
+    model_config = ConfigDict(
+        populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64"
+    )
 
 
 class Trajectory(BaseModel):

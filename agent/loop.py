@@ -1,0 +1,370 @@
+"""The episode loop: task and tools to the policy, its call to the sandbox, the observation back.
+
+`run_episode` owns one sandbox for one episode and returns a complete `Trajectory` in
+every case the environment or the policy can cause (a policy error, a crashed jail, a
+timeout are statuses, not exceptions). Only programming errors and cancellation
+propagate; the sandbox is closed on every path.
+
+How an episode ends (status / failure category):
+
+- `<final>` and verifier score ≥ `success_threshold` → success / success
+- `<final>` and a lower score → failed / verifier_failed
+- `max_steps` turns, or the same call `repeat_abort_after` times in a row → failed / max_steps
+- `max_consecutive_parse_failures` unparsable turns in a row → failed / parse_failures
+- the policy fails (timeout, HTTP error, garbage) → policy_error / policy_error
+- the sandbox cannot start or crashes, or the verifier is broken → env_error / env_error
+- the sandbox's hard timeout or the loop's `episode_timeout_s` → timeout / timeout
+
+The verifier also runs after max_steps and parse_failures (partial credit) unless
+`verify_after_limits` is off; the category stays what ended the episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from agent.errors import PolicyError, PolicyTimeout, ProtocolError, VerifierError
+from agent.native_calls import parse_native_tool_calls
+from agent.policies.base import Policy, PolicyRequest
+from agent.prompt import render_system_prompt
+from agent.protocol import parse_message
+from agent.recording import (
+    assistant_message,
+    observation_messages,
+    record_parse,
+    record_parse_error,
+    record_response,
+    record_result,
+)
+from agent.settings import LoopSettings
+from agent.trajectory import (
+    EpisodeStatus,
+    FailureCategory,
+    ParseKind,
+    Step,
+    Trajectory,
+    episode_id_for,
+    history_hash,
+    utcnow,
+)
+from agent.verify import Verifier, resolve_verifier
+from sandbox.errors import EpisodeHardTimeout, SandboxCrashed, SandboxError
+from sandbox.faults import FaultProfile
+from sandbox.interface import Sandbox
+from sandbox.spec import SandboxSpec
+from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
+from suites.types import TaskInstance
+
+__all__ = ["SandboxOpener", "run_episode"]
+
+SandboxOpener = Callable[..., Awaitable[Sandbox]]
+"""`open_sandbox(spec, *, files=…, faults=…, fault_seed=…) -> Sandbox` (the sandbox package's signature)."""
+
+
+class _EpisodeEnd(Exception):
+    """Internal: stop the loop with this status, category and reason."""
+
+    def __init__(
+        self, status: EpisodeStatus, category: FailureCategory, reason: str | None
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.category = category
+        self.reason = reason
+
+
+def _default_opener() -> SandboxOpener:
+    import sandbox
+
+    opener = getattr(sandbox, "open_sandbox", None)
+    if opener is None:
+        raise SandboxError("sandbox.open_sandbox is not available; pass open_sandbox= explicitly")
+    result: SandboxOpener = opener
+    return result
+
+
+def _call_key(step: Step) -> str:
+    return json.dumps([step.tool, step.args], sort_keys=True, ensure_ascii=False, default=str)
+
+
+class _Episode:
+    """State of one running episode; `run_episode` is its only user."""
+
+    def __init__(
+        self,
+        task: TaskInstance,
+        policy: Policy,
+        traj: Trajectory,
+        sandbox: Sandbox,
+        tools: Mapping[str, ToolSpec],
+        settings: LoopSettings,
+        policy_seed: int,
+    ) -> None:
+        self.task = task
+        self.policy = policy
+        self.traj = traj
+        self.sandbox = sandbox
+        self.tools = tools
+        self.settings = settings
+        self.policy_seed = policy_seed
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": render_system_prompt(tools.values())},
+            {"role": "user", "content": task.prompt},
+        ]
+        self.parse_failures = 0
+        self.last_call_key: str | None = None
+        self.repeat = 0
+
+    async def ask_policy(self, step: Step) -> str:
+        request = PolicyRequest(
+            task=self.task,
+            messages=list(self.messages),
+            tools=list(self.tools.values()),
+            steps=list(self.traj.steps),
+            step_index=step.index,
+            seed=self.policy_seed,
+        )
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.settings.policy_timeout_s):
+                response = await self.policy.respond(request)
+        except TimeoutError as e:
+            error = PolicyTimeout(
+                f"policy did not answer within {self.settings.policy_timeout_s:g} s"
+            )
+            raise _EpisodeEnd(
+                EpisodeStatus.POLICY_ERROR, FailureCategory.POLICY_ERROR, str(error)
+            ) from e
+        except PolicyError as e:
+            reason = f"{type(e).__name__}: {e}"
+            raise _EpisodeEnd(
+                EpisodeStatus.POLICY_ERROR, FailureCategory.POLICY_ERROR, reason
+            ) from e
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        return record_response(step, response, latency_ms=latency_ms, settings=self.settings)
+
+    def parse(self, step: Step, text: str) -> None:
+        started = time.perf_counter()
+        try:
+            if step.native_tool_calls:
+                parsed = parse_native_tool_calls(
+                    text, step.native_tool_calls, self.tools, fallback_id=f"call_{step.index}"
+                )
+            else:
+                parsed = parse_message(text, self.tools)
+        except ProtocolError as e:
+            record_parse_error(step, e, latency_ms=(time.perf_counter() - started) * 1000.0)
+            return
+        record_parse(step, parsed, latency_ms=(time.perf_counter() - started) * 1000.0)
+
+    async def execute(self, step: Step) -> None:
+        key = _call_key(step)
+        self.repeat = self.repeat + 1 if key == self.last_call_key else 1
+        self.last_call_key = key
+        step.repeat_count = self.repeat
+        if self.repeat >= self.settings.repeat_abort_after:
+            reason = f"repetition: the same {step.tool} call {self.repeat} times in a row"
+            raise _EpisodeEnd(EpisodeStatus.FAILED, FailureCategory.MAX_STEPS, reason)
+        assert step.tool is not None
+        try:
+            result = await self.sandbox.call_tool(step.tool, step.args or {})
+        except SandboxCrashed as e:
+            step.error_type = "sandbox_crashed"
+            raise _EpisodeEnd(
+                EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, f"sandbox crashed: {e}"
+            ) from e
+        except EpisodeHardTimeout as e:
+            step.error_type = "episode_timeout"
+            raise _EpisodeEnd(
+                EpisodeStatus.TIMEOUT, FailureCategory.TIMEOUT, f"hard timeout: {e}"
+            ) from e
+        except KeyError as e:
+            step.error_type = "unknown_tool"
+            reason = f"the sandbox does not offer tool {step.tool!r}"
+            raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, reason) from e
+        except SandboxError as e:
+            step.error_type = "sandbox_error"
+            reason = f"sandbox failed: {type(e).__name__}: {e}"
+            raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, reason) from e
+        warn = self.repeat >= self.settings.repeat_warn_after
+        record_result(step, result, settings=self.settings, repetition_warning=warn)
+
+    async def one_step(self, index: int) -> bool:
+        """Run step `index`; True when the agent gave its final answer."""
+        step = Step(index=index, history_hash=history_hash(self.messages))
+        try:
+            text = await self.ask_policy(step)
+            self.parse(step, text)
+            if step.parse_kind == ParseKind.TOOL_CALL:
+                self.parse_failures = 0
+                await self.execute(step)
+            elif step.parse_kind == ParseKind.FINAL:
+                self.traj.final_answer = step.final_answer
+            else:
+                self.parse_failures += 1
+        except _EpisodeEnd:
+            if step.raw_output or step.parse_kind != ParseKind.NONE:
+                self.traj.steps.append(step)
+            raise
+        self.traj.steps.append(step)
+        self.messages.append(assistant_message(step))
+        self.messages.extend(observation_messages(step))
+        if self.parse_failures >= self.settings.max_consecutive_parse_failures:
+            reason = (
+                f"{self.parse_failures} unparsable messages in a row (last: {step.parse_error})"
+            )
+            raise _EpisodeEnd(EpisodeStatus.FAILED, FailureCategory.PARSE_FAILURES, reason)
+        return step.parse_kind == ParseKind.FINAL
+
+    async def run_steps(self) -> None:
+        for index in range(self.settings.max_steps):
+            if await self.one_step(index):
+                return
+        reason = f"no <final> after {self.settings.max_steps} steps"
+        raise _EpisodeEnd(EpisodeStatus.FAILED, FailureCategory.MAX_STEPS, reason)
+
+    async def run_verifier(self, verify: Verifier) -> None:
+        traj = self.traj
+        try:
+            outcome = await verify(self.sandbox, self.task)
+        except SandboxCrashed as e:
+            raise _EpisodeEnd(
+                EpisodeStatus.ENV_ERROR,
+                FailureCategory.ENV_ERROR,
+                f"sandbox crashed in the verifier: {e}",
+            ) from e
+        except EpisodeHardTimeout as e:
+            raise _EpisodeEnd(
+                EpisodeStatus.TIMEOUT, FailureCategory.TIMEOUT, f"hard timeout in the verifier: {e}"
+            ) from e
+        except SandboxError as e:
+            reason = f"sandbox failed in the verifier: {type(e).__name__}: {e}"
+            raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, reason) from e
+        except VerifierError as e:
+            raise _EpisodeEnd(
+                EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, f"verifier error: {e}"
+            ) from e
+        traj.verifier_score = outcome.score
+        traj.verifier_reason = outcome.reason
+        if outcome.error:
+            raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, outcome.reason)
+
+
+def _finish(
+    traj: Trajectory, status: EpisodeStatus, category: FailureCategory, reason: str | None
+) -> None:
+    traj.status = status
+    traj.failure_category = category
+    traj.failure_reason = reason
+
+
+async def run_episode(
+    task: TaskInstance,
+    policy: Policy,
+    *,
+    spec: SandboxSpec,
+    run_key: str,
+    settings: LoopSettings,
+    rollout_index: int = 0,
+    policy_seed: int | None = None,
+    faults: FaultProfile | None = None,
+    fault_seed: int = 0,
+    verify: Verifier | None = None,
+    open_sandbox: SandboxOpener | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
+) -> Trajectory:
+    """Run one episode of `task` with `policy` in a fresh sandbox and return its trajectory.
+
+    Args:
+        spec: the `sandbox.SandboxSpec` of the jail.
+        run_key, rollout_index: identify the episode (`episode_id_for`).
+        settings: limits and caps (`LoopSettings`).
+        policy_seed: seed handed to the policy; defaults to `rollout_index`, so the
+            rollouts of one task differ and a re-run repeats them.
+        faults, fault_seed: the `sandbox.FaultProfile` and its seed (None: no faults).
+        verify: verifier; defaults to `resolve_verifier()`.
+        open_sandbox: sandbox factory; defaults to `sandbox.open_sandbox` (tests pass a double).
+        tools: tools offered to the agent; defaults to the built-in tools.
+
+    Raises:
+        asyncio.CancelledError: the caller cancelled; the sandbox is closed first.
+    """
+    tools = dict(tools if tools is not None else BUILTIN_TOOLS)
+    seed = rollout_index if policy_seed is None else policy_seed
+    fault_profile: dict[str, Any] = faults.model_dump(mode="json") if faults is not None else {}
+    traj = Trajectory(
+        episode_id=episode_id_for(run_key, task.task_id, rollout_index),
+        run_key=run_key,
+        task_id=task.task_id,
+        rollout_index=rollout_index,
+        suite=task.suite,
+        suite_version=task.suite_version,
+        template=task.template,
+        task_version=task.template_version,
+        instance_seed=task.seed,
+        prompt=task.prompt,
+        policy=policy.spec,
+        policy_seed=seed,
+        tool_versions={name: t.version for name, t in tools.items()},
+        sandbox_spec_hash=spec.spec_hash(),
+        fault_profile=fault_profile,
+        fault_seed=fault_seed if faults is not None else None,
+    )
+    try:
+        opener = open_sandbox if open_sandbox is not None else _default_opener()
+        sandbox = await opener(spec, files=task.files, faults=faults, fault_seed=fault_seed)
+    except SandboxError as e:
+        _finish(
+            traj, EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, f"sandbox unavailable: {e}"
+        )
+        traj.ended_at = utcnow()
+        return traj
+    try:
+        traj.sandbox_spec_hash = sandbox.spec_hash
+        traj.tool_versions = {
+            name: sandbox.tool_versions.get(name, t.version) for name, t in tools.items()
+        }
+        episode = _Episode(task, policy, traj, sandbox, tools, settings, seed)
+        await _drive(episode, verify if verify is not None else resolve_verifier())
+    finally:
+        traj.ended_at = utcnow()
+        await sandbox.close()
+    return traj
+
+
+async def _drive(episode: _Episode, verify: Verifier) -> None:
+    traj, settings = episode.traj, episode.settings
+    ended: _EpisodeEnd | None = None
+    try:
+        async with asyncio.timeout(settings.episode_timeout_s):
+            try:
+                await episode.run_steps()
+            except _EpisodeEnd as e:
+                ended = e
+            verifiable = ended is None or (
+                settings.verify_after_limits
+                and ended.category in (FailureCategory.MAX_STEPS, FailureCategory.PARSE_FAILURES)
+            )
+            if verifiable:
+                await episode.run_verifier(verify)
+    except _EpisodeEnd as e:
+        ended = e
+    except TimeoutError:
+        limit = settings.episode_timeout_s
+        ended = _EpisodeEnd(
+            EpisodeStatus.TIMEOUT,
+            FailureCategory.TIMEOUT,
+            f"episode passed {limit:g} s in the loop",
+        )
+    if ended is not None:
+        _finish(traj, ended.status, ended.category, ended.reason)
+        return
+    score = traj.verifier_score if traj.verifier_score is not None else 0.0
+    if score >= settings.success_threshold:
+        _finish(traj, EpisodeStatus.SUCCESS, FailureCategory.SUCCESS, None)
+    else:
+        _finish(traj, EpisodeStatus.FAILED, FailureCategory.VERIFIER_FAILED, traj.verifier_reason)

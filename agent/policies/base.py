@@ -1,0 +1,78 @@
+"""The one async interface every policy implements, and what goes in and out of it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.trajectory import Step
+from sandbox.tool_specs import ToolSpec
+from suites.types import TaskInstance
+
+__all__ = ["Policy", "PolicyRequest", "PolicyResponse"]
+
+
+class PolicyRequest(BaseModel):
+    """Everything a policy may look at to produce the next assistant message."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    task: TaskInstance
+    """The task (scripted policies read its reference solution; models only see `messages`)."""
+    messages: list[dict[str, Any]]
+    """The chat history in OpenAI message shape: system, user task, then turns and observations."""
+    tools: list[ToolSpec]
+    """The tools offered this episode."""
+    steps: list[Step] = Field(default_factory=list)
+    """The episode's steps so far (read-only; scripted policies derive their position from them)."""
+    step_index: int = 0
+    """Index of the step being requested."""
+    seed: int = 0
+    """The episode's policy seed (perturbations, sampling)."""
+
+
+class PolicyResponse(BaseModel):
+    """One assistant message and what it cost."""
+
+    text: str
+    """The assistant's text, exactly as produced (the loop caps it)."""
+    native_tool_calls: list[dict[str, Any]] | None = None
+    """Raw OpenAI `tool_calls` when the endpoint answered with native function calls."""
+    prompt_tokens: int | None = None
+    """Prompt tokens, when known."""
+    completion_tokens: int | None = None
+    """Completion tokens, when known."""
+    latency_ms: float | None = None
+    """Wall time of the request as the policy measured it (the loop measures too)."""
+    finish_reason: str | None = None
+    """The endpoint's finish reason (`stop`, `length`, `tool_calls`…), when known."""
+    perturbation: str | None = None
+    """Kind of deliberate perturbation a scripted policy injected into this message."""
+    model: str | None = None
+    """Model name as reported by the endpoint, when known."""
+
+
+class Policy(ABC):
+    """Produces assistant messages. Stateless across calls: all state is in the request.
+
+    One instance may serve many concurrent episodes; `aclose` releases shared resources
+    (HTTP clients, loaded models).
+    """
+
+    spec: str
+    """The spec string this policy was made from (recorded on the trajectory)."""
+
+    @abstractmethod
+    async def respond(self, request: PolicyRequest) -> PolicyResponse:
+        """The next assistant message.
+
+        Raises:
+            PolicyError: the policy could not answer (timeout, HTTP error, garbage,
+                load failure); the episode ends as `policy_error`.
+        """
+
+    async def aclose(self) -> None:
+        """Release resources. Safe to call twice."""
+        return None

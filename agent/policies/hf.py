@@ -1,0 +1,120 @@
+"""`hf:` policy: a local transformers checkpoint directory, greedy decoding in a worker thread.
+
+The model and tokenizer load lazily (first request) with `local_files_only=True`: no hub
+access ever. The prompt is the tokenizer's chat template (or a plain `role: content`
+rendering when the checkpoint has none). Generation is serialised per policy instance:
+one model, one generation at a time, run via `asyncio.to_thread` so the loop stays live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.errors import PolicyError, PolicyLoadError
+from agent.policies.base import Policy, PolicyRequest, PolicyResponse
+from agent.settings import PolicySettings
+
+__all__ = ["HFPolicy"]
+
+
+def _transformers() -> Any:
+    """The transformers module, imported on first use (it takes seconds) and typed loosely."""
+    import transformers
+
+    return transformers
+
+
+def _plain_prompt(messages: list[dict[str, Any]]) -> str:
+    lines = [f"{m.get('role', 'user')}: {m.get('content') or ''}" for m in messages]
+    return "\n".join([*lines, "assistant: "])
+
+
+class HFPolicy(Policy):
+    """Greedy generation from the checkpoint at `path`, at most `settings.max_tokens` new tokens."""
+
+    def __init__(
+        self, path: str | Path, settings: PolicySettings, *, spec: str | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.settings = settings
+        self.spec = spec or f"hf:{self.path}"
+        self._lock = threading.Lock()
+        self._model: Any = None
+        self._tokenizer: Any = None
+
+    def _load(self) -> None:
+        if self._model is not None:
+            return
+        if not self.path.is_dir():
+            raise PolicyLoadError(f"hf checkpoint {self.path} is not a directory")
+        try:
+            tf = _transformers()
+            tokenizer = tf.AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+            model = tf.AutoModelForCausalLM.from_pretrained(str(self.path), local_files_only=True)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise PolicyLoadError(f"cannot load hf checkpoint {self.path}: {e}") from e
+        try:
+            model = model.to(self.settings.hf_device)
+        except (RuntimeError, ValueError) as e:
+            raise PolicyLoadError(
+                f"cannot move {self.path} to device {self.settings.hf_device!r}: {e}"
+            ) from e
+        model.eval()
+        self._tokenizer, self._model = tokenizer, model
+
+    def _generate(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
+        import torch
+
+        with self._lock:
+            self._load()
+            tokenizer, model = self._tokenizer, self._model
+            plain = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+            if getattr(tokenizer, "chat_template", None):
+                prompt = tokenizer.apply_chat_template(
+                    plain, tokenize=False, add_generation_prompt=True
+                )
+            else:
+                prompt = _plain_prompt(plain)
+            encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(
+                model.device
+            )
+            eos = tokenizer.eos_token_id
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+            config = _transformers().GenerationConfig(
+                do_sample=False,
+                max_new_tokens=self.settings.max_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+            try:
+                with torch.inference_mode():
+                    output = model.generate(**encoded, generation_config=config)
+            except (RuntimeError, ValueError, IndexError) as e:
+                raise PolicyError(f"generation with {self.path} failed: {e}") from e
+            prompt_len = int(encoded["input_ids"].shape[1])
+            new_tokens = output[0, prompt_len:]
+            text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+            return str(text), prompt_len, int(new_tokens.shape[0])
+
+    async def respond(self, request: PolicyRequest) -> PolicyResponse:
+        started = time.perf_counter()
+        text, prompt_tokens, completion_tokens = await asyncio.to_thread(
+            self._generate, request.messages
+        )
+        return PolicyResponse(
+            text=text,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency_ms=(time.perf_counter() - started) * 1000.0,
+            finish_reason="length" if completion_tokens >= self.settings.max_tokens else "stop",
+            model=str(self.path),
+        )
+
+    async def aclose(self) -> None:
+        with self._lock:
+            self._model = None
+            self._tokenizer = None

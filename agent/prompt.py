@@ -1,0 +1,61 @@
+"""The system prompt: protocol v1 rules and the tool schemas, rendered for the model.
+
+Training and deployment must show the model the same text (seed 000 §4.5), so the
+prompt is a pure function of the tools and the protocol version, and its sha256 is
+recorded through the history hash of the first step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from agent.coerce import describe_type
+from agent.trajectory import PROTOCOL_VERSION
+from sandbox.tool_specs import ToolSpec
+
+__all__ = ["render_system_prompt"]
+
+_RULES = """You are an agent working inside a sandbox. You act only through tools.
+
+Protocol v{version}. Each of your messages contains exactly ONE of these blocks, at its end:
+
+1. A tool call:
+<tool_call id="c1" name="TOOL_NAME">
+<arg name="ARG_NAME">raw value</arg>
+</tool_call>
+
+2. Your final answer, when the task is done:
+<final>what you did and the answer, if the task asks for one</final>
+
+Rules:
+- You may write a short explanation BEFORE the block; nothing may follow it.
+- Give every call a new id (c1, c2, …). One call per message; then wait for its result.
+- Arg values are raw text: no quotes, no escaping, whitespace is kept exactly.
+  If a value contains </arg>, write it as <arg name="x"><![CDATA[value]]></arg>.
+- Integers, numbers and booleans are written plainly (30, 1.5, true); arrays and objects as JSON.
+- Never write <tool_result> or <tool_error> yourself: results come back to you as
+  <tool_result id="…" name="…" exit_code="…">output</tool_result>, and an invalid call comes
+  back as <tool_error>reason</tool_error> so you can fix it and retry.
+- A <warning> in a result means you should change course (stop repeating, or finish soon).
+
+Tools:
+"""
+
+
+def _tool_lines(spec: ToolSpec) -> list[str]:
+    lines = [f"## {spec.name}", spec.description]
+    props = spec.parameters.get("properties", {})
+    required = set(spec.parameters.get("required", []))
+    for name, schema in props.items():
+        need = "required" if name in required else "optional"
+        desc = schema.get("description", "")
+        lines.append(f"- {name} ({describe_type(schema)}, {need}): {desc}".rstrip(": "))
+    lines.append("JSON schema: " + json.dumps(spec.parameters, sort_keys=True, ensure_ascii=False))
+    return lines
+
+
+def render_system_prompt(tools: Iterable[ToolSpec]) -> str:
+    """Protocol rules followed by one section per tool (name, args, JSON schema)."""
+    sections = ["\n".join(_tool_lines(t)) for t in tools]
+    return _RULES.format(version=PROTOCOL_VERSION) + "\n\n".join(sections) + "\n"
