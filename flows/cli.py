@@ -13,8 +13,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from agent.errors import AgentError
+from flows import cli_collect as _cli_collect
+from flows import cli_protocol as _cli_protocol
+from flows import cli_suites as _cli_suites
+from flows.collection import CollectError
 from flows.settings import ConfigError, Settings, load_settings
+from sandbox.errors import SandboxError
 from storage.errors import StorageError
+from suites.errors import SuiteError
+
+USER_ERRORS = (StorageError, ConfigError, CollectError, SuiteError, SandboxError, AgentError)
+"""Failures a user fixes through settings or arguments: one line, exit code 2."""
 
 app = typer.Typer(
     name="epiflow",
@@ -22,6 +32,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+_cli_collect.register(app)
+app.add_typer(_cli_suites.app, name="suites")
+app.add_typer(_cli_protocol.app, name="protocol")
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
@@ -123,8 +136,12 @@ def main() -> None:
     """Console-script entry point: user errors become one line and exit code 2."""
     try:
         app()
-    except (StorageError, ConfigError) as e:
-        err.print(f"[bold red]error:[/] {e.user_message()}", highlight=False)
+    except USER_ERRORS as e:
+        message = e.user_message() if isinstance(e, StorageError | ConfigError) else str(e)
+        err.print(
+            f"[bold red]error:[/] {message.splitlines()[0] if message else type(e).__name__}",
+            highlight=False,
+        )
         sys.exit(2)
 
 

@@ -13,6 +13,7 @@ from models.judgement import Judgement
 from models.policy import Policy
 from models.qc_result import QcResult
 from models.qc_run import QcRun
+from models.replay_result import ReplayResult
 from models.step import Step
 from models.task import Task
 from models.training_run import TrainingRun
@@ -28,6 +29,7 @@ __all__ = [
     "Policy",
     "QcResult",
     "QcRun",
+    "ReplayResult",
     "Step",
     "Task",
     "TrainingRun",

@@ -54,6 +54,17 @@ class Step(SQLModel, table=True):
         "Arguments of the parsed call after schema coercion.", nullable=True
     )
     final_answer: str | None = text_col("Text of <final> on this step, if any.", nullable=True)
+    parse_error_code: str | None = doc(
+        "Protocol error code (unknown_tool, missing_arg, text_after_block, …), if parsing failed.",
+        default=None,
+        index=True,
+    )
+    finish_reason: str | None = doc(
+        "The endpoint's finish reason (stop, length, tool_calls), when known.", default=None
+    )
+    repetition_warning: bool = doc(
+        "True when the observation warned about a repeated identical call.", default=False
+    )
     policy_perturbation: str | None = doc(
         "Perturbation a scripted:noisy policy injected into this turn, if any.", default=None
     )

@@ -223,6 +223,8 @@ class S3ObjectStore(ObjectStore):
     """
 
     def __init__(self, settings: ObjectStoreSettings) -> None:
+        import certifi
+        import urllib3
         from minio import Minio
 
         if not settings.endpoint:
@@ -238,6 +240,15 @@ class S3ObjectStore(ObjectStore):
             secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
             secure=settings.secure,
             region=settings.region,
+            # Retries live in `_retry` (typed errors, our backoff); urllib3's own retries
+            # would multiply them and stall an outage for minutes.
+            http_client=urllib3.PoolManager(
+                maxsize=32,
+                timeout=urllib3.Timeout(connect=5.0, read=120.0),
+                retries=urllib3.Retry(total=0, redirect=0),
+                cert_reqs="CERT_REQUIRED",
+                ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            ),
         )
 
     @property

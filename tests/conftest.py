@@ -7,6 +7,13 @@ EPIFLOW_REQUIRE_POSTGRES=1 (set by .ci/run), where they fail.
 from __future__ import annotations
 
 import os
+import tempfile
+
+# Prefect reads its settings at import: give the whole test session a private home and
+# no telemetry before anything imports it.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="epiflow-prefect-home-"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +105,22 @@ def s3_settings(s3_server: S3Server) -> ObjectStoreSettings:
         retries=1,
         backoff_s=0.05,
     )
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """Prefect's real test harness: a temporary API server and database for the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url(prefect_harness: None) -> str:
+    """The harness server's API URL, for subprocesses (CLI, workers) to share it."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the Prefect test harness did not set an API URL"
+    return str(url)

@@ -38,14 +38,17 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     current = run(["db", "current", "--json"], tmp_path, EPIFLOW_DATABASE_URL=url)
-    assert json.loads(current.stdout) == {"current": None, "head": "0001", "up_to_date": False}
+    from storage.migrate import head_revision
+
+    head = head_revision()
+    assert json.loads(current.stdout) == {"current": None, "head": head, "up_to_date": False}
     up = run(["db", "upgrade"], tmp_path, EPIFLOW_DATABASE_URL=url)
-    assert up.returncode == 0 and "empty -> 0001" in up.stdout
+    assert up.returncode == 0 and f"empty -> {head}" in up.stdout
     assert json.loads(run(["db", "current", "--json"], tmp_path, EPIFLOW_DATABASE_URL=url).stdout)[
         "up_to_date"
     ]
     down = run(["db", "downgrade", "--revision", "base"], tmp_path, EPIFLOW_DATABASE_URL=url)
-    assert down.returncode == 0 and "0001 -> empty" in down.stdout
+    assert down.returncode == 0 and f"{head} -> empty" in down.stdout
 
 
 def test_demo_on_embedded_defaults(tmp_path: Path) -> None:

@@ -1,0 +1,207 @@
+"""CLI commands around collected episodes: collect, show, export, import, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from flows.settings import load_settings
+
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+def collect(
+    suite: Annotated[str, typer.Option(help="Suite name.")] = "builtin",
+    policy: Annotated[
+        str,
+        typer.Option(help="Policy spec: scripted:oracle|noisy|idle, openai:URL#MODEL, hf:PATH."),
+    ] = "scripted:oracle",
+    tasks: Annotated[int, typer.Option(min=1, help="Task instances per template.")] = 1,
+    rollouts: Annotated[int, typer.Option(min=1, help="Rollouts per task instance.")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes running at once.")] = 4,
+    faults: Annotated[
+        str | None, typer.Option(help="Fault profile: none, light, heavy, or JSON.")
+    ] = None,
+    run_key: Annotated[
+        str | None, typer.Option(help="Run key; re-running a key resumes it.")
+    ] = None,
+    templates: Annotated[
+        str | None, typer.Option(help="Comma-separated templates (default: all).")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="First instance seed.")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
+    from flows.collection import (
+        CollectRequest,
+        make_run_policy,
+        plan_episodes,
+        resolve_faults,
+        task_instances,
+    )
+    from flows.prefect_env import apply_prefect_settings
+    from flows.progress import episode_progress
+    from models import run_id_for
+    from storage.db import make_engine
+    from storage.migrate import ensure_current
+
+    settings = load_settings()
+    apply_prefect_settings(settings.prefect)
+    key = run_key or f"{suite}-{policy.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
+    chosen = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+    request = CollectRequest(
+        suite=suite,
+        policy=policy,
+        tasks=tasks,
+        rollouts=rollouts,
+        concurrency=concurrency,
+        faults=faults,
+        run_key=key,
+        seed=seed,
+        templates=chosen,
+    )
+    resolve_faults(faults)
+    asyncio.run(make_run_policy(policy).aclose())  # a bad spec fails here, before any work
+    total = len(plan_episodes(request, task_instances(request)))
+    engine = make_engine(settings.database)
+    ensure_current(engine)
+
+    from flows.collect import collect_episodes
+
+    with episode_progress(engine, run_id_for(key), total, console=err, enabled=not as_json):
+        result = asyncio.run(
+            collect_episodes(
+                suite=suite,
+                policy=policy,
+                tasks=tasks,
+                rollouts=rollouts,
+                concurrency=concurrency,
+                faults=faults,
+                run_key=key,
+                seed=seed,
+                templates=chosen,
+            )
+        )
+    engine.dispose()
+    summary = {
+        k: result[k]
+        for k in ("run_id", "episodes", "steps", "by_status", "success_rate", "duration_s")
+    }
+    summary["run_key"] = key
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        out.print(
+            f"run [bold]{key}[/] ({result['run_id']}): {result['episodes']} episodes "
+            f"({result['executed']} run now), success rate {result['success_rate']:.1%}, "
+            f"{result['duration_s']:.1f} s; by status {result['by_status']}"
+        )
+
+
+def show(
+    episode_id: Annotated[str, typer.Argument(help="Episode id (uuid).")],
+    full: Annotated[bool, typer.Option(help="Do not shorten long outputs.")] = False,
+) -> None:
+    """Render one episode's trajectory readably in the terminal."""
+    from flows.show import render_trajectory
+    from storage.db import make_engine
+    from storage.episodes import load_trajectory
+    from storage.migrate import ensure_current
+    from storage.objects import make_object_store
+
+    settings = load_settings()
+    engine = make_engine(settings.database)
+    ensure_current(engine)
+    trajectory = load_trajectory(engine, make_object_store(settings.objects), _uuid(episode_id))
+    render_trajectory(trajectory, out, max_chars=None if full else 1200)
+
+
+def export(
+    run: Annotated[str, typer.Option(help="Run key or run id.")],
+    fmt: Annotated[str, typer.Option("--format", help="atif, openai or parquet.")] = "atif",
+    output: Annotated[
+        Path | None, typer.Option("--out", help="Output file (default: stdout for JSON).")
+    ] = None,
+) -> None:
+    """Export a run's trajectories as ATIF or OpenAI chat messages (JSON lines) or a parquet of steps."""
+    from flows.exchange import export_run
+
+    settings = load_settings()
+    if fmt not in ("atif", "openai", "parquet"):
+        raise typer.BadParameter("use atif, openai or parquet", param_hint="--format")
+    if fmt == "parquet" and output is None:
+        raise typer.BadParameter("parquet needs --out FILE", param_hint="--out")
+    n = export_run(settings, run, fmt, output or sys.stdout)
+    err.print(
+        f"exported {n} episode(s) of run {run} as {fmt}" + (f" to {output}" if output else "")
+    )
+
+
+def import_(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSON or JSON-lines file of trajectories.", exists=True, dir_okay=False
+        ),
+    ],
+    fmt: Annotated[str, typer.Option("--format", help="atif or openai.")] = "atif",
+    run_key: Annotated[
+        str, typer.Option(help="Run key the imported episodes belong to.")
+    ] = "imported",
+    as_json: JsonFlag = False,
+) -> None:
+    """Import trajectories (ATIF or OpenAI chat messages) into the database and object store."""
+    from flows.exchange import import_file
+
+    if fmt not in ("atif", "openai"):
+        raise typer.BadParameter("use atif or openai", param_hint="--format")
+    report = import_file(load_settings(), file, fmt, run_key=run_key)
+    if as_json:
+        typer.echo(report.model_dump_json())
+    else:
+        out.print(report.summary())
+
+
+def replay(
+    episode_id: Annotated[str, typer.Argument(help="Episode id (uuid).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-execute an episode's recorded tool calls in a fresh jail and compare observations."""
+    from flows.replay import replay_episode
+
+    result = asyncio.run(replay_episode(load_settings(), _uuid(episode_id)))
+    payload: dict[str, Any] = result.model_dump(mode="json")
+    if as_json:
+        typer.echo(json.dumps(payload))
+    else:
+        div = result.first_divergence
+        out.print(
+            f"episode {result.episode_id}: {result.identical_steps}/{result.steps} steps identical"
+            + (f"; first divergence at step {div['step']}: {div['field']}" if div else "")
+        )
+
+
+def _uuid(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError as e:
+        raise typer.BadParameter(f"{text!r} is not an episode id (a uuid)") from e
+
+
+def register(app: typer.Typer) -> None:
+    """Mount these commands on the top-level CLI."""
+    app.command("collect")(collect)
+    app.command("show")(show)
+    app.command("export")(export)
+    app.command("import")(import_)
+    app.command("replay")(replay)

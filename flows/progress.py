@@ -1,0 +1,61 @@
+"""A rich progress bar for long CLI runs, fed by polling the run's episode count in SQL.
+
+Polling the database (instead of a callback through the flow) also shows episodes that
+other workers' shards write.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import Engine, func, select
+from sqlmodel import col
+
+from models import Episode
+
+
+def _count(engine: Engine, run_id: uuid.UUID) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(select(func.count()).where(col(Episode.run_id) == run_id)).scalar_one()
+        )
+
+
+@contextmanager
+def episode_progress(
+    engine: Engine, run_id: uuid.UUID, total: int, *, console: Console, enabled: bool = True
+) -> Iterator[None]:
+    """Show `episodes stored / total` until the block exits."""
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    with Progress(
+        TextColumn("[bold]collecting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        bar = progress.add_task(
+            "episodes", total=total, completed=min(_count(engine, run_id), total)
+        )
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                progress.update(bar, completed=min(_count(engine, run_id), total))
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            progress.update(bar, completed=min(_count(engine, run_id), total))
