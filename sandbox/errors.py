@@ -1,9 +1,10 @@
 """Sandbox errors. A failed *command* is a `ToolResult`; these mean the sandbox itself failed.
 
-    SandboxError
-    ├── SandboxUnavailable      nsjail missing or cannot start (no user namespaces, bad spec)
-    ├── SandboxCrashed          the in-jail executor died mid-episode (→ episode `env_error`)
-    └── EpisodeHardTimeout      the episode's hard timeout fired; the jail was killed (→ `timeout`)
+SandboxError
+├── SandboxUnavailable      nsjail missing or cannot start (no user namespaces, bad spec)
+├── SandboxCrashed          the in-jail executor died mid-episode (→ episode `env_error`)
+├── EpisodeHardTimeout      the episode's hard timeout fired; the jail was killed (→ `timeout`)
+└── TransferError           workspace files in or out: a path that would escape, over the size cap
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class SandboxCrashed(SandboxError):
 
 class EpisodeHardTimeout(SandboxError):
     """The episode passed its hard timeout; the jail has been killed."""
+
+
+class TransferError(SandboxError):
+    """Files could not be copied into or out of a workspace (unsafe path, over the size cap)."""

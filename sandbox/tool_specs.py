@@ -106,7 +106,9 @@ LIST_DIR = ToolSpec(
     version="1",
 )
 
-BUILTIN_TOOLS: dict[str, ToolSpec] = {t.name: t for t in (EXECUTE_SHELL, READ_FILE, WRITE_FILE, LIST_DIR)}
+BUILTIN_TOOLS: dict[str, ToolSpec] = {
+    t.name: t for t in (EXECUTE_SHELL, READ_FILE, WRITE_FILE, LIST_DIR)
+}
 """The built-in tools by name."""
 
 

@@ -1,0 +1,86 @@
+"""`open_sandbox`: a fresh jail for one episode, started, populated, clock running."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandbox.episode import NsjailSandbox
+from sandbox.faults import FaultProfile
+from sandbox.host import HostSetup, prepare_host
+from sandbox.jail import Jail
+from sandbox.nsjail import executor_argv, jail_env, nsjail_argv
+from sandbox.settings import SandboxSettings
+from sandbox.spec import SandboxSpec
+from sandbox.transfer import normalize_files
+
+#: nsjail's own time limit is a backstop behind the host's timer: hard timeout + this.
+_TIME_LIMIT_MARGIN_S = 60.0
+
+
+async def start_jail(spec: SandboxSpec, host: HostSetup, settings: SandboxSettings) -> Jail:
+    """Start one jail for `spec` with its executor ready (no episode yet).
+
+    Raises:
+        SandboxUnavailable: the jail could not start.
+    """
+    argv = nsjail_argv(
+        spec,
+        host,
+        settings,
+        command=executor_argv(spec, host, settings, jail_env(spec)),
+        time_limit_s=spec.hard_timeout_s + settings.pool_max_idle_s + _TIME_LIMIT_MARGIN_S,
+    )
+    cgroup_parents: tuple[Path, ...] = ()
+    if host.limit_mode == "cgroup_v1":
+        root, parent = settings.cgroup_root, settings.cgroup_parent
+        cgroup_parents = (root / "memory" / parent, root / "pids" / parent)
+    return await Jail.start(
+        argv, start_timeout_s=settings.start_timeout_s, cgroup_parents=cgroup_parents
+    )
+
+
+async def activate(
+    jail: Jail,
+    spec: SandboxSpec,
+    host: HostSetup,
+    settings: SandboxSettings,
+    *,
+    files: Mapping[str, str | bytes] | None,
+    faults: FaultProfile | None,
+    fault_seed: int,
+) -> NsjailSandbox:
+    """Turn a started jail into an episode: populate the workspace, start the clock."""
+    box = NsjailSandbox(jail, spec, host, settings, faults=faults, fault_seed=fault_seed)
+    try:
+        if files:
+            await box.populate(files)
+    except BaseException:
+        await box.close()
+        raise
+    box.start_clock()
+    return box
+
+
+async def open_sandbox(
+    spec: SandboxSpec,
+    *,
+    files: Mapping[str, str | bytes] | None = None,
+    faults: FaultProfile | None = None,
+    fault_seed: int = 0,
+    settings: SandboxSettings | None = None,
+) -> NsjailSandbox:
+    """A started sandbox on a fresh jail, `files` written under /workspace.
+
+    Raises:
+        SandboxUnavailable: nsjail is missing or cannot start a jail here.
+        TransferError: a file path would leave the workspace, or the files are too large.
+    """
+    settings = settings if settings is not None else SandboxSettings()
+    if files:
+        normalize_files(files, max_bytes=settings.populate_max_bytes)  # fail before starting a jail
+    host = await prepare_host(settings)
+    jail = await start_jail(spec, host, settings)
+    return await activate(
+        jail, spec, host, settings, files=files, faults=faults, fault_seed=fault_seed
+    )

