@@ -16,6 +16,7 @@ from rich.console import Console
 from agent.errors import AgentError
 from flows import cli_collect as _cli_collect
 from flows import cli_protocol as _cli_protocol
+from flows import cli_sandbox as _cli_sandbox
 from flows import cli_suites as _cli_suites
 from flows.collection import CollectError
 from flows.settings import ConfigError, Settings, load_settings
@@ -35,6 +36,7 @@ app = typer.Typer(
 _cli_collect.register(app)
 app.add_typer(_cli_suites.app, name="suites")
 app.add_typer(_cli_protocol.app, name="protocol")
+app.add_typer(_cli_sandbox.app, name="sandbox")
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )

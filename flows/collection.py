@@ -28,6 +28,8 @@ from models import Artifact, CollectionRun, Episode, run_id_for
 from models import Step as StepRow
 from sandbox.faults import FaultProfile
 from sandbox.spec import SandboxSpec
+from scoring.rewards import apply_rewards
+from scoring.settings import RewardSettings
 from storage.episodes import persist_episodes
 from storage.ingest import IngestReport
 from storage.objects import ObjectStore
@@ -244,12 +246,15 @@ async def run_and_persist(
     store: ObjectStore,
     loop_settings: LoopSettings,
     policy: Policy,
+    reward_settings: RewardSettings | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
 ) -> IngestReport:
     """Run `plan` with at most `request.concurrency` episodes at once; persist every
     `request.batch_size` finished episodes (objects first, then one transaction of rows),
+    with immediate rewards and discounted returns computed on the way,
     so a crash loses at most the episodes in flight and the batch being written."""
     faults = resolve_faults(request.faults)
+    rewards = reward_settings or RewardSettings()
     semaphore = asyncio.Semaphore(request.concurrency)
     total = IngestReport()
     buffer: list[Trajectory] = []
@@ -277,6 +282,8 @@ async def run_and_persist(
                 fault_seed=_fault_seed(p.episode_id),
             )
         trajectory.difficulty = p.task.difficulty
+        # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
+        trajectory = apply_rewards(trajectory, rewards)
         if on_episode is not None:
             on_episode(trajectory)
         async with lock:

@@ -24,7 +24,10 @@ class QcResult(SQLModel, table=True):
     )
     verdict: str = doc("keep, downweight or discard.", index=True)
     quality_score: float = doc("Quality score in [0, 1]; the sampling weight for training.")
-    reward_sign: int = doc("+1 when the verifier confirmed success, -1 otherwise.", default=0)
+    reward_sign: int = doc(
+        "+1 when the final reward is non-negative (success or enough partial credit), -1 otherwise.",
+        default=0,
+    )
     reasons: list[Any] = json_col(
         "Failed expectations and rule findings that shaped the verdict.", factory=list
     )

@@ -326,7 +326,7 @@ def upgrade() -> None:
     sa.Column('episode_id', sa.Uuid(), nullable=False, comment='Episode judged.'),
     sa.Column('verdict', sqlmodel.sql.sqltypes.AutoString(), nullable=False, comment='keep, downweight or discard.'),
     sa.Column('quality_score', sa.Float(), nullable=False, comment='Quality score in [0, 1]; the sampling weight for training.'),
-    sa.Column('reward_sign', sa.Integer(), nullable=False, comment='+1 when the verifier confirmed success, -1 otherwise.'),
+    sa.Column('reward_sign', sa.Integer(), nullable=False, comment='+1 when the final reward is non-negative (success or enough partial credit), -1 otherwise.'),
     sa.Column('reasons', sa.JSON().with_variant(postgresql.JSONB(astext_type=Text()), 'postgresql'), nullable=False, comment='Failed expectations and rule findings that shaped the verdict.'),
     sa.Column('created_at', models.columns.UTCDateTime(timezone=True), nullable=False, comment='When the row was written (UTC).'),
     sa.ForeignKeyConstraint(['episode_id'], ['episode.id'], name=op.f('fk_qc_result_episode_id_episode'), ondelete='CASCADE'),

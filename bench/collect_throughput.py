@@ -1,0 +1,150 @@
+"""Benchmark: collection overhead, nsjail + persistence + Prefect vs plain subprocess.
+
+    python bench/collect_throughput.py --json [--tasks 4] [--concurrency 8]
+
+The same episodes (scripted oracle over every template of the built-in suite) run twice
+at the same concurrency:
+
+- `full_s`: the `collect-episodes` Prefect flow: one nsjail per episode, the in-jail
+  executor, the verifier in the jail, objects and rows written (SQLite + a local object
+  directory), Prefect task and artifacts. A Prefect server is started beforehand (as in
+  production, where one is always running); its start-up is not timed.
+- `baseline_s`: the tool calls the full run recorded, executed on the host with plain
+  subprocess / file I/O in a temp copy of each workspace: no jail, no verifier, no
+  Prefect, no database.
+
+`overhead_ratio = full_s / baseline_s`; target ≤ 1.5 at concurrency 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="epiflow-bench-prefect-"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from agent.trajectory import ParseKind, Trajectory
+from suites.registry import load_suite
+
+
+def _host_path(root: Path, path: str) -> Path:
+    rel = path[len("/workspace") :].lstrip("/") if path.startswith("/workspace") else path
+    return root / rel
+
+
+async def _baseline_episode(t: Trajectory, files: dict[str, str], sem: asyncio.Semaphore) -> int:
+    async with sem:
+        root = Path(tempfile.mkdtemp(prefix="epiflow-bench-ws-"))
+        try:
+            for rel, content in files.items():
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content)
+            calls = 0
+            for s in t.steps:
+                if s.parse_kind != ParseKind.TOOL_CALL or not s.tool or s.args is None:
+                    continue
+                calls += 1
+                if s.tool == "execute_shell":
+                    command = str(s.args["command"]).replace("/workspace", str(root))
+                    proc = await asyncio.create_subprocess_shell(
+                        command,
+                        cwd=root,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                    )
+                    await proc.communicate()
+                elif s.tool == "read_file":
+                    path = _host_path(root, str(s.args["path"]))
+                    if path.is_file():
+                        path.read_bytes()
+                elif s.tool == "write_file":
+                    path = _host_path(root, str(s.args["path"]))
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(str(s.args["content"]))
+                elif s.tool == "list_dir":
+                    path = _host_path(root, str(s.args["path"]))
+                    if path.is_dir():
+                        sorted(p.name for p in path.iterdir())
+            return calls
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def baseline(trajectories: list[Trajectory], concurrency: int) -> tuple[float, int]:
+    suite = load_suite("builtin")
+    files = {t.episode_id: suite.generate(t.template, t.instance_seed).files for t in trajectories}
+    sem = asyncio.Semaphore(concurrency)
+    started = time.perf_counter()
+    calls = await asyncio.gather(
+        *(_baseline_episode(t, files[t.episode_id], sem) for t in trajectories)
+    )
+    return time.perf_counter() - started, sum(calls)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=4, help="instances per template")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="epiflow-bench-collect-"))
+    os.environ["EPIFLOW_DATABASE_URL"] = f"sqlite:///{work / 'bench.db'}"
+    os.environ["EPIFLOW_OBJECTS_URL"] = str(work / "objects")
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.collect import collect_episodes
+    from flows.exchange import run_trajectories
+    from flows.settings import load_settings
+    from storage import migrate
+    from storage.db import make_engine
+
+    settings = load_settings()
+    engine = make_engine(settings.database)
+    migrate.upgrade(engine)
+    engine.dispose()
+    with prefect_test_harness(server_startup_timeout=120):
+        started = time.perf_counter()
+        result = asyncio.run(
+            collect_episodes(
+                suite="builtin",
+                policy="scripted:oracle",
+                tasks=args.tasks,
+                rollouts=1,
+                concurrency=args.concurrency,
+                run_key="bench",
+            )
+        )
+        full_s = time.perf_counter() - started
+    trajectories = run_trajectories(settings, "bench")
+    baseline_s, calls = asyncio.run(baseline(trajectories, args.concurrency))
+    shutil.rmtree(work, ignore_errors=True)
+    out = {
+        "episodes": result["episodes"],
+        "steps": result["steps"],
+        "tool_calls": calls,
+        "concurrency": args.concurrency,
+        "success_rate": result["success_rate"],
+        "baseline_s": round(baseline_s, 3),
+        "full_s": round(full_s, 3),
+        "overhead_ratio": round(full_s / baseline_s, 3),
+        "steps_per_s": round(result["steps"] / full_s, 1),
+        "target_overhead_ratio": 1.5,
+    }
+    print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+
+
+if __name__ == "__main__":
+    main()

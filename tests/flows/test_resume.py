@@ -1,0 +1,170 @@
+"""Crash and resume: SIGKILL the collecting process mid-run, re-run the same run key, and
+check that only the missing episodes ran, nothing is duplicated or half-written, and no
+jail, process, cgroup or temp dir of the killed run is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlmodel import col
+
+from models import Episode, Step
+from storage.db import make_engine
+from storage.episodes import list_orphans
+from storage.objects import LocalObjectStore
+from storage.settings import DatabaseSettings
+
+EPIFLOW = str(Path(sys.executable).parent / "epiflow")
+CGROUP_PARENTS = [Path("/sys/fs/cgroup/memory/NSJAIL"), Path("/sys/fs/cgroup/pids/NSJAIL")]
+
+
+def jail_processes(marker: str) -> list[int]:
+    """Host processes whose command line mentions this test's sandbox state dir."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def cgroups() -> set[str]:
+    return {
+        p.name
+        for parent in CGROUP_PARENTS
+        if parent.is_dir()
+        for p in parent.iterdir()
+        if p.is_dir()
+    }
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume(tmp_path: Path, prefect_api_url: str) -> None:
+    # Jails bind-mount files from the state dir, so it must sit under world-searchable
+    # directories (pytest's tmp root is 0700).
+    state_dir = Path(tempfile.mkdtemp(prefix="epiflow-resume-state-"))
+    state_dir.chmod(0o755)
+    try:
+        _scenario(tmp_path, state_dir, prefect_api_url)
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
+    env.update(
+        EPIFLOW_DATABASE_URL=f"sqlite:///{tmp_path / 'resume.db'}",
+        EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"),
+        EPIFLOW_PREFECT_API_URL=prefect_api_url,
+        EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
+    )
+    # Injected latency (1-2 s on 30% of calls) keeps jails busy long enough to kill mid-run.
+    faults = json.dumps({"latency_p": 0.3})
+    args = [
+        EPIFLOW,
+        "collect",
+        "--tasks",
+        "2",
+        "--rollouts",
+        "2",
+        "--concurrency",
+        "4",
+        "--faults",
+        faults,
+        "--run-key",
+        "crash",
+        "--json",
+    ]
+    assert (
+        subprocess.run(
+            [EPIFLOW, "db", "upgrade"], env=env, cwd=tmp_path, capture_output=True
+        ).returncode
+        == 0
+    )
+    engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
+    cgroups_before = cgroups()
+
+    def stored() -> int:
+        with engine.connect() as conn:
+            try:
+                return int(conn.execute(select(func.count()).select_from(Episode)).scalar_one())
+            except Exception:  # the first run may not have created its rows yet
+                return 0
+
+    victim = subprocess.Popen(
+        args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert wait_until(lambda: stored() >= 16, timeout=180), "the first batch never landed"
+        assert wait_until(lambda: bool(jail_processes(str(state_dir))), timeout=30), (
+            "no jail was running"
+        )
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+    before = stored()
+    planned = 13 * 2 * 2
+    assert 16 <= before < planned
+
+    # The killed collector's jails notice their closed pipe and go away by themselves.
+    assert wait_until(lambda: not jail_processes(str(state_dir)), timeout=30), jail_processes(
+        str(state_dir)
+    )
+    assert wait_until(lambda: cgroups() <= cgroups_before, timeout=30), cgroups() - cgroups_before
+
+    rerun = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    result = json.loads(rerun.stdout)
+    assert result["episodes"] == planned and result["by_status"] == {"success": planned}
+
+    with engine.connect() as conn:
+        ids = list(conn.execute(select(col(Episode.id))).scalars())
+        assert len(ids) == len(set(ids)) == planned
+        mismatched = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM episode e WHERE e.n_steps <> "
+                "(SELECT COUNT(*) FROM step s WHERE s.episode_id = e.id)"
+            )
+        ).scalar_one()
+        assert mismatched == 0  # no half-written episode
+        keys = list(conn.execute(select(col(Episode.trajectory_key))).scalars())
+        assert conn.execute(select(func.count()).select_from(Step)).scalar_one() > planned
+    store = LocalObjectStore(tmp_path / "objects")
+    assert all(k and store.exists(k) for k in keys)
+    # Objects the killed batch wrote before its rows could commit are orphans: listed, collectable.
+    orphans = list_orphans(engine, store).keys
+    assert all(k.startswith("episodes/crash/") for k in orphans)
+    assert not any(
+        uuid.UUID(k.split("/")[2]) in set(ids) and k.endswith("trajectory.json") for k in orphans
+    )
+
+    assert not jail_processes(str(state_dir))
+    assert cgroups() <= cgroups_before
+    leftovers = [p.name for p in state_dir.iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # only the shared executor and /etc remain, no per-run temp files
+    engine.dispose()
