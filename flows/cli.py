@@ -15,16 +15,26 @@ from rich.console import Console
 
 from agent.errors import AgentError
 from flows import cli_collect as _cli_collect
+from flows import cli_ops as _cli_ops
 from flows import cli_protocol as _cli_protocol
 from flows import cli_sandbox as _cli_sandbox
 from flows import cli_suites as _cli_suites
-from flows.collection import CollectError
+from flows.errors import FlowParameterError
 from flows.settings import ConfigError, Settings, load_settings
 from sandbox.errors import SandboxError
 from storage.errors import StorageError
 from suites.errors import SuiteError
+from training.errors import TrainingError
 
-USER_ERRORS = (StorageError, ConfigError, CollectError, SuiteError, SandboxError, AgentError)
+USER_ERRORS = (
+    StorageError,
+    ConfigError,
+    FlowParameterError,
+    SuiteError,
+    SandboxError,
+    AgentError,
+    TrainingError,
+)
 """Failures a user fixes through settings or arguments: one line, exit code 2."""
 
 app = typer.Typer(
@@ -34,6 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _cli_collect.register(app)
+_cli_ops.register(app)
 app.add_typer(_cli_suites.app, name="suites")
 app.add_typer(_cli_protocol.app, name="protocol")
 app.add_typer(_cli_sandbox.app, name="sandbox")
@@ -139,7 +150,11 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        message = e.user_message() if isinstance(e, StorageError | ConfigError) else str(e)
+        message = (
+            e.user_message()
+            if isinstance(e, StorageError | ConfigError | FlowParameterError)
+            else str(e)
+        )
         err.print(
             f"[bold red]error:[/] {message.splitlines()[0] if message else type(e).__name__}",
             highlight=False,

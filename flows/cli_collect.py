@@ -39,6 +39,15 @@ def collect(
         str | None, typer.Option(help="Comma-separated templates (default: all).")
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="First instance seed.")] = 0,
+    shards: Annotated[
+        int, typer.Option(min=1, help="Split the run into shards on a work pool.")
+    ] = 1,
+    shard_deployment: Annotated[
+        str | None, typer.Option(help="Deployment running the shards, e.g. collect-shard/shard.")
+    ] = None,
+    gate: Annotated[
+        bool, typer.Option(help="Run the QC gate on the result (trigger: none).")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
@@ -71,6 +80,8 @@ def collect(
         templates=chosen,
     )
     resolve_faults(faults)
+    if shards > 1 and not shard_deployment:
+        raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
     asyncio.run(make_run_policy(policy).aclose())  # a bad spec fails here, before any work
     total = len(plan_episodes(request, task_instances(request)))
     engine = make_engine(settings.database)
@@ -90,6 +101,10 @@ def collect(
                 run_key=key,
                 seed=seed,
                 templates=chosen,
+                shards=shards,
+                shard_deployment=shard_deployment,
+                gate=gate,
+                gate_trigger="none",
             )
         )
     engine.dispose()

@@ -182,8 +182,13 @@ async def collect_episodes(
     templates: list[str] | None = None,
     shards: int = 1,
     shard_deployment: str | None = None,
+    gate: bool = False,
+    gate_trigger: str = "deployment",
 ) -> dict[str, Any]:
     """Collect `tasks` instances × `rollouts` of every template of `suite` with `policy`.
+
+    With `gate`, the `qc-gate` flow runs on the result as a subflow (the nightly chain);
+    `gate_trigger` is its trigger mode (`deployment`, `inline` or `none`).
 
     With `shards > 1` and `shard_deployment` (e.g. `collect-shard/epiflow-shard`), the run is
     split into shard flow runs on that deployment's work pool and this flow waits for all
@@ -209,7 +214,12 @@ async def collect_episodes(
         result, engine = await _collect(request, settings)
     await _publish(request, result, engine)
     engine.dispose()
-    return result.model_dump(mode="json")
+    out = result.model_dump(mode="json")
+    if gate:
+        from flows.qc import qc_gate
+
+        out["qc"] = await qc_gate(run=request.run_key, trigger=gate_trigger)
+    return out
 
 
 async def _fan_out(

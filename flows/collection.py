@@ -24,6 +24,7 @@ from agent.policies import make_policy
 from agent.policies.base import Policy
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, Trajectory, episode_id_for
+from flows.errors import CollectError
 from models import Artifact, CollectionRun, Episode, run_id_for
 from models import Step as StepRow
 from sandbox.faults import FaultProfile
@@ -48,13 +49,6 @@ FAULT_PROFILES: dict[str, FaultProfile] = {
     ),
 }
 """Named fault profiles for `--faults`; a JSON object with `FaultProfile` fields works too."""
-
-
-class CollectError(Exception):
-    """A collection request cannot run (bad parameter, unknown suite or profile)."""
-
-    def user_message(self) -> str:
-        return str(self)
 
 
 def resolve_faults(value: str | dict[str, Any] | FaultProfile | None) -> FaultProfile | None:

@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Installs the system packages the test suite needs when they are missing:
-# PostgreSQL server binaries (initdb, pg_ctl) for the throwaway test clusters.
+# - PostgreSQL server binaries (initdb, pg_ctl) for the throwaway test clusters (required);
+# - Chromium, for the headless checks of the Prefect UI and the HTML report (optional:
+#   those tests skip with a reason without it).
 set -euo pipefail
 
 have_pg() {
     command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
+have_chromium() {
+    command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
+}
 
-if have_pg; then
-    exit 0
-fi
+missing=()
+have_pg || missing+=(postgresql)
+have_chromium || missing+=(chromium)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "system-deps: installing PostgreSQL server binaries (apt-get install postgresql)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-    have_pg && exit 0
+    echo "system-deps: installing ${missing[*]} (apt-get)"
+    apt-get update -qq || true
+    for package in "${missing[@]}"; do
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null \
+            || echo "system-deps: could not install $package" >&2
+    done
 fi
-echo "system-deps: PostgreSQL binaries not found; install the 'postgresql' package" \
-     "(or set EPIFLOW_PG_BIN). PostgreSQL tests will skip, or fail under EPIFLOW_REQUIRE_POSTGRES=1." >&2
+have_pg || echo "system-deps: PostgreSQL binaries not found; install the 'postgresql' package" \
+    "(or set EPIFLOW_PG_BIN). PostgreSQL tests will skip, or fail under EPIFLOW_REQUIRE_POSTGRES=1." >&2
+have_chromium || echo "system-deps: Chromium not found; the UI screenshot and report checks will skip." >&2
+exit 0

@@ -24,15 +24,15 @@ from storage.settings import DatabaseSettings, ObjectStoreSettings
 from tests.services.postgres import PostgresCluster, find_pg_bin, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 
+KEEP_ENV = ("EPIFLOW_REQUIRE_POSTGRES", "EPIFLOW_PG_BIN", "EPIFLOW_SCREENSHOT_DIR")
+"""Variables about the test run itself, not settings of the code under test."""
+
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's EPIFLOW_* settings or writes into the checkout."""
     for name in list(os.environ):
-        if name.startswith("EPIFLOW_") and name not in (
-            "EPIFLOW_REQUIRE_POSTGRES",
-            "EPIFLOW_PG_BIN",
-        ):
+        if name.startswith("EPIFLOW_") and name not in KEEP_ENV:
             monkeypatch.delenv(name)
     monkeypatch.setenv("EPIFLOW_DATABASE_URL", f"sqlite:///{tmp_path / 'epiflow.db'}")
     monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))

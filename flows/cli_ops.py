@@ -1,0 +1,151 @@
+"""CLI commands for the rest of the loop: qc, train, evaluate, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from flows.settings import load_settings
+
+out = Console(soft_wrap=True)
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+def _prefect() -> None:
+    from flows.prefect_env import apply_prefect_settings
+
+    apply_prefect_settings(load_settings().prefect)
+
+
+def _print(result: dict[str, Any], keys: tuple[str, ...], as_json: bool) -> None:
+    shown = {k: result.get(k) for k in keys}
+    if as_json:
+        typer.echo(json.dumps(shown, default=str))
+    else:
+        out.print("  ".join(f"[bold]{k}[/] {v}" for k, v in shown.items()))
+
+
+def qc(
+    run: Annotated[str, typer.Option(help="Run key or run id to gate.")],
+    grm: Annotated[
+        bool, typer.Option(help="Also score with the LLM judge (EPIFLOW_GRM_*).")
+    ] = False,
+    trigger: Annotated[str, typer.Option(help="deployment, inline or none.")] = "deployment",
+    threshold: Annotated[
+        float | None, typer.Option(help="Training trigger volume (default from settings).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run the quality gate over a collection run (the `qc-gate` flow)."""
+    _prefect()
+    from flows.qc import TRIGGER_MODES, qc_gate
+
+    if trigger not in TRIGGER_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(TRIGGER_MODES)}", param_hint="--trigger")
+    result = asyncio.run(qc_gate(run=run, grm=grm, trigger=trigger, training_threshold=threshold))
+    _print(
+        result,
+        (
+            "qc_run_id",
+            "batch_passed",
+            "episodes",
+            "keep",
+            "downweight",
+            "discard",
+            "mean_quality",
+            "triggered_training",
+        ),
+        as_json,
+    )
+
+
+def train(
+    algo: Annotated[str, typer.Option(help="sft, dpo, kto or grpo.")] = "sft",
+    dataset: Annotated[str | None, typer.Option(help="Snapshot (dataset) id to train on.")] = None,
+    from_run: Annotated[
+        str | None, typer.Option(help="Build the snapshot from this run (key or id).")
+    ] = None,
+    base_checkpoint: Annotated[
+        str | None, typer.Option(help="Checkpoint to start from (default: newest base model).")
+    ] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="Optimizer steps (default from settings).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Train a checkpoint with TRL (the `train` flow)."""
+    if (dataset is None) == (from_run is None):
+        raise typer.BadParameter("give exactly one of --dataset and --from-run")
+    if algo not in ("sft", "dpo", "kto", "grpo"):
+        raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
+    _prefect()
+    from flows.train import train as train_flow
+
+    result = asyncio.run(
+        train_flow(
+            algo=algo,
+            dataset=dataset,
+            from_run=from_run,
+            base_checkpoint=base_checkpoint,
+            max_steps=max_steps,
+        )
+    )
+    _print(
+        result,
+        (
+            "training_run_id",
+            "checkpoint_id",
+            "dataset_id",
+            "algo",
+            "steps",
+            "train_loss",
+            "tokens_per_s",
+        ),
+        as_json,
+    )
+
+
+def evaluate(
+    checkpoint: Annotated[str, typer.Option(help="Checkpoint id.")],
+    instances: Annotated[int, typer.Option(min=1, help="Held-out instances per template.")] = 2,
+    templates: Annotated[
+        str | None, typer.Option(help="Comma-separated templates (default: all).")
+    ] = None,
+    max_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 8,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a checkpoint as a policy on held-out tasks in real sandboxes (the `evaluate` flow)."""
+    _prefect()
+    from flows.evaluate import evaluate as evaluate_flow
+
+    chosen = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+    result = asyncio.run(
+        evaluate_flow(
+            checkpoint=checkpoint, instances=instances, templates=chosen, max_steps=max_steps
+        )
+    )
+    _print(result, ("completion_rate", "avg_steps", "tool_failure_rate"), as_json)
+
+
+def serve() -> None:
+    """Serve the deployments (nightly-collect, qc-gate, train, evaluate, shard) in this process.
+
+    They appear in the Prefect UI with their schedules; runs execute here, no work pool needed.
+    """
+    _prefect()
+    from prefect import serve as prefect_serve
+
+    from flows.deployments import runner_deployments
+
+    prefect_serve(*runner_deployments())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("qc")(qc)
+    app.command("train")(train)
+    app.command("evaluate")(evaluate)
+    app.command("serve")(serve)

@@ -1,0 +1,104 @@
+"""The `qc-gate` flow on real collections: rows, docs, artifact, broken-sandbox batches."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from agent.settings import LoopSettings
+from flows.collection import (
+    CollectRequest,
+    make_run_policy,
+    open_run,
+    pending,
+    plan_episodes,
+    run_and_persist,
+    task_instances,
+)
+from storage.objects import LocalObjectStore
+
+TEMPLATES = ["csv_to_json", "dir_tree", "log_errors", "config_update"]
+
+
+def collect(
+    engine: Engine, store: LocalObjectStore, run_key: str, policy: str, tasks: int = 2
+) -> None:
+    request = CollectRequest(
+        run_key=run_key, policy=policy, tasks=tasks, concurrency=4, templates=TEMPLATES
+    )
+    open_run(engine, request)
+    plan = pending(engine, plan_episodes(request, task_instances(request)))
+    asyncio.run(
+        run_and_persist(
+            plan,
+            request,
+            engine=engine,
+            store=store,
+            loop_settings=LoopSettings(),
+            policy=make_run_policy(policy),
+        )
+    )
+
+
+@pytest.fixture
+def gated_env(
+    migrated_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Engine, LocalObjectStore]:
+    monkeypatch.setenv(
+        "EPIFLOW_DATABASE_URL", migrated_engine.url.render_as_string(hide_password=False)
+    )
+    monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
+    store = LocalObjectStore(tmp_path / "objects")
+    store.check()
+    return migrated_engine, store
+
+
+def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gated_env) -> None:
+    from flows.qc import qc_gate
+
+    engine, store = gated_env
+    collect(
+        engine,
+        store,
+        "qc-noisy",
+        "scripted:noisy?malformed=0.3&fabricated_claim=0.2&repeated_command=0.2",
+        tasks=3,
+    )
+    first = asyncio.run(qc_gate(run="qc-noisy", trigger="none", training_threshold=1.0))
+    assert first["episodes"] == 12 and first["batch_passed"]
+    assert first["keep"] + first["downweight"] + first["discard"] == 12
+    assert first["downweight"] > 0  # the noisy policy's perturbations cost weight
+    assert 0.0 < first["mean_quality"] <= 1.0
+    assert first["docs_key"] and store.exists(first["docs_key"])
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT verdict, quality_score FROM qc_result")).all()
+        judged = conn.execute(
+            text("SELECT COUNT(*) FROM judgement WHERE judge = 'rule'")
+        ).scalar_one()
+        by_suite = conn.execute(
+            text("SELECT episodes, keep, downweight, discard FROM quality_by_suite")
+        ).one()
+        summary = conn.execute(
+            text("SELECT COUNT(*) FROM episode_summary WHERE qc_verdict IS NOT NULL")
+        ).scalar_one()
+    assert len(rows) == 12 and judged == 12 and summary == 12
+    assert tuple(by_suite) == (12, first["keep"], first["downweight"], first["discard"])
+    # trigger="none" records the decision without launching anything
+    assert first["triggered_training"] is False
+
+
+def test_broken_sandbox_fails_the_batch(
+    prefect_harness: None, gated_env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flows.qc import qc_gate
+
+    engine, store = gated_env
+    monkeypatch.setenv("EPIFLOW_SANDBOX_NSJAIL_PATH", str(tmp_path / "no-nsjail-here"))
+    collect(engine, store, "qc-broken", "scripted:oracle", tasks=1)
+    result = asyncio.run(qc_gate(run="qc-broken", trigger="none", training_threshold=0.1))
+    assert result["batch_passed"] is False
+    assert result["discard"] == result["episodes"] == 4
+    assert result["triggered_training"] is False

@@ -1,0 +1,99 @@
+"""The closed loop through flows: collect → qc-gate (triggers training inline, once) →
+train (tiny local model, TRL) → evaluate the checkpoint in real sandboxes; lineage in SQL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from agent.settings import LoopSettings
+from flows.collection import (
+    CollectRequest,
+    make_run_policy,
+    open_run,
+    pending,
+    plan_episodes,
+    run_and_persist,
+    task_instances,
+)
+from storage.objects import LocalObjectStore
+
+TEMPLATES = ["csv_to_json", "dir_tree"]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_gate_triggers_training_once_then_evaluate(
+    prefect_harness: None, migrated_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from flows.evaluate import evaluate
+    from flows.qc import qc_gate
+
+    monkeypatch.setenv(
+        "EPIFLOW_DATABASE_URL", migrated_engine.url.render_as_string(hide_password=False)
+    )
+    monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
+    monkeypatch.setenv("EPIFLOW_TRAINING_MAX_STEPS", "2")
+    store = LocalObjectStore(tmp_path / "objects")
+    request = CollectRequest(
+        run_key="loop", tasks=2, rollouts=1, concurrency=4, templates=TEMPLATES
+    )
+    open_run(migrated_engine, request)
+    plan = pending(migrated_engine, plan_episodes(request, task_instances(request)))
+    asyncio.run(
+        run_and_persist(
+            plan,
+            request,
+            engine=migrated_engine,
+            store=store,
+            loop_settings=LoopSettings(),
+            policy=make_run_policy("scripted:oracle"),
+        )
+    )
+
+    first = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
+    assert first["triggered_training"] is True and first["batch_passed"]
+    training = first["training"]
+    assert training["steps"] == 2 and training["checkpoint_id"]
+
+    again = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
+    assert again["triggered_training"] is False  # re-running the gate does not train twice
+
+    with migrated_engine.connect() as conn:
+        lineage = conn.execute(
+            text(
+                "SELECT COUNT(DISTINCT episode_id) FROM training_lineage WHERE checkpoint_id = :c"
+            ),
+            {
+                "c": training["checkpoint_id"].replace("-", "")
+                if migrated_engine.dialect.name == "sqlite"
+                else training["checkpoint_id"]
+            },
+        ).scalar_one()
+        runs = conn.execute(text("SELECT status, algo FROM training_run")).all()
+    assert lineage == 4
+    assert [tuple(r) for r in runs] == [("completed", "sft")]
+
+    result = asyncio.run(
+        evaluate(
+            checkpoint=training["checkpoint_id"],
+            instances=1,
+            templates=TEMPLATES,
+            max_steps=2,
+            max_new_tokens=16,
+        )
+    )
+    assert set(result) >= {"completion_rate", "avg_steps", "tool_failure_rate"}
+    assert 0.0 <= result["completion_rate"] <= 1.0 and result["avg_steps"] > 0
+    assert result["previous_checkpoint_id"] == training["base_checkpoint_id"]
+    assert result["previous"] is not None
+    with migrated_engine.connect() as conn:
+        evaluated = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM episode e JOIN policy p ON p.id = e.policy_id WHERE p.checkpoint_id IS NOT NULL"
+            )
+        ).scalar_one()
+    assert evaluated == 4  # 2 held-out tasks × (this checkpoint + the previous one)

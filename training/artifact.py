@@ -1,0 +1,160 @@
+"""The training config artifact: what deployment must reproduce exactly (seed 000 §4.5).
+
+Stored as `training_config.json` next to every checkpoint (base models included): the
+tool schemas, the rendered system prompt, the protocol version, the chat template and
+tokenizer facts, the dataset it was trained on and the settings. `check_deployment` tells
+a deployment (the `evaluate` flow, the `hf:` policy's caller) whether what it is about to
+show the model is what the model was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from agent.trajectory import PROTOCOL_VERSION, utcnow
+from sandbox.tool_specs import ToolSpec
+from training.conversations import system_prompt_for
+from training.settings import TrainingSettings
+
+__all__ = [
+    "CONFIG_FILE",
+    "TokenizerInfo",
+    "TrainingConfigArtifact",
+    "build_config_artifact",
+    "check_deployment",
+]
+
+CONFIG_FILE = "training_config.json"
+"""File name of the artifact, in the model directory and next to it in the object store."""
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class TokenizerInfo(BaseModel):
+    """Tokenizer facts deployment can check without loading weights."""
+
+    tokenizer_class: str
+    """Class that loaded it."""
+    vocab_size: int
+    """Tokens, added ones included."""
+    eos_token: str | None
+    """End-of-turn token generation stops at."""
+    pad_token: str | None
+    """Padding token."""
+    chat_template_sha256: str | None
+    """sha256 of the chat template (None when the tokenizer has none)."""
+
+
+class TrainingConfigArtifact(BaseModel):
+    """Everything the model was trained to see, versioned with the checkpoint."""
+
+    protocol_version: str
+    """Tool-call protocol version the training data spoke."""
+    tools: list[ToolSpec]
+    """Tool schemas offered (name, description, JSON schema, version)."""
+    system_prompt: str
+    """The rendered system prompt (protocol rules and tool sections)."""
+    system_prompt_sha256: str
+    """sha256 of `system_prompt`."""
+    chat_template: str | None
+    """The tokenizer's chat template, verbatim."""
+    tokenizer: TokenizerInfo
+    """Tokenizer facts."""
+    algo: str | None
+    """sft, dpo, kto or grpo; None for a base model."""
+    base_model: str | None
+    """Base model path or checkpoint id it was trained from; None for a base model."""
+    dataset_id: uuid.UUID | None
+    """Snapshot trained on; None for a base model."""
+    dataset_kind: str | None = None
+    """Kind of that snapshot."""
+    dataset_sha256: str | None = None
+    """sha256 of that snapshot's parquet file."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """The `TrainingSettings` used."""
+    created_at: datetime = Field(default_factory=utcnow)
+    """When the artifact was written (UTC)."""
+
+
+def _tokenizer_info(model_dir: Path) -> tuple[TokenizerInfo, str | None]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    template = getattr(tokenizer, "chat_template", None)
+    template_text = template if isinstance(template, str) else None
+    info = TokenizerInfo(
+        tokenizer_class=type(tokenizer).__name__,
+        vocab_size=len(tokenizer),
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+        chat_template_sha256=_sha256(template_text) if template_text is not None else None,
+    )
+    return info, template_text
+
+
+def build_config_artifact(
+    model_dir: Path,
+    *,
+    tools: Iterable[ToolSpec],
+    settings: TrainingSettings,
+    algo: str | None = None,
+    base_model: str | None = None,
+    dataset_id: uuid.UUID | None = None,
+    dataset_kind: str | None = None,
+    dataset_sha256: str | None = None,
+) -> TrainingConfigArtifact:
+    """The artifact for the model in `model_dir` (its tokenizer is read from there)."""
+    specs = list(tools)
+    prompt = system_prompt_for(specs)
+    tokenizer, template = _tokenizer_info(model_dir)
+    return TrainingConfigArtifact(
+        protocol_version=PROTOCOL_VERSION,
+        tools=specs,
+        system_prompt=prompt,
+        system_prompt_sha256=_sha256(prompt),
+        chat_template=template,
+        tokenizer=tokenizer,
+        algo=algo,
+        base_model=base_model,
+        dataset_id=dataset_id,
+        dataset_kind=dataset_kind,
+        dataset_sha256=dataset_sha256,
+        settings=settings.model_dump(mode="json"),
+    )
+
+
+def check_deployment(artifact: TrainingConfigArtifact, tools: Iterable[ToolSpec]) -> list[str]:
+    """Differences between what the model was trained on and what `tools` would show it.
+
+    Empty when the protocol version, the tool schemas and the system prompt all match.
+    """
+    specs = list(tools)
+    problems: list[str] = []
+    if artifact.protocol_version != PROTOCOL_VERSION:
+        problems.append(
+            f"protocol version: trained on {artifact.protocol_version}, deployed {PROTOCOL_VERSION}"
+        )
+    trained = {t.name: t for t in artifact.tools}
+    deployed = {t.name: t for t in specs}
+    for name in sorted(trained.keys() | deployed.keys()):
+        if name not in deployed:
+            problems.append(f"tool {name}: trained with it, not offered now")
+        elif name not in trained:
+            problems.append(f"tool {name}: offered now, never seen in training")
+        elif trained[name] != deployed[name]:
+            problems.append(
+                f"tool {name}: schema or version changed ({trained[name].version} → "
+                f"{deployed[name].version})"
+            )
+    if _sha256(system_prompt_for(specs)) != artifact.system_prompt_sha256:
+        problems.append("system prompt: the rendered prompt differs from the trained one")
+    return problems

@@ -1,0 +1,358 @@
+"""Rows of each dataset kind from scored episodes. Pure: no SQL, no object store.
+
+Every builder takes `SourceEpisode`s (the trajectory plus its QC verdict and quality
+score) and returns `BuiltRows`: the parquet rows and the lineage entries (which episode,
+in which role, with which weight). Columns per kind, in TRL's dataset formats:
+
+- `sft`: `messages` (the whole chat, assistant turns trained), `weight` (quality score)
+- `dpo`: `prompt` (shared history), `chosen` / `rejected` (one assistant turn each)
+- `kto`: `prompt`, `completion` (one assistant turn), `label` (verifier-confirmed episode)
+- `grpo`: `prompt` (system + task) and the task's coordinates to regenerate it
+- `distill`: like `sft`, one verified trajectory per task chosen among teachers
+- `cpt`: `text` (plain-text episode, failures and observations included)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
+from training.conversations import Message, episode_messages, plain_text, prompt_messages
+
+__all__ = [
+    "BuiltRows",
+    "DatasetKind",
+    "LineageEntry",
+    "SourceEpisode",
+    "build_rows",
+]
+
+
+class DatasetKind(StrEnum):
+    """What a snapshot is for."""
+
+    SFT = "sft"
+    DPO = "dpo"
+    KTO = "kto"
+    GRPO = "grpo"
+    DISTILL = "distill"
+    CPT = "cpt"
+
+
+class SourceEpisode(BaseModel):
+    """One episode with its quality-gate outcome, as the builders see it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trajectory: Trajectory
+    """The full trajectory (from the object store)."""
+    verdict: str | None = None
+    """QC verdict: keep, downweight or discard; None when no gate run was used."""
+    quality_score: float | None = None
+    """QC quality score in [0, 1]; None when no gate run was used."""
+
+    @property
+    def episode_id(self) -> uuid.UUID:
+        return self.trajectory.episode_id
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the verifier confirmed the outcome (the loop's `success` status)."""
+        return self.trajectory.status == EpisodeStatus.SUCCESS
+
+    @property
+    def weight(self) -> float:
+        """Sampling weight: the quality score, 1.0 when the episode was not gated."""
+        return 1.0 if self.quality_score is None else float(self.quality_score)
+
+
+class LineageEntry(BaseModel):
+    """One `dataset_episode` row to be: an episode's role and weight in the snapshot."""
+
+    model_config = ConfigDict(frozen=True)
+
+    episode_id: uuid.UUID
+    """Episode used."""
+    role: str
+    """example, chosen, rejected, desirable, undesirable or prompt."""
+    weight: float
+    """Total weight the episode carries in that role."""
+
+
+class BuiltRows(BaseModel):
+    """What a builder produced."""
+
+    rows: list[dict[str, Any]] = Field(default_factory=list)
+    """Parquet rows, one dict per example."""
+    lineage: list[LineageEntry] = Field(default_factory=list)
+    """Per (episode, role) lineage, weights summed over the rows that use it."""
+
+    @property
+    def weight_sum(self) -> float:
+        return float(sum(float(r.get("weight", 1.0)) for r in self.rows))
+
+
+class _Lineage:
+    def __init__(self) -> None:
+        self._weights: dict[tuple[uuid.UUID, str], float] = defaultdict(float)
+
+    def add(self, episode_id: uuid.UUID, role: str, weight: float) -> None:
+        self._weights[(episode_id, role)] += weight
+
+    def entries(self) -> list[LineageEntry]:
+        return [
+            LineageEntry(episode_id=e, role=r, weight=w)
+            for (e, r), w in sorted(self._weights.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
+        ]
+
+
+def _task_coordinates(traj: Trajectory) -> dict[str, Any]:
+    return {
+        "task_id": traj.task_id,
+        "suite": traj.suite,
+        "template": traj.template,
+        "instance_seed": traj.instance_seed,
+    }
+
+
+def _has_assistant_turn(messages: Sequence[Message]) -> bool:
+    return any(m["role"] == "assistant" for m in messages)
+
+
+def sft_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+    """Verified, non-discarded episodes as whole chats weighted by their quality score."""
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    for ep in episodes:
+        if not ep.succeeded or ep.verdict == "discard" or ep.weight <= 0:
+            continue
+        messages = episode_messages(ep.trajectory)
+        if not _has_assistant_turn(messages):
+            continue
+        rows.append(
+            {
+                "messages": messages,
+                "weight": ep.weight,
+                "episode_id": str(ep.episode_id),
+                **_task_coordinates(ep.trajectory),
+            }
+        )
+        lineage.add(ep.episode_id, "example", ep.weight)
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def _divergence(
+    chosen: Sequence[Message], rejected: Sequence[Message]
+) -> tuple[list[Message], Message, Message] | None:
+    """Shared history up to the first assistant turn where the two differ, and both turns.
+
+    None when they differ before any assistant turn (different prompts or observations)
+    or never differ in an assistant turn.
+    """
+    for i, (a, b) in enumerate(zip(chosen, rejected, strict=False)):
+        if a == b:
+            continue
+        if a["role"] == "assistant" and b["role"] == "assistant":
+            return list(chosen[:i]), a, b
+        return None
+    return None
+
+
+def dpo_rows(
+    episodes: Iterable[SourceEpisode], *, pair_by: str = "task", max_pairs_per_group: int = 4
+) -> BuiltRows:
+    """Success vs failure on the same task (or template): a step-level preference.
+
+    Both episodes share the history up to the first assistant turn where they diverge; the
+    successful episode's turn is `chosen`, the failed one's `rejected`. Observation tokens
+    are never in the loss and the two completions answer exactly the same prompt.
+    Discarded episodes (environment errors, broken format) are not used.
+    """
+    key: Callable[[Trajectory], str] = (
+        (lambda t: t.task_id) if pair_by == "task" else (lambda t: f"{t.suite}/{t.template}")
+    )
+    groups: dict[str, list[SourceEpisode]] = defaultdict(list)
+    for ep in episodes:
+        if ep.verdict == "discard" or ep.trajectory.status in (
+            EpisodeStatus.ENV_ERROR,
+            EpisodeStatus.STORAGE_ERROR,
+            EpisodeStatus.ABORTED,
+        ):
+            continue
+        groups[key(ep.trajectory)].append(ep)
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    for group_key in sorted(groups):
+        members = sorted(groups[group_key], key=lambda e: str(e.episode_id))
+        wins = [e for e in members if e.succeeded]
+        losses = [e for e in members if not e.succeeded]
+        made = 0
+        for win in wins:
+            win_messages = episode_messages(win.trajectory)
+            for loss in losses:
+                if made >= max_pairs_per_group:
+                    break
+                split = _divergence(win_messages, episode_messages(loss.trajectory))
+                if split is None:
+                    continue
+                prompt, chosen, rejected = split
+                rows.append(
+                    {
+                        "prompt": prompt,
+                        "chosen": [chosen],
+                        "rejected": [rejected],
+                        "weight": 1.0,
+                        "chosen_episode_id": str(win.episode_id),
+                        "rejected_episode_id": str(loss.episode_id),
+                        **_task_coordinates(win.trajectory),
+                    }
+                )
+                lineage.add(win.episode_id, "chosen", 1.0)
+                lineage.add(loss.episode_id, "rejected", 1.0)
+                made += 1
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def kto_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+    """Every parsed assistant turn as an unpaired example, labelled by the episode's outcome.
+
+    Turns that did not parse are left out of desirable examples (a verified episode may
+    have recovered from a malformed turn; that turn is not what we want more of) and kept
+    as undesirable ones.
+    """
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    for ep in episodes:
+        if ep.verdict == "discard" or ep.trajectory.status in (
+            EpisodeStatus.ENV_ERROR,
+            EpisodeStatus.STORAGE_ERROR,
+            EpisodeStatus.ABORTED,
+        ):
+            continue
+        messages = episode_messages(ep.trajectory)
+        steps = iter(ep.trajectory.steps)
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            step = next(steps)
+            parsed = step.parse_kind in (ParseKind.TOOL_CALL, ParseKind.FINAL)
+            label = ep.succeeded and parsed
+            rows.append(
+                {
+                    "prompt": messages[:i],
+                    "completion": [message],
+                    "label": label,
+                    "weight": ep.weight,
+                    "episode_id": str(ep.episode_id),
+                    "step_index": step.index,
+                    **_task_coordinates(ep.trajectory),
+                }
+            )
+            lineage.add(ep.episode_id, "desirable" if label else "undesirable", ep.weight)
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def grpo_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+    """One prompt per distinct task (system + task); rollouts happen online in the sandbox."""
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    seen: set[str] = set()
+    for ep in sorted(episodes, key=lambda e: (e.trajectory.task_id, str(e.episode_id))):
+        if ep.verdict == "discard":
+            continue
+        if ep.trajectory.task_id in seen:
+            continue
+        seen.add(ep.trajectory.task_id)
+        lineage.add(ep.episode_id, "prompt", 1.0)
+        rows.append(
+            {
+                "prompt": prompt_messages(ep.trajectory),
+                "weight": 1.0,
+                "episode_id": str(ep.episode_id),
+                **_task_coordinates(ep.trajectory),
+            }
+        )
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def _distill_rank(ep: SourceEpisode) -> tuple[int, int, float, str, str]:
+    traj = ep.trajectory
+    parse_errors = sum(s.parse_kind in (ParseKind.ERROR, ParseKind.NONE) for s in traj.steps)
+    return (traj.n_steps, parse_errors, -ep.weight, traj.policy, str(ep.episode_id))
+
+
+def distill_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+    """Per task, the verified trajectory of the best teacher: shortest, then cleanest.
+
+    Seed 003 §3 conflict arbitration: when teachers disagree, the verifier decides; among
+    verified trajectories the shorter one wins (ties: fewer parse errors, higher quality,
+    then policy name and id for determinism). Tasks no teacher solved contribute nothing.
+    """
+    by_task: dict[str, list[SourceEpisode]] = defaultdict(list)
+    for ep in episodes:
+        if ep.succeeded and ep.verdict != "discard":
+            by_task[ep.trajectory.task_id].append(ep)
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    for task_id in sorted(by_task):
+        candidates = by_task[task_id]
+        best = min(candidates, key=_distill_rank)
+        messages = episode_messages(best.trajectory)
+        if not _has_assistant_turn(messages):
+            continue
+        rows.append(
+            {
+                "messages": messages,
+                "weight": best.weight,
+                "episode_id": str(best.episode_id),
+                "teacher": best.trajectory.policy,
+                "n_candidates": len(candidates),
+                "n_teachers": len({c.trajectory.policy for c in candidates}),
+                **_task_coordinates(best.trajectory),
+            }
+        )
+        lineage.add(best.episode_id, "example", best.weight)
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def cpt_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+    """Every non-discarded episode as plain text, failures and observations included."""
+    rows: list[dict[str, Any]] = []
+    lineage = _Lineage()
+    for ep in episodes:
+        if ep.verdict == "discard" or not ep.trajectory.steps:
+            continue
+        rows.append(
+            {
+                "text": plain_text(ep.trajectory),
+                "weight": 1.0,
+                "episode_id": str(ep.episode_id),
+                "status": ep.trajectory.status.value,
+                **_task_coordinates(ep.trajectory),
+            }
+        )
+        lineage.add(ep.episode_id, "example", 1.0)
+    return BuiltRows(rows=rows, lineage=lineage.entries())
+
+
+def build_rows(
+    kind: DatasetKind, episodes: Sequence[SourceEpisode], *, pair_by: str = "task"
+) -> BuiltRows:
+    """Rows of `kind` from `episodes` (see the module docstring for the columns)."""
+    if kind == DatasetKind.SFT:
+        return sft_rows(episodes)
+    if kind == DatasetKind.DPO:
+        return dpo_rows(episodes, pair_by=pair_by)
+    if kind == DatasetKind.KTO:
+        return kto_rows(episodes)
+    if kind == DatasetKind.GRPO:
+        return grpo_rows(episodes)
+    if kind == DatasetKind.DISTILL:
+        return distill_rows(episodes)
+    return cpt_rows(episodes)

@@ -1,0 +1,82 @@
+"""Trajectories as the chat the model saw, for training (seed 000 §4.5: same prompt, tools, format).
+
+The episode loop builds its history from `render_system_prompt(tools)`, the task prompt,
+each step's raw assistant text and its observation as a `user` turn
+(`agent.recording`); `agent.export.to_openai_messages(style="text")` reproduces exactly
+that history. The `hf:` policy then keeps only `role` and `content` of each message and
+applies the tokenizer's chat template, so training does the same: the messages here are
+`{"role", "content"}` pairs and the chat template does the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.export import to_openai_messages
+from agent.prompt import render_system_prompt
+from agent.trajectory import Trajectory
+from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
+
+__all__ = [
+    "Message",
+    "episode_messages",
+    "plain_text",
+    "prompt_messages",
+    "system_prompt_for",
+    "tools_for",
+]
+
+Message = dict[str, str]
+"""One chat message: `{"role": "system" | "user" | "assistant" | "tool", "content": str}`."""
+
+
+def tools_for(traj: Trajectory) -> list[ToolSpec]:
+    """The tools the episode offered (by its recorded tool versions); all built-ins when unknown."""
+    named = [BUILTIN_TOOLS[name] for name in traj.tool_versions if name in BUILTIN_TOOLS]
+    return named if named else list(BUILTIN_TOOLS.values())
+
+
+def system_prompt_for(tools: Iterable[ToolSpec]) -> str:
+    """The loop's system prompt for these tools (one function, so training and deployment agree)."""
+    return render_system_prompt(tools)
+
+
+def _plain(messages: Iterable[dict[str, object]]) -> list[Message]:
+    return [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
+
+
+def episode_messages(traj: Trajectory) -> list[Message]:
+    """The whole episode as the model saw it, ending on its last assistant turn.
+
+    A trailing observation (an episode cut by max steps) is dropped: nothing was trained
+    on it and it would be the last, loss-free turn anyway.
+    """
+    system = system_prompt_for(tools_for(traj))
+    messages = _plain(to_openai_messages(traj, style="text", system_prompt=system))
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    return messages
+
+
+def prompt_messages(traj: Trajectory) -> list[Message]:
+    """System prompt and task: what the model sees before its first turn."""
+    return [
+        {"role": "system", "content": system_prompt_for(tools_for(traj))},
+        {"role": "user", "content": traj.prompt},
+    ]
+
+
+def plain_text(traj: Trajectory) -> str:
+    """The episode as plain text for continued pretraining: task, every turn, every observation.
+
+    Failures, tool errors and observations stay in (seed 003 §1: the model should read what
+    agentic work looks like, mistakes included); the system prompt is left out because it
+    is identical in every document.
+    """
+    parts = [f"Task: {traj.prompt}"]
+    for step in traj.steps:
+        parts.append(step.raw_output)
+        if step.observation is not None:
+            parts.append(step.observation)
+    parts.append(f"Outcome: {traj.status.value} ({traj.failure_category.value})")
+    return "\n\n".join(parts)

@@ -1,0 +1,40 @@
+"""Errors of the training package.
+
+TrainingError
+├── SnapshotError          a dataset snapshot cannot be built or read
+│   └── EmptySnapshot      the selection matched no usable episode
+├── BaseModelError         the local tokenizer / model cannot be built
+├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
+└── RegistryError          checkpoint / training-run bookkeeping failed
+    └── CheckpointNotFound no checkpoint (or no files) under that id
+"""
+
+from __future__ import annotations
+
+
+class TrainingError(Exception):
+    """Base class of every training error."""
+
+
+class SnapshotError(TrainingError):
+    """A dataset snapshot cannot be built or read."""
+
+
+class EmptySnapshot(SnapshotError):
+    """The selection matched no usable episode for that dataset kind."""
+
+
+class BaseModelError(TrainingError):
+    """The local tokenizer or base model cannot be built or saved."""
+
+
+class TrainerError(TrainingError):
+    """A trainer failed: unusable dataset, invalid configuration or a runtime error."""
+
+
+class RegistryError(TrainingError):
+    """Checkpoint or training-run bookkeeping failed."""
+
+
+class CheckpointNotFound(RegistryError):
+    """No checkpoint row, or no stored files, under that id."""

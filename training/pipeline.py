@@ -1,0 +1,180 @@
+"""Train end to end: snapshot → trainer → checkpoint, with the SQL bookkeeping (what `flows/train` calls).
+
+`prepare_base_model` builds the local base model and registers it as a checkpoint (no
+training run). `train_checkpoint` trains on a stored snapshot from a base checkpoint (or
+any local HF directory), writes the `training_run` row (running → completed / failed),
+uploads the checkpoint with its config artifact, and returns the ids and the metrics.
+Every step is a plain function; the flow wraps them as tasks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+from sqlalchemy import Engine
+
+from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
+from storage.objects import ObjectStore
+from training.artifact import build_config_artifact
+from training.base_model import build_base_model
+from training.builders import DatasetKind
+from training.errors import TrainerError, TrainingError
+from training.registry import (
+    fail_training_run,
+    fetch_checkpoint,
+    finish_training_run,
+    register_base_model,
+    save_checkpoint,
+    start_training_run,
+)
+from training.rewards import RewardFunction
+from training.settings import TrainingSettings
+from training.snapshots import fetch_snapshot, get_snapshot
+from training.trainers import Algo, TrainResult, run_training
+
+__all__ = [
+    "COMPATIBLE_KINDS",
+    "DEFAULT_KIND",
+    "TrainingOutcome",
+    "prepare_base_model",
+    "train_checkpoint",
+]
+
+COMPATIBLE_KINDS: dict[Algo, tuple[DatasetKind, ...]] = {
+    Algo.SFT: (DatasetKind.SFT, DatasetKind.DISTILL, DatasetKind.CPT),
+    Algo.DPO: (DatasetKind.DPO,),
+    Algo.KTO: (DatasetKind.KTO,),
+    Algo.GRPO: (DatasetKind.GRPO,),
+}
+"""Snapshot kinds each algorithm trains on."""
+
+DEFAULT_KIND: dict[Algo, DatasetKind] = {
+    Algo.SFT: DatasetKind.SFT,
+    Algo.DPO: DatasetKind.DPO,
+    Algo.KTO: DatasetKind.KTO,
+    Algo.GRPO: DatasetKind.GRPO,
+}
+"""Snapshot kind to build for an algorithm when training straight from a collection run."""
+
+
+class TrainingOutcome(BaseModel):
+    """What `train_checkpoint` produced."""
+
+    training_run_id: uuid.UUID
+    """The `training_run` row."""
+    checkpoint_id: uuid.UUID
+    """The new checkpoint."""
+    dataset_id: uuid.UUID
+    """Snapshot trained on."""
+    result: TrainResult
+    """Steps, loss, tokens, metrics."""
+
+
+def prepare_base_model(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    work_dir: Path,
+    corpus: Iterable[str],
+    settings: TrainingSettings,
+    tools: Sequence[ToolSpec] | None = None,
+) -> uuid.UUID:
+    """Build the tiny local base model from `corpus` and register it; returns its checkpoint id."""
+    model_dir = build_base_model(work_dir / "base_model", corpus, settings=settings)
+    config = build_config_artifact(
+        model_dir,
+        tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
+        settings=settings,
+    )
+    return register_base_model(engine, store, model_dir, config=config)
+
+
+def train_checkpoint(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    algo: Algo | str,
+    dataset_id: uuid.UUID,
+    work_dir: Path,
+    settings: TrainingSettings,
+    base_checkpoint_id: uuid.UUID | None = None,
+    base_model_dir: Path | None = None,
+    reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    tools: Sequence[ToolSpec] | None = None,
+    prefect_flow_run_id: str | None = None,
+) -> TrainingOutcome:
+    """Train on snapshot `dataset_id` from a base checkpoint (or a local HF directory).
+
+    Exactly one of `base_checkpoint_id` / `base_model_dir` is given. The training run is
+    recorded as failed (with the reason) when training raises.
+
+    Raises:
+        TrainerError: bad algorithm/kind combination, or the trainer failed.
+        SnapshotError: the snapshot is missing or corrupt.
+        RegistryError, CheckpointNotFound: the base checkpoint cannot be fetched or the
+            new one cannot be stored.
+    """
+    if (base_checkpoint_id is None) == (base_model_dir is None):
+        raise TrainerError("give exactly one of base_checkpoint_id and base_model_dir")
+    try:
+        chosen = Algo(algo)
+    except ValueError as e:
+        raise TrainerError(f"unknown training algorithm {algo!r}") from e
+    info = get_snapshot(engine, dataset_id)
+    if info.kind not in COMPATIBLE_KINDS[chosen]:
+        allowed = ", ".join(k.value for k in COMPATIBLE_KINDS[chosen])
+        raise TrainerError(f"{chosen.value} trains on {allowed} snapshots, not {info.kind.value}")
+    if base_checkpoint_id is not None:
+        base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
+        base_name = str(base_checkpoint_id)
+    else:
+        assert base_model_dir is not None
+        base_dir, base_name = base_model_dir, str(base_model_dir)
+    run_id = start_training_run(
+        engine,
+        dataset_id=info.id,
+        algo=chosen.value,
+        base_model=base_name,
+        config=settings.model_dump(mode="json"),
+        prefect_flow_run_id=prefect_flow_run_id,
+    )
+    try:
+        parquet = fetch_snapshot(store, info, work_dir / "dataset.parquet")
+        result = run_training(
+            chosen,
+            dataset=parquet,
+            base_model_dir=base_dir,
+            output_dir=work_dir / "model",
+            settings=settings,
+            reward_fn=reward_fn,
+        )
+        config = build_config_artifact(
+            result.output_dir,
+            tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
+            settings=settings,
+            algo=chosen.value,
+            base_model=base_name,
+            dataset_id=info.id,
+            dataset_kind=info.kind.value,
+            dataset_sha256=info.sha256,
+        )
+        metrics = result.model_dump(mode="json", exclude={"output_dir"})
+        checkpoint_id = save_checkpoint(
+            engine,
+            store,
+            training_run_id=run_id,
+            model_dir=result.output_dir,
+            config=config,
+            parent_checkpoint_id=base_checkpoint_id,
+            metrics=metrics,
+        )
+    except TrainingError as e:
+        fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")
+        raise
+    finish_training_run(engine, run_id, metrics=metrics)
+    return TrainingOutcome(
+        training_run_id=run_id, checkpoint_id=checkpoint_id, dataset_id=info.id, result=result
+    )

@@ -1,0 +1,306 @@
+"""The checkpoint registry: `training_run` and `checkpoint` rows, model directories in the object store.
+
+Layout: `checkpoints/<id>/model/…` (the HF directory: weights, config, tokenizer, chat
+template, and `training_config.json`) and `checkpoints/<id>/training_config.json` (the
+artifact alone, `checkpoint.config_key`, readable without downloading weights). Objects
+are written before the row that points at them commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, select
+from sqlmodel import Session, col
+
+from agent.trajectory import utcnow
+from models import Checkpoint, TrainingRun
+from storage.errors import ObjectStoreError
+from storage.objects import ObjectStore
+from training.artifact import CONFIG_FILE, TrainingConfigArtifact
+from training.errors import CheckpointNotFound, RegistryError
+
+__all__ = [
+    "CheckpointInfo",
+    "checkpoint_prefix",
+    "fail_training_run",
+    "fetch_checkpoint",
+    "finish_training_run",
+    "get_checkpoint",
+    "load_config_artifact",
+    "previous_checkpoint",
+    "record_evaluation",
+    "register_base_model",
+    "save_checkpoint",
+    "start_training_run",
+]
+
+
+class CheckpointInfo(BaseModel):
+    """A checkpoint row, detached (what flows pass between tasks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: uuid.UUID
+    """Checkpoint id."""
+    training_run_id: uuid.UUID | None
+    """Training run that produced it; None for a base model."""
+    parent_checkpoint_id: uuid.UUID | None
+    """Checkpoint it was trained from, if any."""
+    object_prefix: str
+    """Object-store prefix of the HF model directory."""
+    config_key: str | None
+    """Object-store key of the training config artifact."""
+    protocol_version: str
+    """Protocol version it was trained on."""
+    metrics: dict[str, Any]
+    """Training metrics at save time."""
+    evaluation: dict[str, Any]
+    """Latest evaluation."""
+
+    @classmethod
+    def from_row(cls, row: Checkpoint) -> CheckpointInfo:
+        return cls(
+            id=row.id,
+            training_run_id=row.training_run_id,
+            parent_checkpoint_id=row.parent_checkpoint_id,
+            object_prefix=row.object_prefix,
+            config_key=row.config_key,
+            protocol_version=row.protocol_version,
+            metrics=dict(row.metrics),
+            evaluation=dict(row.evaluation),
+        )
+
+
+def checkpoint_prefix(checkpoint_id: uuid.UUID) -> str:
+    """Object-store prefix of a checkpoint's model directory."""
+    return f"checkpoints/{checkpoint_id}/model"
+
+
+def _upload(
+    store: ObjectStore, checkpoint_id: uuid.UUID, model_dir: Path, config: TrainingConfigArtifact
+) -> tuple[str, str]:
+    if not (model_dir / "config.json").is_file():
+        raise RegistryError(f"{model_dir} is not an HF model directory (no config.json)")
+    body = config.model_dump_json(indent=2).encode()
+    (model_dir / CONFIG_FILE).write_bytes(body)
+    prefix = checkpoint_prefix(checkpoint_id)
+    config_key = f"checkpoints/{checkpoint_id}/{CONFIG_FILE}"
+    try:
+        store.put_tree(prefix, model_dir)
+        store.put(config_key, body, content_type="application/json")
+    except ObjectStoreError as e:
+        raise RegistryError(f"cannot upload checkpoint {checkpoint_id}: {e}") from e
+    return prefix, config_key
+
+
+def register_base_model(
+    engine: Engine, store: ObjectStore, path: Path, *, config: TrainingConfigArtifact
+) -> uuid.UUID:
+    """Store a base model directory as a checkpoint with no training run; returns its id.
+
+    Raises:
+        RegistryError: `path` is not an HF directory, or the upload failed.
+    """
+    checkpoint_id = uuid.uuid4()
+    prefix, config_key = _upload(store, checkpoint_id, path, config)
+    with Session(engine) as session:
+        session.add(
+            Checkpoint(
+                id=checkpoint_id,
+                training_run_id=None,
+                object_prefix=prefix,
+                config_key=config_key,
+                protocol_version=config.protocol_version,
+                metrics={},
+                evaluation={},
+            )
+        )
+        session.commit()
+    return checkpoint_id
+
+
+def start_training_run(
+    engine: Engine,
+    *,
+    dataset_id: uuid.UUID,
+    algo: str,
+    base_model: str,
+    config: dict[str, Any],
+    prefect_flow_run_id: str | None = None,
+) -> uuid.UUID:
+    """A `training_run` row in status `running`; returns its id."""
+    run_id = uuid.uuid4()
+    with Session(engine) as session:
+        session.add(
+            TrainingRun(
+                id=run_id,
+                dataset_id=dataset_id,
+                algo=algo,
+                base_model=base_model,
+                config=config,
+                status="running",
+                metrics={},
+                prefect_flow_run_id=prefect_flow_run_id,
+            )
+        )
+        session.commit()
+    return run_id
+
+
+def _end_run(
+    engine: Engine, run_id: uuid.UUID, *, status: str, metrics: dict[str, Any], error: str | None
+) -> None:
+    with Session(engine) as session:
+        run = session.get(TrainingRun, run_id)
+        if run is None:
+            raise RegistryError(f"no training_run {run_id}")
+        run.status = status
+        run.metrics = metrics
+        run.error = error
+        run.ended_at = utcnow()
+        session.add(run)
+        session.commit()
+
+
+def finish_training_run(engine: Engine, run_id: uuid.UUID, *, metrics: dict[str, Any]) -> None:
+    """Mark the run `completed` with its final metrics.
+
+    Raises:
+        RegistryError: no such run.
+    """
+    _end_run(engine, run_id, status="completed", metrics=metrics, error=None)
+
+
+def fail_training_run(engine: Engine, run_id: uuid.UUID, *, error: str) -> None:
+    """Mark the run `failed` with the reason.
+
+    Raises:
+        RegistryError: no such run.
+    """
+    _end_run(engine, run_id, status="failed", metrics={}, error=error)
+
+
+def save_checkpoint(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    training_run_id: uuid.UUID,
+    model_dir: Path,
+    config: TrainingConfigArtifact,
+    parent_checkpoint_id: uuid.UUID | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Upload a trained model directory with its config artifact and record the checkpoint.
+
+    Raises:
+        RegistryError: not an HF directory, or the upload failed.
+    """
+    checkpoint_id = uuid.uuid4()
+    prefix, config_key = _upload(store, checkpoint_id, model_dir, config)
+    with Session(engine) as session:
+        session.add(
+            Checkpoint(
+                id=checkpoint_id,
+                training_run_id=training_run_id,
+                parent_checkpoint_id=parent_checkpoint_id,
+                object_prefix=prefix,
+                config_key=config_key,
+                protocol_version=config.protocol_version,
+                metrics=metrics or {},
+                evaluation={},
+            )
+        )
+        session.commit()
+    return checkpoint_id
+
+
+def get_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> CheckpointInfo:
+    """The checkpoint row.
+
+    Raises:
+        CheckpointNotFound: no such checkpoint.
+    """
+    with Session(engine) as session:
+        row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
+        return CheckpointInfo.from_row(row)
+
+
+def fetch_checkpoint(
+    engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID, dest: Path
+) -> Path:
+    """Download the checkpoint's HF directory into `dest`; returns `dest` (an `hf:` policy path).
+
+    Raises:
+        CheckpointNotFound: no such checkpoint, or no stored files under its prefix.
+        RegistryError: the download failed.
+    """
+    info = get_checkpoint(engine, checkpoint_id)
+    try:
+        written = store.get_tree(info.object_prefix, dest)
+    except ObjectStoreError as e:
+        raise RegistryError(f"cannot download checkpoint {checkpoint_id}: {e}") from e
+    if not written:
+        raise CheckpointNotFound(
+            f"checkpoint {checkpoint_id} has no files under {info.object_prefix}"
+        )
+    return dest
+
+
+def load_config_artifact(
+    engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID
+) -> TrainingConfigArtifact:
+    """The checkpoint's training config artifact, without downloading weights.
+
+    Raises:
+        CheckpointNotFound: no such checkpoint or it has no artifact.
+        RegistryError: the artifact cannot be read.
+    """
+    info = get_checkpoint(engine, checkpoint_id)
+    if info.config_key is None:
+        raise CheckpointNotFound(f"checkpoint {checkpoint_id} has no training config artifact")
+    try:
+        return TrainingConfigArtifact.model_validate_json(store.get(info.config_key))
+    except ObjectStoreError as e:
+        raise RegistryError(f"cannot read {info.config_key}: {e}") from e
+
+
+def record_evaluation(engine: Engine, checkpoint_id: uuid.UUID, evaluation: dict[str, Any]) -> None:
+    """Store the latest evaluation on the checkpoint row.
+
+    Raises:
+        CheckpointNotFound: no such checkpoint.
+    """
+    with Session(engine) as session:
+        row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
+        row.evaluation = evaluation
+        session.add(row)
+        session.commit()
+
+
+def previous_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> uuid.UUID | None:
+    """The checkpoint to compare against: its parent, else the newest one saved before it.
+
+    Raises:
+        CheckpointNotFound: no such checkpoint.
+    """
+    with Session(engine) as session:
+        row = session.get(Checkpoint, checkpoint_id)
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
+        if row.parent_checkpoint_id is not None:
+            return row.parent_checkpoint_id
+        earlier = session.execute(
+            select(col(Checkpoint.id))
+            .where(col(Checkpoint.created_at) < row.created_at)
+            .order_by(col(Checkpoint.created_at).desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        return earlier

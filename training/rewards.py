@@ -1,0 +1,192 @@
+"""GRPO reward functions: the protocol's format check, and the sandbox with the task's verifier.
+
+A GRPO rollout here is one assistant turn answering the task prompt (system prompt +
+task, as the episode loop shows them). TRL's own `environment_factory` speaks the model's
+native JSON tool-calling format, not protocol v1, so training through it would teach a
+format deployment never parses (seed 000 §4.5); the rewards below parse with the loop's
+parser instead.
+
+- `ProtocolReward`: +1 for a valid tool call or final answer, 0 for no block, -1 for a
+  protocol error. Deterministic, needs no sandbox (tests, warm-up).
+- `SandboxReward`: the turn runs for real. A tool call is executed in a fresh nsjail
+  sandbox holding the task's workspace, then the task's verifier runs there; a final
+  answer goes straight to the verifier. Reward = final reward from the verifier score
+  (linear from `failure_reward` at 0 to 1 at 1, seed 000 §5.5) + `step_reward_weight` ×
+  the format reward (seed 000 §4.3: step rewards at 1-5% of the final scale).
+
+Both follow TRL's reward-function shape: `f(prompts, completions, **columns) -> list[float]`,
+the snapshot's `task_id`, `suite`, `template`, `instance_seed` columns arriving as lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from agent.errors import ProtocolError
+from agent.protocol import ParsedMessage, parse_message
+from agent.trajectory import ParseKind
+from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
+from suites.types import TaskInstance
+from training.settings import TrainingSettings
+
+__all__ = [
+    "ProtocolReward",
+    "RewardFunction",
+    "SandboxReward",
+    "TaskResolver",
+    "completion_text",
+    "format_reward",
+    "suite_task_resolver",
+]
+
+TaskResolver = Callable[[str, str, int, str], TaskInstance]
+"""`(suite, template, instance_seed, task_id) -> TaskInstance`: regenerates a snapshot's task."""
+
+
+class RewardFunction(Protocol):
+    """TRL's reward-function shape."""
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], **kwargs: Any
+    ) -> list[float]: ...
+
+
+def completion_text(completion: Any) -> str:
+    """The assistant text of a TRL completion (a string, or a list of chat messages)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, Mapping))
+    return str(completion)
+
+
+def _parse(text: str, tools: Mapping[str, ToolSpec]) -> ParsedMessage | None:
+    try:
+        return parse_message(text, tools)
+    except ProtocolError:
+        return None
+
+
+def format_reward(parsed: ParsedMessage | None) -> float:
+    """+1 for a valid call or final answer, 0 for no block, -1 for a protocol error."""
+    if parsed is None:
+        return -1.0
+    return 0.0 if parsed.kind == ParseKind.NONE else 1.0
+
+
+class ProtocolReward:
+    """Format reward from the protocol v1 parser (with the built-in tools' schemas)."""
+
+    __name__ = "protocol_reward"
+
+    def __init__(self, tools: Mapping[str, ToolSpec] | None = None) -> None:
+        self.tools = dict(tools if tools is not None else BUILTIN_TOOLS)
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        return [format_reward(_parse(completion_text(c), self.tools)) for c in completions]
+
+
+def suite_task_resolver() -> TaskResolver:
+    """Regenerate tasks from the installed suites (built-in and user suites), cached per suite."""
+    from suites.registry import load_suite
+    from suites.suite import Suite
+
+    cache: dict[str, Suite] = {}
+
+    def resolve(suite: str, template: str, seed: int, task_id: str) -> TaskInstance:
+        if suite not in cache:
+            cache[suite] = load_suite(suite)
+        task = cache[suite].generate(template, seed)
+        if task.task_id != task_id:
+            raise ValueError(
+                f"task {task_id} regenerates as {task.task_id}: the suite changed since the "
+                "snapshot was taken"
+            )
+        return task
+
+    return resolve
+
+
+SandboxOpener = Callable[..., Awaitable[Any]]
+"""`open_sandbox(spec, *, files=…) -> Sandbox` (the sandbox package's signature)."""
+
+
+class SandboxReward:
+    """Run the turn in a real sandbox on the task's workspace and score it with the verifier."""
+
+    __name__ = "sandbox_reward"
+
+    def __init__(
+        self,
+        settings: TrainingSettings,
+        *,
+        resolve_task: TaskResolver | None = None,
+        spec: Any = None,
+        open_sandbox: SandboxOpener | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
+        concurrency: int = 4,
+    ) -> None:
+        import sandbox
+
+        self.settings = settings
+        self.resolve_task = resolve_task if resolve_task is not None else suite_task_resolver()
+        self.spec = spec if spec is not None else sandbox.SandboxSpec()
+        self.open_sandbox = open_sandbox if open_sandbox is not None else sandbox.open_sandbox
+        self.tools = dict(tools if tools is not None else BUILTIN_TOOLS)
+        self.concurrency = concurrency
+
+    def final_reward(self, score: float) -> float:
+        """Linear between `failure_reward` (score 0) and 1 (score 1)."""
+        low = self.settings.failure_reward
+        return low + (1.0 - low) * min(max(score, 0.0), 1.0)
+
+    async def score_one(self, task: TaskInstance, text: str) -> float:
+        """The reward of one assistant turn on `task`.
+
+        Raises:
+            SandboxError: the sandbox could not start (an environment problem, not a
+                policy failure: it must not be turned into a reward).
+        """
+        from agent.verify import resolve_verifier
+
+        parsed = _parse(text, self.tools)
+        step = self.settings.step_reward_weight * format_reward(parsed)
+        if parsed is None or parsed.kind == ParseKind.NONE:
+            return self.settings.failure_reward + step
+        box = await self.open_sandbox(self.spec, files=task.files)
+        try:
+            if parsed.call is not None:
+                await box.call_tool(parsed.call.tool, dict(parsed.call.args))
+            outcome = await resolve_verifier()(box, task)
+        finally:
+            await box.close()
+        if outcome.error:
+            return self.settings.failure_reward + step
+        return self.final_reward(outcome.score) + step
+
+    async def score_all(self, tasks: Sequence[TaskInstance], texts: Sequence[str]) -> list[float]:
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def bounded(task: TaskInstance, text: str) -> float:
+            async with gate:
+                return await self.score_one(task, text)
+
+        return list(
+            await asyncio.gather(*(bounded(t, x) for t, x in zip(tasks, texts, strict=True)))
+        )
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        tasks = [
+            self.resolve_task(suite, template, int(seed), task_id)
+            for suite, template, seed, task_id in zip(
+                kwargs["suite"],
+                kwargs["template"],
+                kwargs["instance_seed"],
+                kwargs["task_id"],
+                strict=True,
+            )
+        ]
+        texts = [completion_text(c) for c in completions]
+        return asyncio.run(self.score_all(tasks, texts))

@@ -1,0 +1,113 @@
+"""Training settings (pydantic-settings, env prefix `EPIFLOW_TRAINING_`), one class for all trainers.
+
+Defaults follow seed 000 §4.4 where it gives one: RL learning rate 1e-6 … 5e-6, KL
+coefficient 0.01 … 0.1, clip range 0.2, 4 … 8 rollouts per task, 2 … 3 epochs. SFT gets
+its own, higher learning rate: the seed's "an order of magnitude below SFT" puts SFT
+around 1e-5 for real models, and the tiny locally built model needs ~1e-3 to move at all
+in a handful of steps (set `EPIFLOW_TRAINING_SFT_LEARNING_RATE=1e-5` for a real model).
+
+Built at the entry point (a flow, the CLI, a test) and passed down; never read at import.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["TrainingSettings"]
+
+
+class TrainingSettings(BaseSettings):
+    """Every training knob: optimisation, lengths, RL coefficients, the tiny model's shape."""
+
+    model_config = SettingsConfigDict(env_prefix="EPIFLOW_TRAINING_", extra="forbid")
+
+    seed: int = 0
+    """Seed of model initialisation, data order and sampling."""
+
+    # optimisation
+    sft_learning_rate: float = Field(default=1e-3, gt=0)
+    """SFT learning rate. High for the tiny demo model; use ~1e-5 for a real model."""
+    rl_learning_rate: float = Field(default=2e-6, gt=0)
+    """Learning rate of DPO, KTO and GRPO (seed 000 §4.4: 1e-6 … 5e-6)."""
+    epochs: float = Field(default=2.0, gt=0)
+    """Passes over the dataset (seed 000 §4.4: 2 … 3; more overfits tools and paths)."""
+    max_steps: int = Field(default=-1, ge=-1)
+    """Optimizer steps; > 0 overrides `epochs` (tests and demos), -1 trains by epochs."""
+    batch_size: int = Field(default=4, ge=1)
+    """Examples per device per optimizer micro-step."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-steps accumulated per optimizer step."""
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
+    """Fraction of training spent warming the learning rate up."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass (saves memory on real models, slows tiny ones)."""
+
+    # lengths
+    max_length: int = Field(default=2048, ge=64)
+    """Token budget of one training sequence (prompt + completion). Must fit the system
+    prompt with its tool schemas, or every example is cut inside the prompt."""
+    max_completion_length: int = Field(default=256, ge=8)
+    """New tokens per GRPO rollout (one assistant turn)."""
+
+    # RL / preference coefficients
+    beta: float = Field(default=0.05, ge=0)
+    """KL coefficient toward the reference model (seed 000 §4.4: 0.01 … 0.1); also DPO/KTO β."""
+    clip_epsilon: float = Field(default=0.2, gt=0, lt=1)
+    """PPO-style clip range of GRPO (seed 000 §4.4: 0.2, up to 0.3 for hard tasks)."""
+    rollouts_per_task: int = Field(default=4, ge=2)
+    """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of GRPO rollouts."""
+    step_reward_weight: float = Field(default=0.05, ge=0)
+    """Weight of the format (step) reward next to the verifier score in the GRPO reward; the
+    seed keeps step rewards at 1-5% of the final reward scale."""
+    failure_reward: float = Field(default=-0.5)
+    """GRPO reward of a rollout the verifier rejects (seed 000 §5.5: -0.5 rather than -1)."""
+    kto_desirable_weight: float = Field(default=1.0, gt=0)
+    """KTO weight of desirable (successful) examples."""
+    kto_undesirable_weight: float = Field(default=1.0, gt=0)
+    """KTO weight of undesirable (failed) examples."""
+
+    # the locally built base model (training.base_model)
+    vocab_size: int = Field(default=2048, ge=300)
+    """Target vocabulary of the locally trained BPE tokenizer (specials included)."""
+    hidden_size: int = Field(default=64, ge=8)
+    """Hidden size of the tiny Qwen2-style model."""
+    intermediate_size: int = Field(default=256, ge=8)
+    """MLP width of the tiny model."""
+    num_layers: int = Field(default=2, ge=1)
+    """Decoder layers of the tiny model."""
+    num_heads: int = Field(default=4, ge=1)
+    """Attention heads of the tiny model."""
+    num_kv_heads: int = Field(default=2, ge=1)
+    """Key/value heads of the tiny model (grouped-query attention)."""
+    max_position_embeddings: int = Field(default=4096, ge=64)
+    """Longest sequence the tiny model accepts."""
+
+    # bookkeeping
+    logging_steps: int = Field(default=1, ge=1)
+    """Log (and collect metrics) every N optimizer steps."""
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> TrainingSettings:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size must be a multiple of num_heads, got {self.hidden_size} and "
+                f"{self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads must be a multiple of num_kv_heads, got {self.num_heads} and "
+                f"{self.num_kv_heads}"
+            )
+        if self.max_length > self.max_position_embeddings:
+            raise ValueError(
+                f"max_length ({self.max_length}) must not exceed max_position_embeddings "
+                f"({self.max_position_embeddings})"
+            )
+        return self

@@ -1,0 +1,96 @@
+"""TRL trainers behind one entry point: `run_training(algo, …) -> TrainResult`.
+
+| algo | dataset kinds | trainer |
+|---|---|---|
+| `sft` | `sft`, `distill` (chat, assistant-only loss), `cpt` (plain text) | `SFTTrainer`, weighted sampling |
+| `dpo` | `dpo` | `DPOTrainer`, explicit frozen reference |
+| `kto` | `kto` | `KTOTrainer`, explicit frozen reference |
+| `grpo` | `grpo` | `GRPOTrainer`, online rollouts rewarded in the sandbox |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from training.errors import TrainerError
+from training.rewards import RewardFunction
+from training.settings import TrainingSettings
+from training.trainers.common import Algo, TrainResult, read_rows
+
+__all__ = ["Algo", "TrainResult", "run_training"]
+
+
+def run_training(
+    algo: Algo | str,
+    *,
+    dataset: Path | pl.DataFrame,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    ref_model_dir: Path | None = None,
+) -> TrainResult:
+    """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
+
+    The trained model and its tokenizer (chat template included) are saved to
+    `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward
+    (default: `training.rewards.SandboxReward`, real sandboxes and verifiers);
+    `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
+
+    Raises:
+        TrainerError: unknown algorithm, unusable dataset, or a failure inside the trainer.
+    """
+    try:
+        chosen = Algo(algo)
+    except ValueError as e:
+        known = ", ".join(a.value for a in Algo)
+        raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
+    rows = read_rows(dataset)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if chosen == Algo.SFT:
+        from training.trainers.sft import run_sft
+
+        return run_sft(
+            rows, base_model_dir=base_model_dir, output_dir=output_dir, settings=settings
+        )
+    if chosen == Algo.DPO:
+        from training.trainers.preference import run_dpo
+
+        return run_dpo(
+            rows,
+            base_model_dir=base_model_dir,
+            output_dir=output_dir,
+            settings=settings,
+            ref_model_dir=ref_model_dir,
+        )
+    if chosen == Algo.KTO:
+        from training.trainers.preference import run_kto
+
+        return run_kto(
+            rows,
+            base_model_dir=base_model_dir,
+            output_dir=output_dir,
+            settings=settings,
+            ref_model_dir=ref_model_dir,
+        )
+    from training.trainers.grpo import run_grpo
+
+    if reward_fn is None:
+        from training.rewards import SandboxReward
+
+        reward_fns: list[RewardFunction] = [SandboxReward(settings)]
+    elif callable(reward_fn):
+        reward_fns = [reward_fn]
+    else:
+        reward_fns = list(reward_fn)
+    return run_grpo(
+        rows,
+        base_model_dir=base_model_dir,
+        output_dir=output_dir,
+        settings=settings,
+        reward_fns=reward_fns,
+        ref_model_dir=ref_model_dir,
+    )

@@ -1,0 +1,107 @@
+"""GRPO through TRL, online: rollouts sampled from the policy, rewarded in the sandbox.
+
+Each `grpo` snapshot row is a task prompt (system prompt + task). TRL samples
+`rollouts_per_task` completions per prompt, the reward functions score them
+(`training.rewards`: by default the sandbox and the task's verifier), and the group's
+normalised rewards are the advantages. KL toward a frozen reference (the base model,
+passed explicitly) uses `beta`; the clip range is `clip_epsilon` (seed 000 §4.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from training.errors import TrainerError
+from training.rewards import RewardFunction
+from training.settings import TrainingSettings
+from training.trainers.common import (
+    Algo,
+    TrainResult,
+    base_args,
+    load_model,
+    load_tokenizer,
+    module,
+    summarize,
+    timed_train,
+)
+
+__all__ = ["run_grpo"]
+
+_TASK_COLUMNS = ("task_id", "suite", "template", "instance_seed")
+
+
+def run_grpo(
+    rows: list[dict[str, Any]],
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    reward_fns: Sequence[RewardFunction],
+    ref_model_dir: Path | None = None,
+) -> TrainResult:
+    """GRPO on task-prompt rows with `reward_fns`; save to `output_dir`.
+
+    Raises:
+        TrainerError: no prompt column, no reward function, or a failure in the trainer.
+    """
+    from datasets import Dataset
+
+    trl = module("trl")
+
+    if "prompt" not in rows[0]:
+        raise TrainerError("a GRPO dataset needs a `prompt` column")
+    if not reward_fns:
+        raise TrainerError("GRPO needs at least one reward function")
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], **{c: r[c] for c in _TASK_COLUMNS if c in r}} for r in rows]
+    )
+    # One optimizer step consumes batch_size completions; it must hold whole groups.
+    generations = settings.rollouts_per_task
+    batch = max(settings.batch_size, generations)
+    batch -= batch % generations
+    args = base_args(settings, output_dir, learning_rate=settings.rl_learning_rate)
+    args["per_device_train_batch_size"] = batch
+    config = trl.GRPOConfig(
+        **args,
+        num_generations=generations,
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        beta=settings.beta,
+        epsilon=settings.clip_epsilon,
+        remove_unused_columns=False,
+    )
+    model = load_model(base_model_dir)
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=list(reward_fns),
+        args=config,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(base_model_dir),
+    )
+    if settings.beta > 0 and ref_model_dir is not None:
+        _use_reference(trainer, ref_model_dir)
+    output, runtime = timed_train(trainer)
+    return summarize(
+        Algo.GRPO,
+        trainer,
+        output,
+        output_dir=output_dir,
+        runtime_s=runtime,
+        tokens=0,
+        n_examples=len(rows),
+    )
+
+
+def _use_reference(trainer: Any, path: Path) -> None:
+    """Load the reference weights from `path`.
+
+    TRL's GRPO builds its reference from the policy's own path (the base model directory
+    here, since the policy is loaded from it); a different reference is loaded into it.
+    """
+    ref = getattr(trainer, "ref_model", None)
+    if ref is None:
+        return
+    state = load_model(path).state_dict()
+    ref.load_state_dict(state)

@@ -1,0 +1,139 @@
+"""DPO and KTO through TRL, each with an explicit, frozen reference model.
+
+The reference model is loaded from `ref_model_dir` (default: the base model directory)
+and passed to the trainer: TRL would otherwise rebuild it from the policy's path, which a
+model built in memory does not have. Both use the RL learning rate and `beta` of the
+settings (seed 000 §4.4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from training.errors import TrainerError
+from training.settings import TrainingSettings
+from training.trainers.common import (
+    Algo,
+    TrainResult,
+    base_args,
+    load_model,
+    load_tokenizer,
+    module,
+    summarize,
+    timed_train,
+)
+
+__all__ = ["run_dpo", "run_kto"]
+
+
+def _require(rows: list[dict[str, Any]], columns: tuple[str, ...], algo: str) -> None:
+    missing = [c for c in columns if c not in rows[0]]
+    if missing:
+        raise TrainerError(f"a {algo} dataset needs the columns {', '.join(missing)}")
+
+
+def _frozen(path: Path) -> Any:
+    model = load_model(path)
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def run_dpo(
+    rows: list[dict[str, Any]],
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    ref_model_dir: Path | None = None,
+) -> TrainResult:
+    """DPO on `prompt` / `chosen` / `rejected` rows; save to `output_dir`.
+
+    Raises:
+        TrainerError: missing columns or a failure inside the trainer.
+    """
+    from datasets import Dataset
+
+    trl = module("trl")
+
+    _require(rows, ("prompt", "chosen", "rejected"), "DPO")
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]} for r in rows]
+    )
+    config = trl.DPOConfig(
+        **base_args(settings, output_dir, learning_rate=settings.rl_learning_rate),
+        beta=settings.beta,
+        max_length=settings.max_length,
+    )
+    trainer = trl.DPOTrainer(
+        model=load_model(base_model_dir),
+        ref_model=_frozen(ref_model_dir or base_model_dir),
+        args=config,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(base_model_dir),
+    )
+    output, runtime = timed_train(trainer)
+    return summarize(
+        Algo.DPO,
+        trainer,
+        output,
+        output_dir=output_dir,
+        runtime_s=runtime,
+        tokens=0,
+        n_examples=len(rows),
+    )
+
+
+def run_kto(
+    rows: list[dict[str, Any]],
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    ref_model_dir: Path | None = None,
+) -> TrainResult:
+    """KTO on unpaired `prompt` / `completion` / `label` rows; save to `output_dir`.
+
+    Raises:
+        TrainerError: missing columns, a single-label dataset, or a failure in the trainer.
+    """
+    from datasets import Dataset
+
+    trl = module("trl")
+
+    _require(rows, ("prompt", "completion", "label"), "KTO")
+    labels = {bool(r["label"]) for r in rows}
+    if len(labels) < 2:
+        raise TrainerError("a KTO dataset needs both desirable and undesirable examples")
+    dataset = Dataset.from_list(
+        [
+            {"prompt": r["prompt"], "completion": r["completion"], "label": bool(r["label"])}
+            for r in rows
+        ]
+    )
+    config = trl.KTOConfig(
+        **base_args(settings, output_dir, learning_rate=settings.rl_learning_rate),
+        beta=settings.beta,
+        max_length=settings.max_length,
+        desirable_weight=settings.kto_desirable_weight,
+        undesirable_weight=settings.kto_undesirable_weight,
+    )
+    trainer = trl.KTOTrainer(
+        model=load_model(base_model_dir),
+        ref_model=_frozen(ref_model_dir or base_model_dir),
+        args=config,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(base_model_dir),
+    )
+    output, runtime = timed_train(trainer)
+    return summarize(
+        Algo.KTO,
+        trainer,
+        output,
+        output_dir=output_dir,
+        runtime_s=runtime,
+        tokens=0,
+        n_examples=len(rows),
+    )

@@ -1,0 +1,112 @@
+"""SFT through TRL: assistant-only loss on chat snapshots, weighted sampling by quality score.
+
+Chat snapshots (`sft`, `distill`) train on assistant turns only: TRL swaps the tokenizer's
+verbatim `qwen2_5.jinja` for its `{% generation %}` twin and masks system, task and
+observation tokens. Plain-text snapshots (`cpt`) train on every token.
+
+Quality scores become sampling weights: the train sampler draws rows with probability
+proportional to their `weight` column (with replacement, seeded), so a downweighted
+episode is seen less often rather than with a scaled loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from training.settings import TrainingSettings
+from training.trainers.common import (
+    Algo,
+    TrainResult,
+    base_args,
+    load_model,
+    load_tokenizer,
+    module,
+    summarize,
+    timed_train,
+)
+
+__all__ = ["run_sft", "sft_config"]
+
+
+def sft_config(settings: TrainingSettings, output_dir: Path, *, conversational: bool) -> Any:
+    """The `SFTConfig` for these settings."""
+    return module("trl").SFTConfig(
+        **base_args(settings, output_dir, learning_rate=settings.sft_learning_rate),
+        max_length=settings.max_length,
+        assistant_only_loss=conversational,
+        packing=False,
+        dataset_num_proc=None,
+        include_num_input_tokens_seen="non_padding",
+    )
+
+
+def _weighted_trainer_class() -> Any:
+    import torch
+
+    class WeightedSFTTrainer(module("trl").SFTTrainer):  # type: ignore[misc]
+        """`SFTTrainer` whose train sampler draws rows in proportion to their weights."""
+
+        def __init__(self, *args: Any, sample_weights: list[float], seed: int, **kwargs: Any):
+            self._sample_weights = sample_weights
+            self._sample_seed = seed
+            super().__init__(*args, **kwargs)
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            weights = self._sample_weights
+            if all(w == weights[0] for w in weights):
+                return super()._get_train_sampler(train_dataset)
+            generator = torch.Generator().manual_seed(self._sample_seed)
+            return torch.utils.data.WeightedRandomSampler(
+                weights,
+                num_samples=len(self._sample_weights),
+                replacement=True,
+                generator=generator,
+            )
+
+    return WeightedSFTTrainer
+
+
+def run_sft(
+    rows: list[dict[str, Any]],
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+) -> TrainResult:
+    """Train on `rows` (`messages` or `text` column, optional `weight`); save to `output_dir`.
+
+    Raises:
+        TrainerError: unusable rows or a failure inside the trainer.
+    """
+    from datasets import Dataset
+
+    from training.errors import TrainerError
+
+    conversational = "messages" in rows[0]
+    if not conversational and "text" not in rows[0]:
+        raise TrainerError("an SFT dataset needs a `messages` (chat) or a `text` column")
+    column = "messages" if conversational else "text"
+    weights = [max(float(r.get("weight", 1.0) or 0.0), 0.0) for r in rows]
+    if not any(weights):
+        raise TrainerError("every row of the SFT dataset has weight 0")
+    dataset = Dataset.from_list([{column: r[column]} for r in rows])
+    tokenizer = load_tokenizer(base_model_dir)
+    trainer = _weighted_trainer_class()(
+        model=load_model(base_model_dir),
+        args=sft_config(settings, output_dir, conversational=conversational),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        sample_weights=weights,
+        seed=settings.seed,
+    )
+    output, runtime = timed_train(trainer)
+    return summarize(
+        Algo.SFT,
+        trainer,
+        output,
+        output_dir=output_dir,
+        runtime_s=runtime,
+        tokens=0,
+        n_examples=len(rows),
+    )
