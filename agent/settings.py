@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["LoopSettings", "NoisyRates", "PolicySettings"]
@@ -81,7 +81,7 @@ class PolicySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_AGENT_POLICY_", extra="forbid")
 
-    api_key: str | None = None
+    api_key: SecretStr | None = None
     """Bearer token for `openai:` endpoints (local servers usually need none)."""
     temperature: float = Field(default=0.0, ge=0)
     """Sampling temperature for `openai:` endpoints."""

@@ -1,84 +1,106 @@
-"""`epiflow demo`: the main job on embedded defaults (SQLite, a local object directory).
+"""`epiflow demo`: the nightly chain once, on embedded defaults, in a few minutes.
 
-Today it migrates a fresh database, writes an episode through storage (objects first,
-then rows), reads it back and checks the round trip, then prints where to look.
+SQLite, a local object directory and Prefect's ephemeral API (unless EPIFLOW_* settings
+say otherwise): collect with the noisy policy and fault injection on the built-in suite →
+QC gate → training triggered at a demo threshold (tiny local model, few steps) →
+evaluation of the checkpoint on held-out tasks. Ends with where to look.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from sqlalchemy import text
+from sqlalchemy import Engine, select
+from sqlmodel import col
 
-from agent.trajectory import (
-    EpisodeStatus,
-    FailureCategory,
-    ParseKind,
-    Step,
-    Trajectory,
-    episode_id_for,
-    history_hash,
-    utcnow,
-)
+from agent.trajectory import utcnow
+from flows.prefect_env import apply_prefect_settings
 from flows.settings import Settings
-from sandbox.tool_specs import tool_versions
+from models import Episode, run_id_for
 from storage import migrate
 from storage.db import make_engine
-from storage.episodes import load_trajectory, persist_episodes
 from storage.objects import make_object_store
 
+DEMO_TEMPLATES = [
+    "csv_to_json",
+    "dir_tree",
+    "config_update",
+    "log_errors",
+    "summary_stats",
+    "merge_csv",
+]
+"""A spread of difficulties that keeps the demo within a few minutes on 2 cores."""
+_QUIET = {
+    "TQDM_DISABLE": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+}
+DEMO_THRESHOLD = 5.0
+"""Quality-weighted volume that triggers the demo's training (production default: 500)."""
+DEMO_TRAIN_STEPS = 30
+"""Optimizer steps of the demo's SFT run on the tiny model."""
 
-def _sample_trajectory(run_key: str) -> Trajectory:
-    started = utcnow()
-    messages = [{"role": "user", "content": "List /workspace/data."}]
-    steps = [
-        Step(
-            index=0,
-            history_hash=history_hash(messages),
-            raw_output=(
-                'I will list the data directory first.\n<tool_call id="c1" name="list_dir">\n'
-                '<arg name="path">/workspace/data</arg>\n</tool_call>'
-            ),
-            parse_kind=ParseKind.TOOL_CALL,
-            call_id="c1",
-            tool="list_dir",
-            args={"path": "/workspace/data"},
-            exit_code=0,
-            stdout="a.csv\nb.csv\n",
-            stdout_bytes=b"a.csv\nb.csv\n",
-        ),
-        Step(
-            index=1,
-            history_hash=history_hash([*messages, {"role": "assistant", "content": "…"}]),
-            raw_output="<final>Two files: a.csv and b.csv.</final>",
-            parse_kind=ParseKind.FINAL,
-            final_answer="Two files: a.csv and b.csv.",
-        ),
-    ]
-    return Trajectory(
-        episode_id=episode_id_for(run_key, "demo/list_dir@1#0", 0),
-        run_key=run_key,
-        task_id="demo/list_dir@1#0",
-        suite="demo",
-        suite_version="1",
-        template="list_dir",
-        prompt="List /workspace/data.",
-        policy="scripted:demo",
-        tool_versions=tool_versions(),
-        started_at=started,
-        ended_at=utcnow(),
-        status=EpisodeStatus.SUCCESS,
-        failure_category=FailureCategory.SUCCESS,
-        verifier_score=1.0,
-        final_answer="Two files: a.csv and b.csv.",
-        steps=steps,
+
+def _pick(engine: Engine, run_id: uuid.UUID, success: bool) -> str | None:
+    with engine.connect() as conn:
+        query = select(col(Episode.id)).where(col(Episode.run_id) == run_id)
+        query = (
+            query.where(col(Episode.status) == "success")
+            if success
+            else query.where(col(Episode.status) != "success")
+        )
+        found = conn.execute(
+            query.order_by(col(Episode.template), col(Episode.id)).limit(1)
+        ).scalar_one_or_none()
+    return str(found) if found else None
+
+
+async def _chain(key: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    from flows.collect import collect_episodes
+    from flows.evaluate import evaluate
+    from flows.qc import qc_gate
+
+    collected = await collect_episodes(
+        suite="builtin",
+        policy="scripted:noisy",
+        tasks=2,
+        rollouts=1,
+        concurrency=4,
+        faults="light",
+        run_key=key,
+        templates=DEMO_TEMPLATES,
     )
+    gated = await qc_gate(
+        run=key,
+        trigger="inline",
+        training_threshold=DEMO_THRESHOLD,
+        train_max_steps=DEMO_TRAIN_STEPS,
+    )
+    evaluation = None
+    if gated.get("training"):
+        evaluation = await evaluate(
+            checkpoint=gated["training"]["checkpoint_id"],
+            instances=1,
+            templates=DEMO_TEMPLATES[:3],
+            max_steps=3,
+            max_new_tokens=96,
+        )
+    return collected, gated, evaluation
 
 
 def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
-    """Run the demo; returns the JSON summary."""
+    """Run the chain; print progress and where to look; return the JSON summary."""
+    started = utcnow()
+    # A demo reads best without library progress bars and INFO logs; users can override.
+    for name, value in _QUIET.items():
+        os.environ.setdefault(name, value)
+    apply_prefect_settings(settings.prefect)
     # Check both stores before writing anything, so a bad setting leaves nothing half-done.
     engine = make_engine(settings.database)
     store = make_object_store(settings.objects)
@@ -88,44 +110,105 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(
         f"[bold]1. database[/] {settings.database.redacted_url()}: {before or 'empty'} -> {revision}"
     )
-
-    trajectory = _sample_trajectory(f"demo-{utcnow():%Y%m%dT%H%M%S}")
-    report = persist_episodes(engine, store, [trajectory])
-    console.print(f"[bold]2. storage[/] {report.summary()} (objects in {store.location})")
-
-    loaded = load_trajectory(engine, store, trajectory.episode_id)
-    round_trip = loaded.model_dump(mode="json") == trajectory.model_dump(mode="json")
-    with engine.connect() as conn:
-        summary_row = conn.execute(
-            text(
-                "SELECT status, n_steps, verifier_score FROM episode_summary WHERE episode_id = :id"
-            ),
-            {
-                "id": trajectory.episode_id.hex
-                if settings.database.is_sqlite
-                else trajectory.episode_id
-            },
-        ).one()
+    key = f"demo-{started:%Y%m%dT%H%M%S}"
     console.print(
-        f"[bold]3. read back[/] episode {trajectory.episode_id}: round trip "
-        f"{'identical' if round_trip else 'DIFFERENT'}; episode_summary says "
-        f"status={summary_row.status}, steps={summary_row.n_steps}"
+        f"[bold]2. collect → gate → train → evaluate[/] run {key}: scripted:noisy with light fault "
+        f"injection on {len(DEMO_TEMPLATES)} built-in templates (Prefect "
+        f"{settings.prefect.api_url or 'ephemeral API'})"
     )
-    db_path = settings.database.redacted_url()
+    collected, gated, evaluation = asyncio.run(_chain(key))
     console.print(
-        "\n[bold]Where to look[/]\n"
-        f"  SQL:      {db_path}  (views: episode_summary, tool_failure_rates, quality_by_suite, training_lineage)\n"
-        f"  objects:  {store.location}\n"
+        f"   collected {collected['episodes']} episodes ({collected['steps']} steps), success rate "
+        f"{collected['success_rate']:.0%}, by status {collected['by_status']}"
     )
+    console.print(
+        f"   QC: batch {'passed' if gated['batch_passed'] else 'FAILED'}; keep {gated['keep']}, "
+        f"downweight {gated['downweight']}, discard {gated['discard']}; mean quality "
+        f"{(gated['mean_quality'] or 0):.2f}; training triggered: {gated['triggered_training']}"
+    )
+    training = gated.get("training") or {}
+    if training:
+        console.print(
+            f"   trained {training['algo']} for {training['steps']} steps → checkpoint {training['checkpoint_id']}"
+        )
+    if evaluation:
+        console.print(
+            f"   evaluation on held-out tasks: completion {evaluation['completion_rate']:.0%}, "
+            f"avg steps {evaluation['avg_steps']:.1f}, tool failure rate {evaluation['tool_failure_rate']:.0%} "
+            f"(previous checkpoint: {evaluation['previous']['completion_rate'] if evaluation.get('previous') else '-'})"
+        )
+
+    run_id = run_id_for(key)
+    success, failure = _pick(engine, run_id, True), _pick(engine, run_id, False)
+    database = settings.database.redacted_url()
+    sqlite_file = (
+        str(Path(database.removeprefix("sqlite:///")).resolve())
+        if settings.database.is_sqlite
+        else None
+    )
+    docs = gated.get("docs_key")
+    docs_path = (
+        str((settings.objects.local_root() / docs).resolve())
+        if docs and not settings.objects.is_s3
+        else docs
+    )
+    paths: dict[str, Any] = {
+        "database": sqlite_file or database,
+        "objects": store.location
+        if settings.objects.is_s3
+        else str(settings.objects.local_root().resolve()),
+        "gx_data_docs": docs_path,
+        "success_episode": success,
+        "failure_episode": failure,
+        "show_success": f"epiflow show {success}" if success else None,
+        "show_failure": f"epiflow show {failure}" if failure else None,
+        "report": f"epiflow report --run {key}",
+        "prefect_ui": "prefect server start  # then open http://127.0.0.1:4200 and export EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api",
+    }
+    console.print("\n[bold]Where to look[/]")
+    console.print(
+        f"  SQL:           sqlite3 {sqlite_file}" if sqlite_file else f"  SQL:           {database}"
+    )
+    console.print(
+        "                 views: episode_summary, tool_failure_rates, quality_by_suite, training_lineage, reproducibility_by_suite"
+    )
+    console.print(f"  GX data docs:  {docs_path}")
+    console.print(f"  a success:     {paths['show_success']}")
+    console.print(f"  a failure:     {paths['show_failure']}")
+    console.print(f"  HTML report:   {paths['report']}")
+    console.print("  Prefect UI:    run `prefect server start`, open http://127.0.0.1:4200, set")
+    console.print(
+        "                 EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api and run `epiflow demo` or `epiflow serve`"
+    )
+    engine.dispose()
     return {
-        "episodes": 1,
-        "schema_revision": revision,
-        "ingest": report.model_dump(mode="json"),
-        "round_trip_identical": round_trip,
-        "paths": {
-            "database": db_path,
-            "objects": store.location,
-            "episode": str(trajectory.episode_id),
+        "run_key": key,
+        "episodes": collected["episodes"],
+        "success_rate": collected["success_rate"],
+        "qc": {
+            k: gated[k]
+            for k in (
+                "qc_run_id",
+                "batch_passed",
+                "episodes",
+                "keep",
+                "downweight",
+                "discard",
+                "mean_quality",
+                "triggered_training",
+            )
         },
-        "objects_dir_exists": Path(store.location).exists() if not settings.objects.is_s3 else None,
+        "training_run_id": training.get("training_run_id"),
+        "checkpoint_id": training.get("checkpoint_id"),
+        "evaluation": (
+            {
+                k: evaluation[k]
+                for k in ("completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta")
+            }
+            if evaluation
+            else None
+        ),
+        "schema_revision": revision,
+        "duration_s": round((utcnow() - started).total_seconds(), 1),
+        "paths": paths,
     }

@@ -45,6 +45,7 @@ async def qc_gate(
     trigger: str = "deployment",
     train_deployment: str = "train/train",
     training_threshold: float | None = None,
+    train_max_steps: int | None = None,
 ) -> dict[str, Any]:
     """Gate collection run `run` (key or id).
 
@@ -55,6 +56,8 @@ async def qc_gate(
             `inline` trains in this flow run (embedded demo), `none` only records.
         training_threshold: quality-weighted volume that triggers training; default
             EPIFLOW_QUALITY_TRAINING_TRIGGER_VOLUME.
+        train_max_steps: optimizer steps of the triggered training (default from
+            EPIFLOW_TRAINING_MAX_STEPS); the demo keeps it small.
     """
     from agent.trajectory import utcnow
 
@@ -112,7 +115,7 @@ async def qc_gate(
     )
     training: dict[str, Any] | None = None
     if fire and trigger != "none":
-        training = await _trigger(trigger, train_deployment, qc_run_id)
+        training = await _trigger(trigger, train_deployment, qc_run_id, train_max_steps)
         mark_triggered(engine, qc_run_id)
         logger.info(
             "quality-weighted volume %.1f ≥ %.1f: training triggered (%s)",
@@ -158,13 +161,18 @@ def _run_key(engine: Any, run_id: uuid.UUID) -> str:
         )
 
 
-async def _trigger(mode: str, deployment: str, qc_run_id: uuid.UUID) -> dict[str, Any]:
+async def _trigger(
+    mode: str, deployment: str, qc_run_id: uuid.UUID, max_steps: int | None
+) -> dict[str, Any]:
     if mode == "inline":
         from flows.train import train
 
-        result: dict[str, Any] = await train(qc_run=str(qc_run_id))
+        result: dict[str, Any] = await train(qc_run=str(qc_run_id), max_steps=max_steps)
         return result
     from prefect.deployments.flow_runs import arun_deployment
 
-    flow_run = await arun_deployment(deployment, parameters={"qc_run": str(qc_run_id)}, timeout=0)
+    parameters: dict[str, Any] = {"qc_run": str(qc_run_id)}
+    if max_steps is not None:
+        parameters["max_steps"] = max_steps
+    flow_run = await arun_deployment(deployment, parameters=parameters, timeout=0)
     return {"flow_run_id": str(flow_run.id), "deployment": deployment}

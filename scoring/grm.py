@@ -35,7 +35,7 @@ class GrmJudge:
     def _headers(self) -> dict[str, str]:
         if self._settings.api_key is None:
             return {}
-        return {"Authorization": f"Bearer {self._settings.api_key}"}
+        return {"Authorization": f"Bearer {self._settings.api_key.get_secret_value()}"}
 
     async def _complete(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> str:
         url = self._settings.base_url.rstrip("/") + "/chat/completions"

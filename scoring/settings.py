@@ -6,7 +6,7 @@ Every threshold the scoring code uses lives in one of these classes.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring.errors import ScoringConfigError
@@ -148,7 +148,7 @@ class GrmSettings(BaseSettings):
     """Base URL of the endpoint; `/chat/completions` is appended."""
     model: str = "judge"
     """Model name sent in the request."""
-    api_key: str | None = None
+    api_key: SecretStr | None = None
     """Bearer token, when the endpoint wants one."""
     timeout_s: float = Field(default=60.0, gt=0.0)
     """Timeout of one request, seconds."""

@@ -72,7 +72,7 @@ class OpenAIPolicy(Policy):
         if self._client is None or self._client_loop is not loop or self._client.is_closed:
             headers = {"Content-Type": "application/json"}
             if self.settings.api_key:
-                headers["Authorization"] = f"Bearer {self.settings.api_key}"
+                headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
             self._client = httpx.AsyncClient(
                 headers=headers, timeout=self.settings.request_timeout_s
             )

@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from pydantic import SecretStr
 
 from agent.errors import PolicyError, PolicyHTTPError, PolicyResponseError, PolicyTimeout
 from agent.loop import run_episode
@@ -53,7 +54,7 @@ def test_completion_text_usage_and_request_body(task) -> None:
     with ChatServer([reply("hello")]) as server:
         policy = make_policy(
             f"openai:{server.base_url}#tiny-model?temperature=0.3&max_tokens=99",
-            settings=FAST.model_copy(update={"api_key": "sk-test"}),
+            settings=FAST.model_copy(update={"api_key": SecretStr("sk-test")}),
         )
         assert isinstance(policy, OpenAIPolicy)
         response = respond(policy, task)
