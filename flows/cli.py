@@ -17,6 +17,7 @@ from agent.errors import AgentError
 from flows import cli_collect as _cli_collect
 from flows import cli_ops as _cli_ops
 from flows import cli_protocol as _cli_protocol
+from flows import cli_report as _cli_report
 from flows import cli_sandbox as _cli_sandbox
 from flows import cli_suites as _cli_suites
 from flows.errors import FlowParameterError
@@ -45,6 +46,7 @@ app = typer.Typer(
 )
 _cli_collect.register(app)
 _cli_ops.register(app)
+_cli_report.register(app)
 app.add_typer(_cli_suites.app, name="suites")
 app.add_typer(_cli_protocol.app, name="protocol")
 app.add_typer(_cli_sandbox.app, name="sandbox")

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.services.chromium import run_chromium
 from tests.services.prefect_server import PrefectServer
 
 EXPECTED = {"nightly-collect", "qc-gate", "train", "evaluate", "shard"}
@@ -98,36 +98,8 @@ def test_deployments_page_screenshot(
         )
     target = Path(os.environ.get("EPIFLOW_SCREENSHOT_DIR", tmp_path)) / "prefect-deployments.png"
     page = f"http://127.0.0.1:{server.port}/deployments"
-    dom = _chromium(chromium, "--dump-dom", page)
+    dom = run_chromium(chromium, "--dump-dom", page)
     for name in EXPECTED:
         assert name in dom.stdout, f"{name} not on the deployments page"
-    _chromium(chromium, f"--screenshot={target}", page)
+    run_chromium(chromium, f"--screenshot={target}", page)
     assert target.exists() and target.stat().st_size > 10_000
-
-
-def _chromium(chromium: str, *args: str) -> subprocess.CompletedProcess[str]:
-    profile = tempfile.mkdtemp(prefix="epiflow-chromium-")
-    try:
-        return subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--window-size=1400,900",
-                "--virtual-time-budget=20000",
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
