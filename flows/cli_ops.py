@@ -69,6 +69,10 @@ def train(
     from_run: Annotated[
         str | None, typer.Option(help="Build the snapshot from this run (key or id).")
     ] = None,
+    qc_run: Annotated[
+        str | None,
+        typer.Option(help="Build the snapshot from the run this gate judged, using its verdicts."),
+    ] = None,
     base_checkpoint: Annotated[
         str | None, typer.Option(help="Checkpoint to start from (default: newest base model).")
     ] = None,
@@ -78,8 +82,8 @@ def train(
     as_json: JsonFlag = False,
 ) -> None:
     """Train a checkpoint with TRL (the `train` flow)."""
-    if (dataset is None) == (from_run is None):
-        raise typer.BadParameter("give exactly one of --dataset and --from-run")
+    if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
+        raise typer.BadParameter("give exactly one of --dataset, --from-run and --qc-run")
     if algo not in ("sft", "dpo", "kto", "grpo"):
         raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
     _prefect()
@@ -90,6 +94,7 @@ def train(
             algo=algo,
             dataset=dataset,
             from_run=from_run,
+            qc_run=qc_run,
             base_checkpoint=base_checkpoint,
             max_steps=max_steps,
         )

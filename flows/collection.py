@@ -293,8 +293,7 @@ async def run_and_persist(
 
 def _fault_seed(episode_id: uuid.UUID) -> int:
     """Per-episode fault seed derived from the deterministic id, so a replay injects the same faults."""
-    # 31 bits: the seed is stored in a signed 32-bit column (`episode.fault_seed`).
-    return int.from_bytes(episode_id.bytes[:4], "big") & 0x7FFFFFFF
+    return int.from_bytes(episode_id.bytes[:4], "big")
 
 
 def run_counts(engine: Engine, run_id: uuid.UUID) -> dict[str, int]:

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Index
+from sqlalchemy import BigInteger, Index
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
@@ -41,7 +41,9 @@ class Episode(SQLModel, table=True):
     sandbox_spec_hash: str = doc("Stable hash of the sandbox spec.", index=True)
     fault_profile: dict[str, Any] = json_col("Fault-injection profile in force; empty when off.")
     fault_seed: int | None = doc(
-        "Seed of the fault injector (replays inject the same faults).", default=None
+        "Seed of the fault injector (replays inject the same faults).",
+        default=None,
+        sa_type=BigInteger,
     )
     started_at: datetime = time_col("When the episode started (UTC).", index=True)
     ended_at: datetime | None = time_col("When the episode ended (UTC).", nullable=True)

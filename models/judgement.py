@@ -21,7 +21,7 @@ class Judgement(SQLModel, table=True):
     qc_run_id: uuid.UUID | None = fk(
         "Gate run that asked for it, if any.", "qc_run.id", ondelete="CASCADE"
     )
-    judge: str = doc("`rule` or `grm:<policy spec>`.", index=True)
+    judge: str = doc("`rule` or `grm:<model>` (the LLM judge, EPIFLOW_GRM_MODEL).", index=True)
     judge_version: str = doc("Version of the rubric / judge.")
     parsed: bool = doc(
         "False when the judge's answer could not be parsed (scores are NULL).", default=True

@@ -39,6 +39,9 @@ def make_engine(settings: DatabaseSettings) -> Engine:
         connect_args["timeout"] = 30
     elif url.get_backend_name() == "postgresql":
         connect_args["connect_timeout"] = settings.connect_timeout_s
+        # Sessions in UTC, so text casts and date buckets of timestamptz do not depend on
+        # the server's or the role's time zone.
+        connect_args["options"] = "-c timezone=UTC"
         kwargs["pool_size"] = 10
         kwargs["max_overflow"] = 10
     engine = create_engine(url, connect_args=connect_args, **kwargs)

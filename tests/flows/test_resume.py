@@ -117,17 +117,22 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
             except Exception:  # the first run may not have created its rows yet
                 return 0
 
-    victim = subprocess.Popen(
-        args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        assert wait_until(lambda: stored() >= 16, timeout=180), "the first batch never landed"
-        assert wait_until(lambda: bool(jail_processes(str(state_dir))), timeout=30), (
-            "no jail was running"
+    log = tmp_path / "victim.log"
+    with log.open("wb") as sink:
+        victim = subprocess.Popen(
+            args, env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT
         )
-    finally:
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=30)
+        try:
+            landed = wait_until(lambda: stored() >= 16 or victim.poll() is not None, timeout=300)
+            assert landed and victim.poll() is None, (
+                "collector ended or stalled early:\n" + log.read_text()[-3000:]
+            )
+            assert wait_until(lambda: bool(jail_processes(str(state_dir))), timeout=30), (
+                "no jail was running"
+            )
+        finally:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
     before = stored()
     planned = 13 * 2 * 2
     assert 16 <= before < planned
