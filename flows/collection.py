@@ -314,3 +314,42 @@ def make_run_policy(spec: str, settings: PolicySettings | None = None) -> Policy
         return make_policy(spec, settings=settings or PolicySettings())
     except PolicySpecError as e:
         raise CollectError(f"--policy: {e}") from e
+
+
+async def collect_in_process(
+    request: CollectRequest,
+    *,
+    engine: Engine,
+    store: ObjectStore,
+    loop_settings: LoopSettings | None = None,
+    reward_settings: RewardSettings | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    close: bool = True,
+) -> uuid.UUID:
+    """The whole collection without Prefect: open (or resume) the run, run what is missing,
+    persist it, mark the run completed (failed on error). Returns the run id.
+
+    The flows use the same steps with Prefect tasks around the batches; benchmarks, tests
+    and notebooks call this directly.
+    """
+    run_id = open_run(engine, request)
+    plan = pending(engine, plan_episodes(request, task_instances(request)))
+    policy = make_run_policy(request.policy)
+    status = "failed"
+    try:
+        await run_and_persist(
+            plan,
+            request,
+            engine=engine,
+            store=store,
+            loop_settings=loop_settings or LoopSettings(),
+            policy=policy,
+            reward_settings=reward_settings,
+            on_episode=on_episode,
+        )
+        status = "completed"
+    finally:
+        await policy.aclose()
+        if close:
+            close_run(engine, run_id, status=status)
+    return run_id

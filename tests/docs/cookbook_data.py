@@ -24,16 +24,7 @@ from agent.trajectory import Trajectory, utcnow
 from expectations.gate import run_gate
 from expectations.report import GateReport
 from expectations.settings import QcConfig
-from flows.collection import (
-    CollectRequest,
-    close_run,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    run_and_persist,
-    task_instances,
-)
+from flows.collection import CollectRequest, close_run, collect_in_process, open_run
 from flows.replay import ReplayReport, replay_trajectory
 from models import Checkpoint, ReplayResult, run_id_for
 from scoring.rubric import Judgement
@@ -140,20 +131,7 @@ def collect(
             on_episode(t)
         collected.append(t)
 
-    run_id = open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy(request.policy),
-            on_episode=keep,
-        )
-    )
-    close_run(engine, run_id, status="completed")
+    asyncio.run(collect_in_process(request, engine=engine, store=store, on_episode=keep))
     return sorted(collected, key=lambda t: str(t.episode_id))
 
 

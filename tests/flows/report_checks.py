@@ -14,20 +14,10 @@ from html.parser import HTMLParser
 from sqlalchemy import Engine, select
 from sqlmodel import col
 
-from agent.settings import LoopSettings
 from agent.trajectory import EpisodeStatus, FailureCategory, Trajectory, utcnow
 from expectations.gate import run_gate
 from expectations.settings import QcConfig
-from flows.collection import (
-    CollectRequest,
-    close_run,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    run_and_persist,
-    task_instances,
-)
+from flows.collection import CollectRequest, close_run, collect_in_process
 from models import Episode
 from scoring.rule_judge import rule_judgement
 from storage.episodes import load_trajectory, persist_episodes
@@ -120,18 +110,7 @@ def build_gated_run(engine: Engine, store: LocalObjectStore, run_key: str) -> No
         faults=faults,
         templates=TEMPLATES,
     )
-    run_id = open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy(POLICY),
-        )
-    )
+    run_id = asyncio.run(collect_in_process(request, engine=engine, store=store, close=False))
     persist_episodes(engine, store, [hostile_trajectory(run_key)])
     close_run(engine, run_id, status="completed")
     with engine.connect() as conn:

@@ -8,16 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from agent.settings import LoopSettings
-from flows.collection import (
-    CollectRequest,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    run_and_persist,
-    task_instances,
-)
+from flows.collection import CollectRequest, collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors", "config_update"]
@@ -29,18 +20,7 @@ def collect(
     request = CollectRequest(
         run_key=run_key, policy=policy, tasks=tasks, concurrency=4, templates=TEMPLATES
     )
-    open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy(policy),
-        )
-    )
+    asyncio.run(collect_in_process(request, engine=engine, store=store))
 
 
 @pytest.fixture

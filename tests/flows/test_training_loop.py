@@ -9,16 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from agent.settings import LoopSettings
-from flows.collection import (
-    CollectRequest,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    run_and_persist,
-    task_instances,
-)
+from flows.collection import CollectRequest, collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree"]
@@ -41,18 +32,7 @@ def test_gate_triggers_training_once_then_evaluate(
     request = CollectRequest(
         run_key="loop", tasks=2, rollouts=1, concurrency=4, templates=TEMPLATES
     )
-    open_run(migrated_engine, request)
-    plan = pending(migrated_engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=migrated_engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy("scripted:oracle"),
-        )
-    )
+    asyncio.run(collect_in_process(request, engine=migrated_engine, store=store))
 
     first = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
     assert first["triggered_training"] is True and first["batch_passed"]
