@@ -9,6 +9,7 @@ evaluation of the checkpoint on held-out tasks. Ends with where to look.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -100,6 +101,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     # A demo reads best without library progress bars and INFO logs; users can override.
     for name, value in _QUIET.items():
         os.environ.setdefault(name, value)
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     apply_prefect_settings(settings.prefect)
     # Check both stores before writing anything, so a bad setting leaves nothing half-done.
     engine = make_engine(settings.database)
