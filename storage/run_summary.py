@@ -44,7 +44,9 @@ class RunSummary(BaseModel):
 
 
 def _frame(rows: Sequence[Any], columns: list[str]) -> pl.DataFrame:
-    return pl.DataFrame([tuple(r) for r in rows], schema=columns, orient="row")
+    return pl.DataFrame(
+        [tuple(r) for r in rows], schema=columns, orient="row", infer_schema_length=None
+    )
 
 
 def summarize_run(engine: Engine, run_id: uuid.UUID) -> RunSummary:

@@ -73,7 +73,11 @@ def episodes_frame(episodes: pl.DataFrame | Iterable[Mapping[str, Any]]) -> pl.D
     Raises:
         ValueError: `template` or `status` is missing.
     """
-    frame = episodes if isinstance(episodes, pl.DataFrame) else pl.DataFrame(list(episodes))
+    frame = (
+        episodes
+        if isinstance(episodes, pl.DataFrame)
+        else pl.DataFrame(list(episodes), infer_schema_length=None)
+    )
     if frame.height == 0 and not frame.columns:
         frame = pl.DataFrame(schema={"template": pl.String, "status": pl.String})
     missing = [c for c in ("template", "status") if c not in frame.columns]

@@ -84,9 +84,22 @@ class HFPolicy(Policy):
             )
             eos = tokenizer.eos_token_id
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+            prompt_len = int(encoded["input_ids"].shape[1])
+            # Never generate past the model's positions: the answer is cut to fit, and a
+            # history that already fills the context is the policy's failure, not a crash.
+            limit = getattr(model.config, "max_position_embeddings", None)
+            budget = (
+                self.settings.max_tokens
+                if limit is None
+                else min(self.settings.max_tokens, int(limit) - prompt_len)
+            )
+            if budget <= 0:
+                raise PolicyError(
+                    f"the conversation ({prompt_len} tokens) fills {self.path}'s context of {limit} tokens"
+                )
             config = _transformers().GenerationConfig(
                 do_sample=False,
-                max_new_tokens=self.settings.max_tokens,
+                max_new_tokens=budget,
                 eos_token_id=eos,
                 pad_token_id=pad,
             )
@@ -95,7 +108,6 @@ class HFPolicy(Policy):
                     output = model.generate(**encoded, generation_config=config)
             except (RuntimeError, ValueError, IndexError) as e:
                 raise PolicyError(f"generation with {self.path} failed: {e}") from e
-            prompt_len = int(encoded["input_ids"].shape[1])
             new_tokens = output[0, prompt_len:]
             text = tokenizer.decode(new_tokens, skip_special_tokens=True)
             return str(text), prompt_len, int(new_tokens.shape[0])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import PolicyError
 from agent.loop import run_episode
 from agent.policies import HFPolicy, PolicyRequest, make_policy
 from agent.settings import LoopSettings, PolicySettings
@@ -141,3 +142,40 @@ def test_missing_checkpoint_is_a_policy_error(tmp_path: Path, task, spec) -> Non
     assert traj.status == EpisodeStatus.POLICY_ERROR and "not a directory" in (
         traj.failure_reason or ""
     )
+
+
+def test_generation_never_runs_past_the_model_context(
+    tiny_checkpoint: Path, task, tmp_path: Path
+) -> None:
+    """Answers are cut to the positions left; a full context is a policy error, not a crash."""
+    import json
+    import shutil
+
+    small = tmp_path / "small-context"
+    shutil.copytree(tiny_checkpoint, small)
+    config = json.loads((small / "config.json").read_text())
+    config["max_position_embeddings"] = 160
+    (small / "config.json").write_text(json.dumps(config))
+    policy = make_policy(f"hf:{small}", settings=PolicySettings(max_tokens=200))
+
+    def request(content: str) -> PolicyRequest:
+        return PolicyRequest(
+            task=task,
+            messages=[{"role": "user", "content": content}],
+            tools=list(BUILTIN_TOOLS.values()),
+        )
+
+    async def go() -> tuple[object, BaseException | None]:
+        try:
+            short = await policy.respond(request("hi"))
+            try:
+                await policy.respond(request("word " * 400))
+            except PolicyError as e:
+                return short, e
+            return short, None
+        finally:
+            await policy.aclose()
+
+    short, error = asyncio.run(go())
+    assert short.prompt_tokens + short.completion_tokens <= 160  # type: ignore[attr-defined]
+    assert isinstance(error, PolicyError) and "context" in str(error)
