@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -107,10 +108,10 @@ def write_synthetic_etc(state_dir: Path) -> Path:
     if target.is_dir():
         return target
     if not state_dir.is_dir():
-        state_dir.mkdir(parents=True)
+        state_dir.mkdir(parents=True, exist_ok=True)
         state_dir.chmod(0o755)
-    staging = state_dir / f".etc-{os.getpid()}-{digest.hexdigest()[:8]}"
-    shutil.rmtree(staging, ignore_errors=True)
+    # Unique per call: concurrent first episodes of one process prepare it at once.
+    staging = state_dir / f".etc-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     staging.mkdir(mode=0o755)
     for name, text in files.items():
         (staging / name).write_text(text)
@@ -155,7 +156,7 @@ def compile_executor(settings: SandboxSettings) -> Path:
     target = settings.state_dir / f"executor-{key.hexdigest()[:16]}.pyc"
     if target.is_file():
         return target
-    staging = settings.state_dir / f".executor-{os.getpid()}.pyc"
+    staging = settings.state_dir / f".executor-{os.getpid()}-{uuid.uuid4().hex[:12]}.pyc"
     script = (
         "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"
     )
@@ -170,7 +171,7 @@ def compile_executor(settings: SandboxSettings) -> Path:
         staging.unlink(missing_ok=True)
         return EXECUTOR_SOURCE
     staging.chmod(0o444)
-    staging.rename(target)
+    staging.replace(target)  # atomic; a concurrent compile of the same source is identical
     return target
 
 

@@ -92,3 +92,22 @@ def test_vanished_state_files_are_made_again() -> None:
         assert again.executor.is_file() and again.etc_dir == first.etc_dir
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_concurrent_first_preparations_share_the_state_dir() -> None:
+    """The first episodes of a run prepare the host at the same moment: no collisions,
+    one shared /etc and executor, no staging leftovers."""
+    # Jails bind files from the state dir: it must sit under world-searchable directories.
+    state = Path(tempfile.mkdtemp(prefix="epiflow-sandbox-test-")) / "state"
+    state.parent.chmod(0o755)
+    settings = SandboxSettings(state_dir=state)
+
+    async def many() -> list[object]:
+        return list(await asyncio.gather(*(prepare_host(settings) for _ in range(8))))
+
+    try:
+        setups = asyncio.run(many())
+        assert len({(s.etc_dir, s.executor) for s in setups}) == 1  # type: ignore[attr-defined]
+        assert [p.name for p in state.iterdir() if p.name.startswith(".")] == []
+    finally:
+        shutil.rmtree(state.parent, ignore_errors=True)
