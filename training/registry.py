@@ -105,22 +105,7 @@ def register_base_model(
     Raises:
         RegistryError: `path` is not an HF directory, or the upload failed.
     """
-    checkpoint_id = uuid.uuid4()
-    prefix, config_key = _upload(store, checkpoint_id, path, config)
-    with Session(engine) as session:
-        session.add(
-            Checkpoint(
-                id=checkpoint_id,
-                training_run_id=None,
-                object_prefix=prefix,
-                config_key=config_key,
-                protocol_version=config.protocol_version,
-                metrics={},
-                evaluation={},
-            )
-        )
-        session.commit()
-    return checkpoint_id
+    return save_checkpoint(engine, store, training_run_id=None, model_dir=path, config=config)
 
 
 def start_training_run(
@@ -188,13 +173,14 @@ def save_checkpoint(
     engine: Engine,
     store: ObjectStore,
     *,
-    training_run_id: uuid.UUID,
+    training_run_id: uuid.UUID | None,
     model_dir: Path,
     config: TrainingConfigArtifact,
     parent_checkpoint_id: uuid.UUID | None = None,
     metrics: dict[str, Any] | None = None,
 ) -> uuid.UUID:
-    """Upload a trained model directory with its config artifact and record the checkpoint.
+    """Upload a model directory with its config artifact and record the checkpoint
+    (`training_run_id` None: a base model).
 
     Raises:
         RegistryError: not an HF directory, or the upload failed.

@@ -67,22 +67,15 @@ def run_dpo(
         beta=settings.beta,
         max_length=settings.max_length,
     )
-    trainer = trl.DPOTrainer(
-        model=load_model(base_model_dir),
-        ref_model=_frozen(ref_model_dir or base_model_dir),
-        args=config,
-        train_dataset=dataset,
-        processing_class=load_tokenizer(base_model_dir),
-    )
-    output, runtime = timed_train(trainer)
-    return summarize(
+    return _train_against_reference(
         Algo.DPO,
-        trainer,
-        output,
+        trl.DPOTrainer,
+        config,
+        dataset,
+        len(rows),
+        base_model_dir=base_model_dir,
+        ref_model_dir=ref_model_dir,
         output_dir=output_dir,
-        runtime_s=runtime,
-        tokens=0,
-        n_examples=len(rows),
     )
 
 
@@ -120,7 +113,31 @@ def run_kto(
         desirable_weight=settings.kto_desirable_weight,
         undesirable_weight=settings.kto_undesirable_weight,
     )
-    trainer = trl.KTOTrainer(
+    return _train_against_reference(
+        Algo.KTO,
+        trl.KTOTrainer,
+        config,
+        dataset,
+        len(rows),
+        base_model_dir=base_model_dir,
+        ref_model_dir=ref_model_dir,
+        output_dir=output_dir,
+    )
+
+
+def _train_against_reference(
+    algo: Algo,
+    trainer_cls: Any,
+    config: Any,
+    dataset: Any,
+    n_examples: int,
+    *,
+    base_model_dir: Path,
+    ref_model_dir: Path | None,
+    output_dir: Path,
+) -> TrainResult:
+    """Train `trainer_cls` with an explicit frozen reference model (never rebuilt from a path)."""
+    trainer = trainer_cls(
         model=load_model(base_model_dir),
         ref_model=_frozen(ref_model_dir or base_model_dir),
         args=config,
@@ -129,11 +146,11 @@ def run_kto(
     )
     output, runtime = timed_train(trainer)
     return summarize(
-        Algo.KTO,
+        algo,
         trainer,
         output,
         output_dir=output_dir,
         runtime_s=runtime,
         tokens=0,
-        n_examples=len(rows),
+        n_examples=n_examples,
     )
