@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.coerce import coerce_native_args
 from agent.errors import ProtocolError
-from agent.protocol import ParsedMessage, ToolCall, has_protocol_block
+from agent.protocol import ParsedMessage, ToolCall, has_protocol_block, lookup_tool
 from agent.trajectory import ParseKind
 from sandbox.tool_specs import ToolSpec
 
@@ -86,15 +86,7 @@ def parse_native_tool_calls(
         )
     args: dict[str, Any] = decoded
     if tools is not None:
-        spec = tools.get(name)
-        if spec is None:
-            known = ", ".join(sorted(tools)) or "(none)"
-            raise ProtocolError(
-                f"unknown tool {name!r}; available tools: {known}",
-                code="unknown_tool",
-                tool=name,
-                call_id=call_id,
-            )
+        spec = lookup_tool(tools, name, call_id=call_id)
         args = coerce_native_args(spec, decoded, call_id=call_id)
     raw_args = {k: json.dumps(v, ensure_ascii=False) for k, v in decoded.items()}
     call = ToolCall(call_id=call_id, tool=name, args=args, raw_args=raw_args)

@@ -87,6 +87,24 @@ class ParsedMessage(BaseModel):
     """Lenient rules applied, e.g. `stripped_markdown_fence`."""
 
 
+def lookup_tool(tools: Mapping[str, ToolSpec], name: str, *, call_id: str | None) -> ToolSpec:
+    """The spec of tool `name`.
+
+    Raises:
+        ProtocolError: `unknown_tool`, listing the tools that exist.
+    """
+    spec = tools.get(name)
+    if spec is None:
+        known = ", ".join(sorted(tools)) or "(none)"
+        raise ProtocolError(
+            f"unknown tool {name!r}; available tools: {known}",
+            code="unknown_tool",
+            tool=name,
+            call_id=call_id,
+        )
+    return spec
+
+
 def has_protocol_block(text: str) -> bool:
     """True when `text` contains any protocol tag (a block, an arg or an observation)."""
     return _PROTOCOL_TAG.search(text) is not None
@@ -342,15 +360,7 @@ def parse_message(text: str, tools: Mapping[str, ToolSpec] | None = None) -> Par
     preamble, tolerances = _check_trailing(sc, preamble)
     args: dict[str, Any] = dict(raw_args)
     if tools is not None:
-        spec = tools.get(name)
-        if spec is None:
-            known = ", ".join(sorted(tools)) or "(none)"
-            raise ProtocolError(
-                f"unknown tool {name!r}; available tools: {known}",
-                code="unknown_tool",
-                tool=name,
-                call_id=call_id,
-            )
+        spec = lookup_tool(tools, name, call_id=call_id)
         args = coerce_args(spec, raw_args, call_id=call_id)
     call = ToolCall(call_id=call_id, tool=name, args=args, raw_args=raw_args)
     return ParsedMessage(
