@@ -105,11 +105,11 @@ def main() -> None:
 
     from prefect.testing.utilities import prefect_test_harness
 
+    from config.settings import load_settings
     from flows.collect import collect_episodes
-    from flows.exchange import run_trajectories
-    from flows.settings import load_settings
     from storage import migrate
     from storage.db import make_engine
+    from storage.exchange import run_trajectories
 
     settings = load_settings()
     engine = make_engine(settings.database)

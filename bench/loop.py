@@ -4,7 +4,7 @@
                                 [--heldout 10] [--hidden 128] [--layers 4] [--batch 4]
                                 [--lr 3e-3] [--max-steps N] [--templates csv_to_json dir_tree]
 
-1. Collect (no Prefect, `flows.collection`): `scripted:oracle` episodes on `--train-tasks`
+1. Collect (no Prefect, `collection.runner`): `scripted:oracle` episodes on `--train-tasks`
    training instances per template and `scripted:noisy` episodes on `--noisy-tasks`
    instances per template, in real nsjail sandboxes, persisted to SQLite and a local
    object directory.
@@ -77,7 +77,7 @@ def _collect(
 ) -> uuid.UUID:
     """One collection run (oracle or noisy) on `tasks` training instances per template."""
     from agent.settings import LoopSettings
-    from flows.collection import (
+    from collection.runner import (
         CollectRequest,
         make_run_policy,
         open_run,

@@ -1,6 +1,6 @@
 """Prefect flows for collection: `collect_episodes` (one machine or many) and `collect_shard`.
 
-Thin composition over `flows.collection`: Prefect tasks run *batches* of episodes (asyncio
+Thin composition over `collection.runner`: Prefect tasks run *batches* of episodes (asyncio
 concurrency inside), never one task per step. At the end, a table artifact and a
 markdown artifact summarise the run for the Prefect UI.
 """
@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 
 from agent.settings import LoopSettings, PolicySettings
-from flows.collection import (
+from collection.runner import (
     CollectRequest,
     CollectResult,
     PlannedEpisode,
@@ -31,7 +31,7 @@ from flows.collection import (
     run_counts,
     task_instances,
 )
-from flows.settings import Settings, load_settings
+from config.settings import Settings, load_settings
 from sandbox.spec import SandboxSpec
 from storage.db import make_engine
 from storage.migrate import ensure_current

@@ -18,7 +18,7 @@ from sqlalchemy import update
 from sqlmodel import col
 
 from agent.trajectory import Trajectory
-from flows.settings import load_settings
+from config.settings import load_settings
 from models import Policy
 from storage.db import make_engine
 from storage.episodes import persist_episodes

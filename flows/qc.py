@@ -15,17 +15,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_markdown_artifact
 
+from config.settings import load_settings
 from expectations.gate import run_gate
 from expectations.report import render_markdown
 from expectations.settings import QcConfig
-from flows.exchange import resolve_run, run_trajectories
-from flows.settings import load_settings
 from models import CollectionRun
 from scoring.grm import GrmJudge
 from scoring.quality import should_trigger_training
 from scoring.rule_judge import rule_judgement
 from scoring.settings import GrmSettings
 from storage.db import make_engine
+from storage.exchange import resolve_run, run_trajectories
 from storage.migrate import ensure_current
 from storage.objects import make_object_store
 from storage.qc import (

@@ -19,11 +19,11 @@ from prefect.runtime import flow_run
 from sqlalchemy import Engine, select
 from sqlmodel import col
 
-from flows.errors import TrainFlowError
-from flows.exchange import resolve_run
-from flows.settings import load_settings
+from collection.errors import TrainFlowError
+from config.settings import load_settings
 from models import Checkpoint, QcRun
 from storage.db import make_engine
+from storage.exchange import resolve_run
 from storage.migrate import ensure_current
 from storage.objects import ObjectStore, make_object_store
 from suites.registry import load_suite

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli_protocol import app
+from cli.protocol import app
 
 runner = CliRunner()
 

@@ -21,11 +21,11 @@ from sqlmodel import Session
 
 from agent.settings import LoopSettings
 from agent.trajectory import Trajectory, utcnow
+from collection.replay import ReplayReport, replay_trajectory
+from collection.runner import CollectRequest, close_run, collect_in_process, open_run
 from expectations.gate import run_gate
 from expectations.report import GateReport
 from expectations.settings import QcConfig
-from flows.collection import CollectRequest, close_run, collect_in_process, open_run
-from flows.replay import ReplayReport, replay_trajectory
 from models import Checkpoint, ReplayResult, run_id_for
 from scoring.rubric import Judgement
 from scoring.rule_judge import rule_judgement

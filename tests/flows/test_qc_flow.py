@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from flows.collection import CollectRequest, collect_in_process
+from collection.runner import CollectRequest, collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors", "config_update"]

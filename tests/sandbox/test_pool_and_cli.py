@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from flows.cli_sandbox import app
+from cli.sandbox import app
 from sandbox import WarmPool
 from tests.sandbox.conftest import SMALL, Jails
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.settings import ConfigError, load_settings
+from config.settings import ConfigError, load_settings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
 
 

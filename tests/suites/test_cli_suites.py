@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli_suites import app
+from cli.suites import app
 from suites.builtin import builtin_suite
 
 runner = CliRunner()

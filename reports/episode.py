@@ -11,8 +11,8 @@ from html import escape
 from typing import Any
 
 from agent.trajectory import ParseKind, Step, Trajectory
-from flows.report_model import DeductionInfo, EpisodeEntry, JudgementInfo, QcVerdictInfo
-from flows.report_svg import status_color
+from reports.model import DeductionInfo, EpisodeEntry, JudgementInfo, QcVerdictInfo
+from reports.svg import status_color
 
 
 def esc(value: object) -> str:

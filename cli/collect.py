@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from flows.settings import load_settings
+from config.settings import load_settings
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -51,15 +51,15 @@ def collect(
     as_json: JsonFlag = False,
 ) -> None:
     """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
-    from flows.collection import (
+    from cli.progress import episode_progress
+    from collection.runner import (
         CollectRequest,
         make_run_policy,
         plan_episodes,
         resolve_faults,
         task_instances,
     )
-    from flows.prefect_env import apply_prefect_settings
-    from flows.progress import episode_progress
+    from config.prefect import apply_prefect_settings
     from models import run_id_for
     from storage.db import make_engine
     from storage.migrate import ensure_current
@@ -128,7 +128,7 @@ def show(
     full: Annotated[bool, typer.Option(help="Do not shorten long outputs.")] = False,
 ) -> None:
     """Render one episode's trajectory readably in the terminal."""
-    from flows.show import render_trajectory
+    from cli.show import render_trajectory
     from storage.db import make_engine
     from storage.episodes import load_trajectory
     from storage.migrate import ensure_current
@@ -149,7 +149,7 @@ def export(
     ] = None,
 ) -> None:
     """Export a run's trajectories as ATIF or OpenAI chat messages (JSON lines) or a parquet of steps."""
-    from flows.exchange import export_run
+    from storage.exchange import export_run
 
     settings = load_settings()
     if fmt not in ("atif", "openai", "parquet"):
@@ -176,7 +176,7 @@ def import_(
     as_json: JsonFlag = False,
 ) -> None:
     """Import trajectories (ATIF or OpenAI chat messages) into the database and object store."""
-    from flows.exchange import import_file
+    from storage.exchange import import_file
 
     if fmt not in ("atif", "openai"):
         raise typer.BadParameter("use atif or openai", param_hint="--format")
@@ -192,7 +192,7 @@ def replay(
     as_json: JsonFlag = False,
 ) -> None:
     """Re-execute an episode's recorded tool calls in a fresh jail and compare observations."""
-    from flows.replay import replay_episode
+    from collection.replay import replay_episode
 
     result = asyncio.run(replay_episode(load_settings(), _uuid(episode_id)))
     payload: dict[str, Any] = result.model_dump(mode="json")

@@ -14,7 +14,7 @@ from sqlmodel import col
 
 from agent.settings import LoopSettings
 from agent.trajectory import Trajectory
-from flows.collection import (
+from collection.runner import (
     CollectRequest,
     make_run_policy,
     open_run,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 from datetime import datetime
 
-from flows.report_episode import badge, episode_anchor, esc, render_episode
-from flows.report_model import RunReport
-from flows.report_svg import (
+from reports.episode import badge, episode_anchor, esc, render_episode
+from reports.model import RunReport
+from reports.svg import (
     histogram_bins,
     histogram_svg,
     rate_bars_svg,

@@ -20,8 +20,8 @@ from sqlalchemy import Engine, select
 from sqlmodel import col
 
 from agent.trajectory import utcnow
-from flows.prefect_env import apply_prefect_settings
-from flows.settings import Settings
+from config.prefect import apply_prefect_settings
+from config.settings import Settings
 from models import Episode, run_id_for
 from storage import migrate
 from storage.db import make_engine

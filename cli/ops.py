@@ -9,14 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from flows.settings import load_settings
+from config.settings import load_settings
 
 out = Console(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 def _prefect() -> None:
-    from flows.prefect_env import apply_prefect_settings
+    from config.prefect import apply_prefect_settings
 
     apply_prefect_settings(load_settings().prefect)
 

@@ -25,7 +25,7 @@ from agent.policies import make_policy
 from agent.policies.base import Policy
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, Trajectory, episode_id_for
-from flows.errors import CollectError
+from collection.errors import CollectError
 from models import Artifact, CollectionRun, Episode, run_id_for
 from models import Step as StepRow
 from sandbox import open_sandbox

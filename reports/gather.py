@@ -19,8 +19,9 @@ from sqlmodel import Session, col
 from sqlmodel import select as select_entity
 
 from agent.trajectory import Trajectory, utcnow
-from flows.exchange import resolve_run
-from flows.report_model import (
+from models import CollectionRun, Episode, QcResult, QcRun, Step
+from models import Judgement as JudgementRow
+from reports.model import (
     DeductionInfo,
     EpisodeEntry,
     JudgementInfo,
@@ -32,9 +33,8 @@ from flows.report_model import (
     TemplateStats,
     ToolStats,
 )
-from models import CollectionRun, Episode, QcResult, QcRun, Step
-from models import Judgement as JudgementRow
 from storage.errors import ObjectStoreError
+from storage.exchange import resolve_run
 from storage.objects import ObjectStore
 
 RUBRIC_ORDER = ("completion", "tool_correctness", "reliability", "cost", "safety")

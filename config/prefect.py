@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from flows.settings import PrefectSettings
+from config.settings import PrefectSettings
 
 
 def apply_prefect_settings(settings: PrefectSettings) -> None:

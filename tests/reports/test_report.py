@@ -24,19 +24,19 @@ from sqlmodel import col
 from typer.testing import CliRunner
 
 from agent.trajectory import utcnow
-from flows.cli_report import register
-from flows.errors import CollectError
-from flows.report import gather_report
-from flows.report_html import render_report
-from flows.report_model import EpisodeEntry, RunInfo, RunReport, StatusCount
-from flows.report_svg import histogram_bins, histogram_svg
+from cli.report import register
+from collection.errors import CollectError
 from models import Episode, Judgement, run_id_for
+from reports.gather import gather_report
+from reports.html import render_report
+from reports.model import EpisodeEntry, RunInfo, RunReport, StatusCount
+from reports.svg import histogram_bins, histogram_svg
 from storage.db import make_engine
 from storage.migrate import upgrade
 from storage.objects import LocalObjectStore
 from storage.run_summary import summarize_run
 from storage.settings import DatabaseSettings
-from tests.flows.report_checks import (
+from tests.reports.report_checks import (
     HOSTILE_TEMPLATE,
     HOSTILE_TOOL,
     PWN,

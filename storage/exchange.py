@@ -13,8 +13,8 @@ from sqlmodel import col
 
 from agent.export import from_atif, from_openai_messages, to_atif, to_openai_messages
 from agent.trajectory import Trajectory
-from flows.errors import CollectError
-from flows.settings import Settings
+from collection.errors import CollectError
+from config.settings import Settings
 from models import CollectionRun, Episode
 from storage.db import make_engine
 from storage.episodes import load_trajectory, persist_episodes

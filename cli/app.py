@@ -14,14 +14,14 @@ import typer
 from rich.console import Console
 
 from agent.errors import AgentError
-from flows import cli_collect as _cli_collect
-from flows import cli_ops as _cli_ops
-from flows import cli_protocol as _cli_protocol
-from flows import cli_report as _cli_report
-from flows import cli_sandbox as _cli_sandbox
-from flows import cli_suites as _cli_suites
-from flows.errors import FlowParameterError
-from flows.settings import ConfigError, Settings, load_settings
+from cli import collect as _cli_collect
+from cli import ops as _cli_ops
+from cli import protocol as _cli_protocol
+from cli import report as _cli_report
+from cli import sandbox as _cli_sandbox
+from cli import suites as _cli_suites
+from collection.errors import FlowParameterError
+from config.settings import ConfigError, Settings, load_settings
 from sandbox.errors import SandboxError
 from storage.errors import StorageError
 from suites.errors import SuiteError
@@ -140,7 +140,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Run the main job on embedded defaults and say where to look."""
-    from flows.demo import run_demo
+    from cli.demo import run_demo
 
     summary = run_demo(_settings(), console=err if as_json else out)
     if as_json:

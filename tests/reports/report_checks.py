@@ -15,9 +15,9 @@ from sqlalchemy import Engine, select
 from sqlmodel import col
 
 from agent.trajectory import EpisodeStatus, FailureCategory, Trajectory, utcnow
+from collection.runner import CollectRequest, close_run, collect_in_process
 from expectations.gate import run_gate
 from expectations.settings import QcConfig
-from flows.collection import CollectRequest, close_run, collect_in_process
 from models import Episode
 from scoring.rule_judge import rule_judgement
 from storage.episodes import load_trajectory, persist_episodes

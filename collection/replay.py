@@ -21,8 +21,8 @@ from sqlmodel import col
 from agent.render import decode_output
 from agent.settings import LoopSettings
 from agent.trajectory import ParseKind, Step, Trajectory, utcnow
-from flows.errors import CollectError
-from flows.settings import Settings
+from collection.errors import CollectError
+from config.settings import Settings
 from models import CollectionRun, ReplayResult, run_id_for
 from sandbox import open_sandbox
 from sandbox.faults import FaultProfile

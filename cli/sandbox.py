@@ -1,6 +1,6 @@
 """`epiflow sandbox run`: one command in a fresh jail, for debugging tasks and the sandbox.
 
-Mounted by `flows.cli` as `epiflow sandbox`. Settings are built here (the entry point).
+Mounted by `cli.app` as `epiflow sandbox`. Settings are built here (the entry point).
 A sandbox that cannot start, or a workspace that cannot be copied, is one line on
 stderr and exit code 2; otherwise the exit code is the command's (124 on timeout,
 128 + N when killed by signal N), with or without `--json`.

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flows.settings import load_settings
+from config.settings import load_settings
 
 
 def report(
@@ -32,8 +32,8 @@ def report(
 ) -> None:
     """Write an HTML report of a collection run (status mix, charts, tools, templates,
     every trajectory with its gate verdict and judge deductions) and print its path."""
-    from flows.report import default_report_path, gather_report
-    from flows.report_html import render_report
+    from reports.gather import default_report_path, gather_report
+    from reports.html import render_report
     from storage.db import make_engine
     from storage.migrate import ensure_current
     from storage.objects import make_object_store

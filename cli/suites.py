@@ -1,6 +1,6 @@
 """`epiflow suites …`: list the task suites and check them with a policy in real sandboxes.
 
-Mounted by `flows.cli` as `epiflow suites`. Settings are built here (the entry point) and
+Mounted by `cli.app` as `epiflow suites`. Settings are built here (the entry point) and
 passed down. User-facing failures (unknown suite, malformed `suite.yaml`, bad policy spec,
 no sandbox) are printed on stderr and exit with code 2.
 """

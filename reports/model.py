@@ -1,6 +1,6 @@
 """`RunReport`: everything `epiflow report` shows about one collection run, as pure data.
 
-`flows.report` fills it from SQL and the object store; `flows.report_html` renders it.
+`reports.gather` fills it from SQL and the object store; `reports.html` renders it.
 Neither side needs the other: tests render hand-built reports, and the gathering is
 checked without parsing HTML.
 """
