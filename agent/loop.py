@@ -30,7 +30,6 @@ from typing import Any
 from agent.errors import PolicyError, PolicyTimeout, ProtocolError, VerifierError
 from agent.native_calls import parse_native_tool_calls
 from agent.policies.base import Policy, PolicyRequest
-from agent.prompt import render_system_prompt
 from agent.protocol import parse_message
 from agent.recording import (
     assistant_message,
@@ -112,7 +111,7 @@ class _Episode:
         self.settings = settings
         self.policy_seed = policy_seed
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": render_system_prompt(tools.values())},
+            {"role": "system", "content": policy.system_prompt(tools.values())},
             {"role": "user", "content": task.prompt},
         ]
         self.parse_failures = 0

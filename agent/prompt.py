@@ -1,20 +1,39 @@
 """The system prompt: protocol v1 rules and the tool schemas, rendered for the model.
 
 Training and deployment must show the model the same text (seed 000 §4.5), so the
-prompt is a pure function of the tools and the protocol version, and its sha256 is
-recorded through the history hash of the first step.
+prompt is a pure function of the tools, the protocol version and the prompt style, and
+its sha256 is recorded through the history hash of the first step.
+
+Two styles:
+
+- `full` (default, for real models): the protocol rules, each tool with its arguments
+  described and its JSON schema (~700 tokens with the local tokenizer).
+- `compact` (for small local models trained from scratch): the block grammar and one
+  line of tool signatures (~70 tokens). A model that learns the protocol from data does
+  not need the rules spelled out, and on a model built from scratch the full prompt was
+  65 % of every training example's compute. A checkpoint's training config artifact
+  records the style it was trained with; the `hf:` policy shows that style.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from enum import StrEnum
 
 from agent.coerce import describe_type
 from agent.trajectory import PROTOCOL_VERSION
 from sandbox.tool_specs import ToolSpec
 
-__all__ = ["render_system_prompt"]
+__all__ = ["PromptStyle", "render_compact_prompt", "render_system_prompt", "tool_signature"]
+
+
+class PromptStyle(StrEnum):
+    """How much of the protocol the system prompt spells out."""
+
+    FULL = "full"
+    COMPACT = "compact"
+
 
 _RULES = """You are an agent working inside a sandbox. You act only through tools.
 
@@ -42,6 +61,14 @@ Rules:
 Tools:
 """
 
+_COMPACT = """Protocol v{version}. End each message with one block: a tool call
+<tool_call id="c1" name="TOOL">
+<arg name="ARG">raw value</arg>
+</tool_call>
+or, when the task is done, <final>answer</final>. New id per call.
+Tools: {signatures}
+"""
+
 
 def _tool_lines(spec: ToolSpec) -> list[str]:
     lines = [f"## {spec.name}", spec.description]
@@ -55,7 +82,27 @@ def _tool_lines(spec: ToolSpec) -> list[str]:
     return lines
 
 
-def render_system_prompt(tools: Iterable[ToolSpec]) -> str:
-    """Protocol rules followed by one section per tool (name, args, JSON schema)."""
+def tool_signature(spec: ToolSpec) -> str:
+    """`name(arg, optional_arg?)`: the tool's arguments in schema order, optional ones marked."""
+    required = set(spec.parameters.get("required", []))
+    args = [
+        name if name in required else f"{name}?" for name in spec.parameters.get("properties", {})
+    ]
+    return f"{spec.name}({', '.join(args)})"
+
+
+def render_compact_prompt(tools: Iterable[ToolSpec]) -> str:
+    """The block grammar and one line of tool signatures (the `compact` style)."""
+    signatures = " ".join(tool_signature(t) for t in tools)
+    return _COMPACT.format(version=PROTOCOL_VERSION, signatures=signatures)
+
+
+def render_system_prompt(
+    tools: Iterable[ToolSpec], style: PromptStyle | str = PromptStyle.FULL
+) -> str:
+    """The system prompt in `style`: protocol rules and one section per tool (`full`), or
+    the block grammar and tool signatures (`compact`)."""
+    if PromptStyle(style) == PromptStyle.COMPACT:
+        return render_compact_prompt(tools)
     sections = ["\n".join(_tool_lines(t)) for t in tools]
     return _RULES.format(version=PROTOCOL_VERSION) + "\n\n".join(sections) + "\n"

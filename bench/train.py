@@ -1,27 +1,41 @@
-"""Benchmark: the TRL SFT path vs a plain torch training loop, same model, batches and steps.
+"""Benchmark: SFT throughput of the loop's trainer against a bare torch loop and a FLOP bound.
 
-    python bench/train.py --json [--steps 8] [--batch 4] [--examples 24] [--hidden 256] [--layers 4]
+    python bench/train.py --json [--recipe loop] [--steps 12] [--examples 48] [--repeat 2]
+                                 [--variants]
 
-Builds the local base model (tokenizer on the protocol corpus, a Qwen2 from a config),
-then SFT conversations from the built-in suite's reference solutions (system prompt,
-task, each call, an observation, the final answer), and trains twice from the same
-initial weights:
+The model shape, prompt style, batch size, sequence length, precision and thread policy
+are the recipe's (`training.recipes`, default `loop`: what `bench/loop.py` trains).
+Conversations are oracle-style chats built from the built-in suite's reference solutions
+for the recipe's templates (system prompt in the recipe's style, task, each call, a short
+observation, the final answer); no sandbox is involved.
 
-- `trl_tokens_per_s`: `training.trainers.run_training("sft", …)` (TRL's `SFTTrainer`,
-  assistant-only loss), non-padding tokens seen / wall time of `trainer.train()`.
-- `torch_tokens_per_s`: the same tokenized examples (TRL's training chat template and
-  assistant mask), the same batch size, padding and step count, AdamW with the same
-  learning rate, in a bare `forward / backward / step` loop.
+- `trl_tokens_per_s`: `training.trainers.run_training("sft", …)` with the recipe's
+  settings: non-padding tokens / wall time of `trainer.train()`.
+- `torch_tokens_per_s`: the same tokenized examples, batch size, padding, precision,
+  thread count and step count in a bare `forward / backward / clip / AdamW` loop.
+- `trl_tokens_per_cpu_s`: the same tokens over the process's CPU time during training,
+  i.e. the speed with the cores to itself; `trl_cpu_share` = CPU time / wall time, the
+  cores training actually got from the shared machine.
+- `flop_bound_tokens_per_s`: what the machine's matmul speed allows. `matmul_gflops` is
+  measured now (a square matmul at the trainer's precision and thread count, on the
+  machine as loaded now), `flops_per_token` counts the model's training FLOPs
+  (6 × non-embedding parameters, the LM head on the trained positions, causal
+  attention at the mean sequence length); bound = matmul_gflops / flops_per_token.
+- With `--variants`, the TRL path again with one setting changed each time (two threads
+  forced, one thread forced, bf16 off), to show what each choice is worth on this machine.
 
-`ratio = trl_tokens_per_s / torch_tokens_per_s`; target ≥ 0.8. Both exclude model loading
-and tokenization; an untimed warm-up run of each path comes first, then `--repeat`
-alternating runs, best of each (the machine is shared: best-of filters other load).
+Every path gets an untimed warm-up, then `--repeat` alternating runs, best of each (the
+machine is shared; `load_avg` is the 1-minute load average at the start and the end).
+stdout carries only the JSON (or the `key: value` lines without `--json`); libraries'
+output goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,23 +44,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import polars as pl
-import torch
 
-from agent.render import render_final, render_tool_call
-from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
-from training.base_model import build_base_model, protocol_corpus
-from training.conversations import system_prompt_for
-from training.settings import TrainingSettings
-from training.trainers import run_training
-from training.trainers.common import load_model, load_tokenizer
-
-
-def conversations(n: int) -> list[list[dict[str, str]]]:
+def conversations(n: int, templates: list[str], style: str) -> list[list[dict[str, str]]]:
     """Oracle-style chats: every reference call, a short observation, the final answer."""
-    system = system_prompt_for(BUILTIN_TOOLS.values())
-    tasks = load_suite("builtin").instances(max(1, n // 13 + 1))[:n]
+    from agent.render import render_final, render_tool_call
+    from sandbox.tool_specs import BUILTIN_TOOLS
+    from suites.registry import load_suite
+    from training.conversations import system_prompt_for
+
+    system = system_prompt_for(BUILTIN_TOOLS.values(), style)
+    per_template = max(1, n // len(templates) + 1)
+    tasks = load_suite("builtin").instances(per_template, templates=templates)[:n]
     chats = []
     for task in tasks:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
@@ -69,6 +77,8 @@ def tokenized(
 ) -> list[dict[str, Any]]:
     """What TRL trains on: the training template's ids and assistant mask, cut at max_length."""
     from trl.chat_template_utils import get_training_chat_template
+
+    from training.trainers.common import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     template = get_training_chat_template(tokenizer)
@@ -94,8 +104,16 @@ def torch_loop(
     batch: int,
     lr: float,
     pad_id: int,
+    bf16: bool,
+    threads: int,
 ) -> float:
     """Tokens per second of a bare training loop on the same examples."""
+    import torch
+
+    from training.trainers.common import load_model
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = load_model(model_dir)
     model.train()
@@ -116,90 +134,181 @@ def torch_loop(
             target = torch.tensor(e["input_ids"])
             target[torch.tensor(e["mask"]) == 0] = -100
             labels[row, :n] = target
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += int(attention.sum())
-    return tokens / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    torch.set_num_threads(previous)
+    return tokens / elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--examples", type=int, default=24)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=2)
-    args = parser.parse_args()
+def matmul_gflops(*, threads: int, bf16: bool, size: int = 512, seconds: float = 1.0) -> float:
+    """Measured matmul speed (GFLOP/s) at this precision and thread count, best of 3."""
+    import torch
 
-    settings = TrainingSettings(
-        vocab_size=4096,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 4,
-        num_layers=args.layers,
-        max_length=1536,
-        max_position_embeddings=2048,
-        max_steps=args.steps,
-        batch_size=args.batch,
-        logging_steps=args.steps,
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    best = 0.0
+    for _ in range(3):
+        n = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds / 3:
+            torch.mm(a, b)
+            n += 1
+        best = max(best, 2 * size**3 * n / (time.perf_counter() - started) / 1e9)
+    torch.set_num_threads(previous)
+    return best
+
+
+def flops_per_token(model_dir: Path, *, mean_length: float, trained_fraction: float) -> float:
+    """Training FLOPs per token: weights, LM head on trained positions, causal attention."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * config.intermediate_size
+    weights = 6 * layers * per_layer
+    head = 6 * vocab * h * trained_fraction
+    # QKᵀ and AV: 2·T·h multiply-adds per token per layer, half of them under the causal mask.
+    attention = 6 * layers * mean_length * h
+    return float(weights + head + attention)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import polars as pl
+
+    from suites.registry import load_suite
+    from training.base_model import build_base_model, protocol_corpus
+    from training.recipes import get_recipe
+    from training.threads import choose_threads
+    from training.trainers import run_training
+    from training.trainers.common import load_tokenizer, use_bf16
+
+    load_start = os.getloadavg()[0]
+    recipe = get_recipe(args.recipe)
+    settings = recipe.training_settings().model_copy(
+        update={"max_steps": args.steps, "max_time_s": None, "logging_steps": args.steps}
     )
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    bf16 = use_bf16(settings)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        suite_tasks = load_suite("builtin").instances(1)
-        base = build_base_model(root / "base", protocol_corpus(suite_tasks), settings=settings)
-        chats = conversations(args.examples)
+        tasks = load_suite("builtin").instances(8, templates=recipe.templates)
+        base = build_base_model(
+            root / "base",
+            protocol_corpus(tasks, prompt_style=settings.prompt_style),
+            settings=settings,
+        )
+        chats = conversations(args.examples, recipe.templates, settings.prompt_style)
         frame = pl.DataFrame({"messages": chats, "weight": [1.0] * len(chats)})
         examples = tokenized(base, chats, settings.max_length)
         pad_id = int(load_tokenizer(base).pad_token_id)
-        # One-time costs (imports, kernel selection, allocator warm-up) hit whichever path
-        # runs first in the process; a short untimed run of each keeps them out of the numbers.
-        warm = settings.model_copy(update={"max_steps": 2})
-        run_training(
-            "sft", dataset=frame, base_model_dir=base, output_dir=root / "warm", settings=warm
-        )
-        torch_loop(
-            base, examples, steps=2, batch=args.batch, lr=settings.sft_learning_rate, pad_id=pad_id
-        )
-        trl_best = 0.0
-        torch_best = 0.0
-        for i in range(args.repeat):
+        mean_length = sum(len(e["input_ids"]) for e in examples) / len(examples)
+        trained = sum(sum(e["mask"]) for e in examples) / sum(len(e["mask"]) for e in examples)
+
+        def trl(update: dict[str, Any], name: str) -> dict[str, Any]:
             result = run_training(
                 "sft",
                 dataset=frame,
                 base_model_dir=base,
-                output_dir=root / f"out{i}",
-                settings=settings,
+                output_dir=root / name,
+                settings=settings.model_copy(update=update),
             )
-            trl_best = max(trl_best, result.tokens_per_s)
-            torch_best = max(
-                torch_best,
-                torch_loop(
-                    base,
-                    examples,
-                    steps=args.steps,
-                    batch=args.batch,
-                    lr=settings.sft_learning_rate,
-                    pad_id=pad_id,
-                ),
+            return {
+                "tokens_per_s": result.tokens_per_s,
+                "tokens_per_cpu_s": result.tokens / result.cpu_s if result.cpu_s else 0.0,
+                "cpu_share": result.cpu_s / result.runtime_s if result.runtime_s else 0.0,
+                "threads": result.threads,
+            }
+
+        def bare(threads: int) -> float:
+            return torch_loop(
+                base,
+                examples,
+                steps=args.steps,
+                batch=settings.batch_size,
+                lr=settings.sft_learning_rate,
+                pad_id=pad_id,
+                bf16=bf16,
+                threads=threads,
             )
-    report = {
-        "trl_tokens_per_s": round(trl_best, 1),
+
+        # One-time costs (imports, kernel selection, allocator warm-up) hit whichever path
+        # runs first in the process; a short untimed run of each keeps them out of the numbers.
+        warm = trl({"max_steps": 2}, "warm")
+        bare(warm["threads"][0])
+        trl_best: dict[str, Any] = {
+            "tokens_per_s": 0.0,
+            "tokens_per_cpu_s": 0.0,
+            "cpu_share": 0.0,
+            "threads": [],
+        }
+        torch_best = 0.0
+        for i in range(args.repeat):
+            measured = trl({}, f"trl{i}")
+            if measured["tokens_per_s"] > trl_best["tokens_per_s"]:
+                trl_best = measured
+            torch_best = max(torch_best, bare(measured["threads"][0]))
+        variants: dict[str, float] = {}
+        if args.variants:
+            for name, update in (
+                ("threads_2", {"torch_threads": 2}),
+                ("threads_1", {"torch_threads": 1}),
+                ("fp32", {"bf16": False}),
+            ):
+                variants[name] = round(trl(update, name)["tokens_per_s"], 1)
+        threads = trl_best["threads"][0] if trl_best["threads"] else choose_threads(0)
+        gflops = matmul_gflops(threads=threads, bf16=bf16)
+        per_token = flops_per_token(base, mean_length=mean_length, trained_fraction=trained)
+    bound = gflops * 1e9 / per_token
+    return {
+        "recipe": recipe.name,
+        "trl_tokens_per_s": round(trl_best["tokens_per_s"], 1),
         "torch_tokens_per_s": round(torch_best, 1),
-        "ratio": round(trl_best / torch_best, 3) if torch_best else None,
+        "ratio": round(trl_best["tokens_per_s"] / torch_best, 3) if torch_best else None,
+        "trl_tokens_per_cpu_s": round(trl_best["tokens_per_cpu_s"], 1),
+        "trl_cpu_share": round(trl_best["cpu_share"], 2),
+        "flop_bound_tokens_per_s": round(bound, 1),
+        "of_flop_bound": round(trl_best["tokens_per_s"] / bound, 3) if bound else None,
+        "matmul_gflops": round(gflops, 1),
+        "flops_per_token": round(per_token),
+        "threads": trl_best["threads"],
+        "bf16": bf16,
+        "variants_tokens_per_s": variants or None,
         "steps": args.steps,
-        "batch": args.batch,
-        "hidden": args.hidden,
-        "layers": args.layers,
+        "batch": settings.batch_size,
+        "hidden": settings.hidden_size,
+        "layers": settings.num_layers,
+        "prompt_style": settings.prompt_style.value,
         "examples": len(examples),
-        "mean_tokens_per_example": round(
-            sum(len(e["input_ids"]) for e in examples) / len(examples), 1
-        ),
+        "mean_tokens_per_example": round(mean_length, 1),
+        "trained_token_fraction": round(trained, 3),
+        "cores": os.cpu_count(),
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--recipe", default="loop", help="training.recipes preset")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--examples", type=int, default=48)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--variants", action="store_true", help="also measure forced thread counts and fp32"
+    )
+    args = parser.parse_args()
+    # Libraries print progress and notices on stdout; the benchmark's stdout is its JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run(args)
     if args.json:
         print(json.dumps(report))
     else:

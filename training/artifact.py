@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agent.policies.hf import TRAINING_CONFIG_FILE
+from agent.prompt import PromptStyle
 from agent.trajectory import PROTOCOL_VERSION, utcnow
 from sandbox.tool_specs import ToolSpec
 from training.conversations import system_prompt_for
@@ -31,8 +33,9 @@ __all__ = [
     "check_deployment",
 ]
 
-CONFIG_FILE = "training_config.json"
-"""File name of the artifact, in the model directory and next to it in the object store."""
+CONFIG_FILE = TRAINING_CONFIG_FILE
+"""File name of the artifact, in the model directory and next to it in the object store
+(the `hf:` policy reads `prompt_style` from it)."""
 
 
 def _sha256(text: str) -> str:
@@ -61,6 +64,8 @@ class TrainingConfigArtifact(BaseModel):
     """Tool-call protocol version the training data spoke."""
     tools: list[ToolSpec]
     """Tool schemas offered (name, description, JSON schema, version)."""
+    prompt_style: PromptStyle = PromptStyle.FULL
+    """System prompt style trained on; the `hf:` policy shows the same style."""
     system_prompt: str
     """The rendered system prompt (protocol rules and tool sections)."""
     system_prompt_sha256: str
@@ -114,11 +119,12 @@ def build_config_artifact(
 ) -> TrainingConfigArtifact:
     """The artifact for the model in `model_dir` (its tokenizer is read from there)."""
     specs = list(tools)
-    prompt = system_prompt_for(specs)
+    prompt = system_prompt_for(specs, settings.prompt_style)
     tokenizer, template = _tokenizer_info(model_dir)
     return TrainingConfigArtifact(
         protocol_version=PROTOCOL_VERSION,
         tools=specs,
+        prompt_style=settings.prompt_style,
         system_prompt=prompt,
         system_prompt_sha256=_sha256(prompt),
         chat_template=template,
@@ -132,9 +138,16 @@ def build_config_artifact(
     )
 
 
-def check_deployment(artifact: TrainingConfigArtifact, tools: Iterable[ToolSpec]) -> list[str]:
+def check_deployment(
+    artifact: TrainingConfigArtifact,
+    tools: Iterable[ToolSpec],
+    *,
+    system_prompt: str | None = None,
+) -> list[str]:
     """Differences between what the model was trained on and what `tools` would show it.
 
+    `system_prompt` is what the deployment actually shows (e.g. the `hf:` policy's
+    `system_prompt(tools)`); by default, the prompt rendered in the trained style.
     Empty when the protocol version, the tool schemas and the system prompt all match.
     """
     specs = list(tools)
@@ -155,6 +168,14 @@ def check_deployment(artifact: TrainingConfigArtifact, tools: Iterable[ToolSpec]
                 f"tool {name}: schema or version changed ({trained[name].version} → "
                 f"{deployed[name].version})"
             )
-    if _sha256(system_prompt_for(specs)) != artifact.system_prompt_sha256:
-        problems.append("system prompt: the rendered prompt differs from the trained one")
+    shown = (
+        system_prompt
+        if system_prompt is not None
+        else system_prompt_for(specs, artifact.prompt_style)
+    )
+    if _sha256(shown) != artifact.system_prompt_sha256:
+        problems.append(
+            f"system prompt: the deployed prompt differs from the trained one "
+            f"({artifact.prompt_style.value} style)"
+        )
     return problems

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.prompt import PromptStyle
 from agent.render import render_final, render_tool_call
 from training.conversations import system_prompt_for
 from training.errors import BaseModelError
@@ -56,17 +57,22 @@ def qwen_chat_template() -> str:
     )
 
 
-def protocol_corpus(tasks: Iterable[Any] = (), trajectories: Iterable[Any] = ()) -> list[str]:
+def protocol_corpus(
+    tasks: Iterable[Any] = (),
+    trajectories: Iterable[Any] = (),
+    *,
+    prompt_style: PromptStyle | str = PromptStyle.FULL,
+) -> list[str]:
     """Texts to train the tokenizer on: the system prompt, tasks, calls, finals, observations.
 
     `tasks` are `suites.types.TaskInstance`s (prompt and reference solution rendered as
     the protocol writes them); `trajectories` are `agent.trajectory.Trajectory`s (their
-    raw outputs and observations). Both may be empty: the system prompt alone still
-    teaches the tokenizer the protocol's tags and the tool schemas.
+    raw outputs and observations). Both may be empty: the system prompt (in
+    `prompt_style`) alone still teaches the tokenizer the protocol's tags and tools.
     """
     from sandbox.tool_specs import BUILTIN_TOOLS
 
-    texts = [system_prompt_for(BUILTIN_TOOLS.values())]
+    texts = [system_prompt_for(BUILTIN_TOOLS.values(), prompt_style)]
     for task in tasks:
         texts.append(task.prompt)
         for i, call in enumerate(task.reference_solution):
@@ -165,4 +171,8 @@ def build_base_model(dest: Path, corpus: Iterable[str], *, settings: TrainingSet
         tokenizer.save_pretrained(dest)
     except OSError as e:
         raise BaseModelError(f"cannot save the base model to {dest}: {e.strerror}") from e
+    from training.trainers import write_config_artifact
+
+    # The directory alone is a complete `hf:` policy, its prompt style included.
+    write_config_artifact(dest, settings=settings, algo=None)
     return dest

@@ -10,6 +10,10 @@ in which role, with which weight). Columns per kind, in TRL's dataset formats:
 - `grpo`: `prompt` (system + task) and the task's coordinates to regenerate it
 - `distill`: like `sft`, one verified trajectory per task chosen among teachers
 - `cpt`: `text` (plain-text episode, failures and observations included)
+
+Chats carry the system prompt in the requested `prompt_style` (`agent.prompt`): the
+style the model will be trained and deployed with, whatever style the episode was
+collected under.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.prompt import PromptStyle
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from training.conversations import Message, episode_messages, plain_text, prompt_messages
 
@@ -125,14 +130,16 @@ def _has_assistant_turn(messages: Sequence[Message]) -> bool:
     return any(m["role"] == "assistant" for m in messages)
 
 
-def sft_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+def sft_rows(
+    episodes: Iterable[SourceEpisode], *, prompt_style: PromptStyle | str = PromptStyle.FULL
+) -> BuiltRows:
     """Verified, non-discarded episodes as whole chats weighted by their quality score."""
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
     for ep in episodes:
         if not ep.succeeded or ep.verdict == "discard" or ep.weight <= 0:
             continue
-        messages = episode_messages(ep.trajectory)
+        messages = episode_messages(ep.trajectory, prompt_style)
         if not _has_assistant_turn(messages):
             continue
         rows.append(
@@ -165,7 +172,11 @@ def _divergence(
 
 
 def dpo_rows(
-    episodes: Iterable[SourceEpisode], *, pair_by: str = "task", max_pairs_per_group: int = 4
+    episodes: Iterable[SourceEpisode],
+    *,
+    pair_by: str = "task",
+    max_pairs_per_group: int = 4,
+    prompt_style: PromptStyle | str = PromptStyle.FULL,
 ) -> BuiltRows:
     """Success vs failure on the same task (or template): a step-level preference.
 
@@ -194,11 +205,11 @@ def dpo_rows(
         losses = [e for e in members if not e.succeeded]
         made = 0
         for win in wins:
-            win_messages = episode_messages(win.trajectory)
+            win_messages = episode_messages(win.trajectory, prompt_style)
             for loss in losses:
                 if made >= max_pairs_per_group:
                     break
-                split = _divergence(win_messages, episode_messages(loss.trajectory))
+                split = _divergence(win_messages, episode_messages(loss.trajectory, prompt_style))
                 if split is None:
                     continue
                 prompt, chosen, rejected = split
@@ -219,7 +230,9 @@ def dpo_rows(
     return BuiltRows(rows=rows, lineage=lineage.entries())
 
 
-def kto_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+def kto_rows(
+    episodes: Iterable[SourceEpisode], *, prompt_style: PromptStyle | str = PromptStyle.FULL
+) -> BuiltRows:
     """Every parsed assistant turn as an unpaired example, labelled by the episode's outcome.
 
     Turns that did not parse are left out of desirable examples (a verified episode may
@@ -235,7 +248,7 @@ def kto_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
             EpisodeStatus.ABORTED,
         ):
             continue
-        messages = episode_messages(ep.trajectory)
+        messages = episode_messages(ep.trajectory, prompt_style)
         steps = iter(ep.trajectory.steps)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
@@ -258,7 +271,9 @@ def kto_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
     return BuiltRows(rows=rows, lineage=lineage.entries())
 
 
-def grpo_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+def grpo_rows(
+    episodes: Iterable[SourceEpisode], *, prompt_style: PromptStyle | str = PromptStyle.FULL
+) -> BuiltRows:
     """One prompt per distinct task (system + task); rollouts happen online in the sandbox."""
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
@@ -272,7 +287,7 @@ def grpo_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
         lineage.add(ep.episode_id, "prompt", 1.0)
         rows.append(
             {
-                "prompt": prompt_messages(ep.trajectory),
+                "prompt": prompt_messages(ep.trajectory, prompt_style),
                 "weight": 1.0,
                 "episode_id": str(ep.episode_id),
                 **_task_coordinates(ep.trajectory),
@@ -287,7 +302,9 @@ def _distill_rank(ep: SourceEpisode) -> tuple[int, int, float, str, str]:
     return (traj.n_steps, parse_errors, -ep.weight, traj.policy, str(ep.episode_id))
 
 
-def distill_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
+def distill_rows(
+    episodes: Iterable[SourceEpisode], *, prompt_style: PromptStyle | str = PromptStyle.FULL
+) -> BuiltRows:
     """Per task, the verified trajectory of the best teacher: shortest, then cleanest.
 
     Seed 003 §3 conflict arbitration: when teachers disagree, the verifier decides; among
@@ -303,7 +320,7 @@ def distill_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
     for task_id in sorted(by_task):
         candidates = by_task[task_id]
         best = min(candidates, key=_distill_rank)
-        messages = episode_messages(best.trajectory)
+        messages = episode_messages(best.trajectory, prompt_style)
         if not _has_assistant_turn(messages):
             continue
         rows.append(
@@ -342,17 +359,22 @@ def cpt_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
 
 
 def build_rows(
-    kind: DatasetKind, episodes: Sequence[SourceEpisode], *, pair_by: str = "task"
+    kind: DatasetKind,
+    episodes: Sequence[SourceEpisode],
+    *,
+    pair_by: str = "task",
+    prompt_style: PromptStyle | str = PromptStyle.FULL,
 ) -> BuiltRows:
     """Rows of `kind` from `episodes` (see the module docstring for the columns)."""
+    style = PromptStyle(prompt_style)
     if kind == DatasetKind.SFT:
-        return sft_rows(episodes)
+        return sft_rows(episodes, prompt_style=style)
     if kind == DatasetKind.DPO:
-        return dpo_rows(episodes, pair_by=pair_by)
+        return dpo_rows(episodes, pair_by=pair_by, prompt_style=style)
     if kind == DatasetKind.KTO:
-        return kto_rows(episodes)
+        return kto_rows(episodes, prompt_style=style)
     if kind == DatasetKind.GRPO:
-        return grpo_rows(episodes)
+        return grpo_rows(episodes, prompt_style=style)
     if kind == DatasetKind.DISTILL:
-        return distill_rows(episodes)
+        return distill_rows(episodes, prompt_style=style)
     return cpt_rows(episodes)

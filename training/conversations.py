@@ -1,11 +1,17 @@
 """Trajectories as the chat the model saw, for training (seed 000 §4.5: same prompt, tools, format).
 
-The episode loop builds its history from `render_system_prompt(tools)`, the task prompt,
-each step's raw assistant text and its observation as a `user` turn
-(`agent.recording`); `agent.export.to_openai_messages(style="text")` reproduces exactly
-that history. The `hf:` policy then keeps only `role` and `content` of each message and
-applies the tokenizer's chat template, so training does the same: the messages here are
+The episode loop builds its history from the policy's system prompt
+(`render_system_prompt(tools, style)`), the task prompt, each step's raw assistant text
+and its observation as a `user` turn (`agent.recording`);
+`agent.export.to_openai_messages(style="text")` reproduces exactly that history. The
+`hf:` policy then keeps only `role` and `content` of each message and applies the
+tokenizer's chat template, so training does the same: the messages here are
 `{"role", "content"}` pairs and the chat template does the rest.
+
+`prompt_style` picks the system prompt the model is trained (and later deployed) with:
+`full` for real models, `compact` for the small local ones (`agent.prompt`). An episode
+collected under one style trains a model under another with the system message
+re-rendered; everything after it is the episode as it happened.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.export import to_openai_messages
-from agent.prompt import render_system_prompt
+from agent.prompt import PromptStyle, render_system_prompt
 from agent.trajectory import Trajectory
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 
@@ -24,6 +30,7 @@ __all__ = [
     "prompt_messages",
     "system_prompt_for",
     "tools_for",
+    "turn_examples",
 ]
 
 Message = dict[str, str]
@@ -36,32 +43,47 @@ def tools_for(traj: Trajectory) -> list[ToolSpec]:
     return named if named else list(BUILTIN_TOOLS.values())
 
 
-def system_prompt_for(tools: Iterable[ToolSpec]) -> str:
-    """The loop's system prompt for these tools (one function, so training and deployment agree)."""
-    return render_system_prompt(tools)
+def system_prompt_for(
+    tools: Iterable[ToolSpec], style: PromptStyle | str = PromptStyle.FULL
+) -> str:
+    """The loop's system prompt for these tools in `style` (one function, so training and
+    deployment agree)."""
+    return render_system_prompt(tools, style)
 
 
 def _plain(messages: Iterable[dict[str, object]]) -> list[Message]:
     return [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
 
 
-def episode_messages(traj: Trajectory) -> list[Message]:
-    """The whole episode as the model saw it, ending on its last assistant turn.
+def episode_messages(
+    traj: Trajectory, style: PromptStyle | str = PromptStyle.FULL
+) -> list[Message]:
+    """The whole episode as the model saw it (system prompt in `style`), ending on its last
+    assistant turn.
 
     A trailing observation (an episode cut by max steps) is dropped: nothing was trained
     on it and it would be the last, loss-free turn anyway.
     """
-    system = system_prompt_for(tools_for(traj))
+    system = system_prompt_for(tools_for(traj), style)
     messages = _plain(to_openai_messages(traj, style="text", system_prompt=system))
     while messages and messages[-1]["role"] != "assistant":
         messages.pop()
     return messages
 
 
-def prompt_messages(traj: Trajectory) -> list[Message]:
-    """System prompt and task: what the model sees before its first turn."""
+def turn_examples(messages: list[Message]) -> list[list[Message]]:
+    """One chat per assistant turn: the history before it and the turn, nothing after.
+
+    Trained with an assistant-only loss, the last chat of an episode is the episode
+    itself; the shorter ones train the early turns again on their own history.
+    """
+    return [messages[: i + 1] for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+
+def prompt_messages(traj: Trajectory, style: PromptStyle | str = PromptStyle.FULL) -> list[Message]:
+    """System prompt (in `style`) and task: what the model sees before its first turn."""
     return [
-        {"role": "system", "content": system_prompt_for(tools_for(traj))},
+        {"role": "system", "content": system_prompt_for(tools_for(traj), style)},
         {"role": "user", "content": traj.prompt},
     ]
 

@@ -12,6 +12,21 @@ Definitions:
 - `tool_failure_rate`: among turns that were meant to act (every turn except a parsed
   `<final>`), those that failed: unparsable (protocol error or no block) or a call that
   ran and failed (non-zero exit, typed error, timeout, signal). 0 when no turn acted.
+
+With the tasks at hand (`evaluation_metrics(trajectories, tasks)`), every turn is also
+compared with the reference solution at the point the episode had reached
+(`agent.policies.scripted.reference_cursor`: the reference call the oracle would make
+next), so a change's effect is visible before completion moves. Rates are over all
+assistant turns:
+
+- `parse_error_rate`: no block or a protocol error.
+- `wrong_tool_rate`: a parsed call of another tool than the reference call.
+- `wrong_content_rate` ("right call, wrong content"): the reference tool with other
+  arguments (a differently formatted but equivalent file counts here too).
+- `premature_final_rate`: `<final>` while reference calls remain.
+- `exact_call_rate`: the reference call itself (tool and arguments).
+
+`by_template` is the completion rate per task template.
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from agent.policies.scripted import reference_cursor
 from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
 from suites.types import TaskInstance
 
@@ -32,6 +48,7 @@ __all__ = [
     "evaluate_model_dir",
     "evaluation_metrics",
     "run_model_episodes",
+    "turn_kind",
 ]
 
 
@@ -48,6 +65,20 @@ class EvaluationMetrics(BaseModel):
     """Episodes evaluated."""
     n_acting_turns: int = 0
     """Turns that were meant to act (denominator of `tool_failure_rate`)."""
+    by_template: dict[str, float] = Field(default_factory=dict)
+    """Completion rate per task template."""
+    n_turns: int = 0
+    """Assistant turns (denominator of the turn rates below)."""
+    parse_error_rate: float | None = None
+    """Turns with no block or a protocol error / turns."""
+    wrong_tool_rate: float | None = None
+    """Parsed calls of another tool than the reference call / turns (None without tasks)."""
+    wrong_content_rate: float | None = None
+    """Reference tool, other arguments / turns (None without tasks)."""
+    premature_final_rate: float | None = None
+    """`<final>` while reference calls remain / turns (None without tasks)."""
+    exact_call_rate: float | None = None
+    """The reference call itself / turns (None without tasks)."""
 
 
 class EvaluationReport(BaseModel):
@@ -65,8 +96,13 @@ class EvaluationReport(BaseModel):
     """Episodes per status."""
 
 
+def _unparsed(step: Step) -> bool:
+    """The turn did not parse: no block, or a protocol error."""
+    return step.parse_kind in (ParseKind.ERROR, ParseKind.NONE) or step.parse_error is not None
+
+
 def _turn_failed(step: Step) -> bool:
-    if step.parse_kind in (ParseKind.ERROR, ParseKind.NONE) or step.parse_error is not None:
+    if _unparsed(step):
         return True
     return (
         step.error_type is not None
@@ -76,8 +112,33 @@ def _turn_failed(step: Step) -> bool:
     )
 
 
-def evaluation_metrics(trajectories: Sequence[Trajectory]) -> EvaluationMetrics:
-    """The metrics of a set of episodes (see the module docstring)."""
+def turn_kind(step: Step, previous: list[Step], task: TaskInstance) -> str:
+    """How one turn compares with the reference solution at that point of the episode:
+    `parse_error`, `premature_final`, `final`, `wrong_tool`, `wrong_content`, `exact` or
+    `extra_call` (a call after the reference solution was complete)."""
+    if _unparsed(step):
+        return "parse_error"
+    reference = task.reference_solution
+    cursor = reference_cursor(previous)
+    if step.parse_kind == ParseKind.FINAL:
+        return "premature_final" if cursor < len(reference) else "final"
+    if cursor >= len(reference):
+        return "extra_call"
+    expected = reference[cursor]
+    if step.tool != expected.tool:
+        return "wrong_tool"
+    return "exact" if dict(step.args or {}) == expected.args else "wrong_content"
+
+
+def _rate(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def evaluation_metrics(
+    trajectories: Sequence[Trajectory], tasks: Sequence[TaskInstance] | None = None
+) -> EvaluationMetrics:
+    """The metrics of a set of episodes (see the module docstring); the turn rates against
+    the reference solutions need the `tasks` the episodes ran."""
     n = len(trajectories)
     if n == 0:
         return EvaluationMetrics(
@@ -87,12 +148,40 @@ def evaluation_metrics(trajectories: Sequence[Trajectory]) -> EvaluationMetrics:
     steps = sum(t.n_steps for t in trajectories)
     acting = [s for t in trajectories for s in t.steps if s.parse_kind != ParseKind.FINAL]
     failed = sum(_turn_failed(s) for s in acting)
-    return EvaluationMetrics(
+    by_template: dict[str, list[bool]] = {}
+    for t in trajectories:
+        by_template.setdefault(t.template, []).append(t.status == EpisodeStatus.SUCCESS)
+    turns = [s for t in trajectories for s in t.steps]
+    parse_errors = sum(_unparsed(s) for s in turns)
+    metrics = EvaluationMetrics(
         completion_rate=successes / n,
         avg_steps=steps / n,
         tool_failure_rate=failed / len(acting) if acting else 0.0,
         n_episodes=n,
         n_acting_turns=len(acting),
+        by_template={k: sum(v) / len(v) for k, v in sorted(by_template.items())},
+        n_turns=len(turns),
+        parse_error_rate=_rate(parse_errors, len(turns)),
+    )
+    if tasks is None:
+        return metrics
+    by_id = {task.task_id: task for task in tasks}
+    kinds: dict[str, int] = {}
+    for t in trajectories:
+        task = by_id.get(t.task_id)
+        if task is None:
+            continue
+        for i, step in enumerate(t.steps):
+            kind = turn_kind(step, t.steps[:i], task)
+            kinds[kind] = kinds.get(kind, 0) + 1
+    total = len(turns)
+    return metrics.model_copy(
+        update={
+            "wrong_tool_rate": _rate(kinds.get("wrong_tool", 0), total),
+            "wrong_content_rate": _rate(kinds.get("wrong_content", 0), total),
+            "premature_final_rate": _rate(kinds.get("premature_final", 0), total),
+            "exact_call_rate": _rate(kinds.get("exact", 0), total),
+        }
     )
 
 
@@ -165,4 +254,4 @@ def evaluate_model_dir(
             concurrency=concurrency,
         )
     )
-    return evaluation_metrics(trajectories), trajectories
+    return evaluation_metrics(trajectories, tasks), trajectories

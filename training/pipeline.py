@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from sqlalchemy import Engine
@@ -34,6 +35,9 @@ from training.rewards import RewardFunction
 from training.settings import TrainingSettings
 from training.snapshots import fetch_snapshot, get_snapshot
 from training.trainers import Algo, TrainResult, run_training
+
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
 
 __all__ = [
     "COMPATIBLE_KINDS",
@@ -105,11 +109,15 @@ def train_checkpoint(
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     tools: Sequence[ToolSpec] | None = None,
     prefect_flow_run_id: str | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainingOutcome:
     """Train on snapshot `dataset_id` from a base checkpoint (or a local HF directory).
 
     Exactly one of `base_checkpoint_id` / `base_model_dir` is given. The training run is
-    recorded as failed (with the reason) when training raises.
+    recorded as failed (with the reason) when training raises. The snapshot's prompt style
+    must be the settings' (`prompt_style`): the model is deployed with the style it is
+    trained with. `on_metrics(step, max_steps, logs)` sees every TRL log event (the train
+    flow's live loss table and progress).
 
     Raises:
         TrainerError: bad algorithm/kind combination, or the trainer failed.
@@ -127,6 +135,13 @@ def train_checkpoint(
     if info.kind not in COMPATIBLE_KINDS[chosen]:
         allowed = ", ".join(k.value for k in COMPATIBLE_KINDS[chosen])
         raise TrainerError(f"{chosen.value} trains on {allowed} snapshots, not {info.kind.value}")
+    if info.kind != DatasetKind.CPT and info.prompt_style != settings.prompt_style:
+        raise TrainerError(
+            f"snapshot {info.id} holds {info.prompt_style.value}-style prompts but the settings "
+            f"train {settings.prompt_style.value} (set EPIFLOW_TRAINING_PROMPT_STYLE="
+            f"{info.prompt_style.value}, or build the snapshot with "
+            f"prompt_style={settings.prompt_style.value!r})"
+        )
     if base_checkpoint_id is not None:
         base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
         base_name = str(base_checkpoint_id)
@@ -150,6 +165,7 @@ def train_checkpoint(
             output_dir=work_dir / "model",
             settings=settings,
             reward_fn=reward_fn,
+            on_metrics=on_metrics,
         )
         config = build_config_artifact(
             result.output_dir,

@@ -11,8 +11,12 @@ Built at the entry point (a flow, the CLI, a test) and passed down; never read a
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent.prompt import PromptStyle
 
 __all__ = ["TrainingSettings"]
 
@@ -40,12 +44,35 @@ class TrainingSettings(BaseSettings):
     """Micro-steps accumulated per optimizer step."""
     warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     """Fraction of training spent warming the learning rate up."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate decay after the warm-up: linear or cosine to `min_lr_ratio`, or constant."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Final learning rate as a fraction of the peak (cosine and linear decay)."""
+    max_time_s: float | None = Field(default=None, gt=0)
+    """Wall-time budget of `trainer.train()`, seconds: training stops at the first step
+    boundary past it (`training.callbacks.WallTimeStop`) and the learning-rate schedule
+    runs on elapsed time instead of steps, so the decay ends exactly at the budget.
+    None: train for `max_steps` / `epochs`."""
+    save_steps: int | None = Field(default=None, ge=1)
+    """Save an intermediate checkpoint (`checkpoint-<step>` under the output directory)
+    every N optimizer steps; None saves only the final model."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping norm."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory on real models, slows tiny ones)."""
+    bf16: bool | None = None
+    """bf16 autocast (fp32 master weights). None: on where the hardware runs bf16 natively
+    (CUDA with bf16, CPUs with AVX512-BF16/AMX), off elsewhere (emulated bf16 is slower)."""
+    torch_threads: int = Field(default=0, ge=0)
+    """Intra-op threads of the trainer. 0: automatic (`training.threads`): every core on an
+    idle machine, one thread when other processes already keep the cores busy (two
+    OpenMP threads on two oversubscribed cores run several times slower than one)."""
+    prompt_style: PromptStyle = PromptStyle.FULL
+    """System prompt the model is trained and deployed with (`agent.prompt`): `full` for
+    real models, `compact` for small models built from scratch. Recorded in the
+    checkpoint's training config artifact; the `hf:` policy shows that style."""
 
     # lengths
     max_length: int = Field(default=2048, ge=64)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, null, select
 from sqlmodel import Session, col
 
+from agent.prompt import PromptStyle
 from agent.trajectory import Trajectory
 from models import Dataset, DatasetEpisode, Episode, QcResult, QcRun
 from storage.errors import ObjectStoreError
@@ -71,6 +72,11 @@ class DatasetInfo(BaseModel):
     """sha256 of the parquet file."""
     object_key: str
     """Object-store key of the parquet file."""
+
+    @property
+    def prompt_style(self) -> PromptStyle:
+        """System prompt style of its chats (`filter["prompt_style"]`, `full` when absent)."""
+        return PromptStyle(self.filter.get("prompt_style") or PromptStyle.FULL)
 
     @classmethod
     def from_row(cls, row: Dataset) -> DatasetInfo:
@@ -228,6 +234,7 @@ def build_snapshot(
     verdicts: Sequence[str] = _USABLE_VERDICTS,
     templates: Sequence[str] | None = None,
     pair_by: str = "task",
+    prompt_style: PromptStyle | str = PromptStyle.FULL,
 ) -> DatasetInfo:
     """Select, build and write a snapshot of `kind`; returns it (existing one if identical).
 
@@ -238,6 +245,8 @@ def build_snapshot(
         verdicts: verdicts admitted (with `qc_run_id`).
         templates: restrict to these task templates.
         pair_by: DPO grouping, `task` (same instance) or `template`.
+        prompt_style: system prompt style of the chats (`full`, or `compact` for small
+            local models); recorded in the filter when not `full`.
 
     Raises:
         EmptySnapshot: nothing usable matched.
@@ -260,7 +269,11 @@ def build_snapshot(
     }
     if chosen == DatasetKind.DPO:
         filter_["pair_by"] = pair_by
-    built = build_rows(chosen, episodes, pair_by=pair_by)
+    style = PromptStyle(prompt_style)
+    if style != PromptStyle.FULL:
+        # Only when not the default, so the ids of full-style snapshots stay what they were.
+        filter_["prompt_style"] = style.value
+    built = build_rows(chosen, episodes, pair_by=pair_by, prompt_style=style)
     return write_snapshot(
         engine, store, kind=chosen, built=built, filter_=filter_, qc_run_id=qc_run_id
     )

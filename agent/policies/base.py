@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent.prompt import render_system_prompt
 from agent.trajectory import Step
 from sandbox.tool_specs import ToolSpec
 from suites.types import TaskInstance
@@ -72,6 +74,14 @@ class Policy(ABC):
             PolicyError: the policy could not answer (timeout, HTTP error, garbage,
                 load failure); the episode ends as `policy_error`.
         """
+
+    def system_prompt(self, tools: Iterable[ToolSpec]) -> str:
+        """The system prompt the episode loop shows this policy (default: the full prompt).
+
+        A policy trained on another prompt style (a small local checkpoint trained on the
+        compact prompt) returns that style, so what the loop records is what the model saw.
+        """
+        return render_system_prompt(tools)
 
     async def aclose(self) -> None:
         """Release resources. Safe to call twice."""

@@ -4,21 +4,49 @@ The model and tokenizer load lazily (first request) with `local_files_only=True`
 access ever. The prompt is the tokenizer's chat template (or a plain `role: content`
 rendering when the checkpoint has none). Generation is serialised per policy instance:
 one model, one generation at a time, run via `asyncio.to_thread` so the loop stays live.
+
+The system prompt is the style the checkpoint was trained with: `prompt_style` of the
+`training_config.json` epiflow writes into every checkpoint directory (`compact` for the
+small local models, see `agent.prompt`); `full` when the file or the key is absent (any
+other HF model).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from agent.errors import PolicyError, PolicyLoadError
 from agent.policies.base import Policy, PolicyRequest, PolicyResponse
+from agent.prompt import PromptStyle, render_system_prompt
 from agent.settings import PolicySettings
+from sandbox.tool_specs import ToolSpec
 
-__all__ = ["HFPolicy"]
+__all__ = ["TRAINING_CONFIG_FILE", "HFPolicy", "checkpoint_prompt_style"]
+
+TRAINING_CONFIG_FILE = "training_config.json"
+"""The training config artifact epiflow writes into every checkpoint directory."""
+
+
+def checkpoint_prompt_style(path: Path) -> PromptStyle:
+    """The prompt style the checkpoint at `path` was trained with (`full` when unrecorded).
+
+    Raises:
+        PolicyLoadError: the recorded config is unreadable or names an unknown style.
+    """
+    config = path / TRAINING_CONFIG_FILE
+    if not config.is_file():
+        return PromptStyle.FULL
+    try:
+        recorded = json.loads(config.read_text(encoding="utf-8")).get("prompt_style")
+        return PromptStyle(recorded or PromptStyle.FULL)
+    except (OSError, ValueError, AttributeError) as e:
+        raise PolicyLoadError(f"{config}: cannot read the recorded prompt style: {e}") from e
 
 
 def _transformers() -> Any:
@@ -45,6 +73,17 @@ class HFPolicy(Policy):
         self._lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
+        self._prompt_style: PromptStyle | None = None
+
+    @property
+    def prompt_style(self) -> PromptStyle:
+        """The system prompt style this checkpoint was trained with."""
+        if self._prompt_style is None:
+            self._prompt_style = checkpoint_prompt_style(self.path)
+        return self._prompt_style
+
+    def system_prompt(self, tools: Iterable[ToolSpec]) -> str:
+        return render_system_prompt(tools, self.prompt_style)
 
     def _load(self) -> None:
         if self._model is not None:

@@ -206,3 +206,43 @@ def test_unknown_algorithm_and_wrong_columns_are_refused(tiny_base_model, tiny_s
             output_dir=tmp_path,
             settings=tiny_settings,
         )
+
+
+def test_wall_time_budget_metrics_hook_and_a_quiet_stdout(
+    tiny_base_model, tiny_settings, tmp_path, capfd
+):
+    """Training stops at max_time_s (no step limit), every log event reaches on_metrics,
+    nothing is printed on stdout, and save_steps writes intermediate checkpoints."""
+    seen: list[tuple[int, int, dict[str, float]]] = []
+    settings = tiny_settings.model_copy(
+        update={
+            "max_steps": -1,
+            "max_time_s": 6.0,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "lr_scheduler": "cosine",
+            "warmup_ratio": 0.1,
+        }
+    )
+    result = run_training(
+        "sft",
+        dataset=_frame(DatasetKind.SFT),
+        base_model_dir=tiny_base_model,
+        output_dir=tmp_path / "timed",
+        settings=settings,
+        on_metrics=lambda step, max_steps, logs: seen.append((step, max_steps, logs)),
+    )
+    assert result.stopped_by_time
+    # It stops at the first step boundary past the budget: one step's time at most over.
+    assert 6.0 <= result.runtime_s < 6.0 + 3 * result.runtime_s / max(result.steps, 1) + 2.0
+    assert result.steps >= 2 and result.threads and result.cpu_s > 0
+    steps = [s for s, _, logs in seen if "loss" in logs]
+    assert steps == list(range(1, result.steps + 1))
+    last = next(logs for _, _, logs in reversed(seen) if "loss" in logs)
+    assert {"loss", "learning_rate", "grad_norm"} <= last.keys()
+    # Under a budget, max_steps is the estimate of the steps that fit, never the sentinel.
+    assert all(0 < planned < 10_000 for _, planned, _ in seen)
+    # The time-based cosine has decayed by the end.
+    assert last["learning_rate"] < 0.5 * settings.sft_learning_rate
+    assert sorted(p.name for p in (tmp_path / "timed").glob("checkpoint-*"))[:1] == ["checkpoint-2"]
+    assert capfd.readouterr().out == ""

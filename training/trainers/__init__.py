@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -20,7 +21,10 @@ from training.rewards import RewardFunction
 from training.settings import TrainingSettings
 from training.trainers.common import Algo, TrainResult, read_rows
 
-__all__ = ["Algo", "TrainResult", "run_training"]
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
+
+__all__ = ["Algo", "TrainResult", "run_training", "write_config_artifact"]
 
 
 def run_training(
@@ -32,6 +36,7 @@ def run_training(
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     ref_model_dir: Path | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainResult:
     """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
 
@@ -39,6 +44,8 @@ def run_training(
     `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward
     (default: `training.rewards.SandboxReward`, real sandboxes and verifiers);
     `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
+    `on_metrics(step, max_steps, logs)` is called on every TRL log event (loss, learning
+    rate, grad norm, tokens/s, …); nothing is printed on stdout.
 
     Raises:
         TrainerError: unknown algorithm, unusable dataset, or a failure inside the trainer.
@@ -50,11 +57,53 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
+    result = _run(
+        chosen,
+        rows,
+        base_model_dir=base_model_dir,
+        output_dir=output_dir,
+        settings=settings,
+        reward_fn=reward_fn,
+        ref_model_dir=ref_model_dir,
+        on_metrics=on_metrics,
+    )
+    write_config_artifact(output_dir, settings=settings, algo=chosen.value)
+    return result
+
+
+def write_config_artifact(model_dir: Path, *, settings: TrainingSettings, algo: str | None) -> None:
+    """`training_config.json` in `model_dir`, so the directory alone is a complete `hf:` policy
+    (its prompt style included); the pipeline's registry upload rewrites it with the
+    dataset's lineage."""
+    from sandbox.tool_specs import BUILTIN_TOOLS
+    from training.artifact import CONFIG_FILE, build_config_artifact
+
+    artifact = build_config_artifact(
+        model_dir, tools=list(BUILTIN_TOOLS.values()), settings=settings, algo=algo
+    )
+    (model_dir / CONFIG_FILE).write_text(artifact.model_dump_json(indent=2), encoding="utf-8")
+
+
+def _run(
+    chosen: Algo,
+    rows: list[dict[str, Any]],
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    reward_fn: RewardFunction | Sequence[RewardFunction] | None,
+    ref_model_dir: Path | None,
+    on_metrics: MetricsCallback | None,
+) -> TrainResult:
     if chosen == Algo.SFT:
         from training.trainers.sft import run_sft
 
         return run_sft(
-            rows, base_model_dir=base_model_dir, output_dir=output_dir, settings=settings
+            rows,
+            base_model_dir=base_model_dir,
+            output_dir=output_dir,
+            settings=settings,
+            on_metrics=on_metrics,
         )
     if chosen == Algo.DPO:
         from training.trainers.preference import run_dpo
@@ -65,6 +114,7 @@ def run_training(
             output_dir=output_dir,
             settings=settings,
             ref_model_dir=ref_model_dir,
+            on_metrics=on_metrics,
         )
     if chosen == Algo.KTO:
         from training.trainers.preference import run_kto
@@ -75,6 +125,7 @@ def run_training(
             output_dir=output_dir,
             settings=settings,
             ref_model_dir=ref_model_dir,
+            on_metrics=on_metrics,
         )
     from training.trainers.grpo import run_grpo
 
@@ -93,4 +144,5 @@ def run_training(
         settings=settings,
         reward_fns=reward_fns,
         ref_model_dir=ref_model_dir,
+        on_metrics=on_metrics,
     )

@@ -1,4 +1,9 @@
-"""What every trainer shares: the result type, data loading, model loading, common TRL args.
+"""What every trainer shares: the result type, data loading, common TRL args, and `train_with`.
+
+`train_with` is the one preamble and epilogue of every algorithm: load the tokenizer and
+the model from the base directory, build the TRL trainer with epiflow's schedule and
+callbacks (wall-time budget, metrics hook, thread tuning; no metric dicts on stdout),
+train, save and summarise. Each algorithm module only builds its dataset and config.
 
 TRL, transformers and torch import lazily (seconds each): importing `training` stays cheap
 for the CLI and the flows.
@@ -8,9 +13,10 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import BaseModel, Field
@@ -18,7 +24,11 @@ from pydantic import BaseModel, Field
 from training.errors import TrainerError
 from training.settings import TrainingSettings
 
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
+
 __all__ = [
+    "UNBOUNDED_STEPS",
     "Algo",
     "TrainResult",
     "base_args",
@@ -28,7 +38,12 @@ __all__ = [
     "read_rows",
     "summarize",
     "timed_train",
+    "train_with",
+    "use_bf16",
 ]
+
+UNBOUNDED_STEPS = 1_000_000_000
+"""`max_steps` under a wall-time budget without a step limit: the budget ends training."""
 
 
 def module(name: str) -> Any:
@@ -66,6 +81,15 @@ class TrainResult(BaseModel):
     """Rows of the training dataset."""
     metrics: dict[str, float] = Field(default_factory=dict)
     """Last logged value of every numeric metric (loss, rewards, kl, …)."""
+    stopped_by_time: bool = False
+    """True when `max_time_s`, not the step count or the epochs, ended training."""
+    threads: list[int] = Field(default_factory=list)
+    """Intra-op thread counts used, in order (automatic mode may change it mid-run)."""
+    bf16: bool = False
+    """Whether bf16 autocast was on."""
+    cpu_s: float = 0.0
+    """CPU time of this process during `trainer.train()` (all threads), seconds:
+    `cpu_s / runtime_s` is the share of a core training actually got on a shared machine."""
 
 
 def read_rows(dataset: Path | pl.DataFrame) -> list[dict[str, Any]]:
@@ -117,12 +141,19 @@ def load_model(path: Path) -> Any:
 def base_args(
     settings: TrainingSettings, output_dir: Path, *, learning_rate: float
 ) -> dict[str, Any]:
-    """Arguments every TRL config takes, from the settings."""
+    """Arguments every TRL config takes, from the settings.
+
+    The learning-rate schedule is epiflow's (`train_with` replaces the trainer's), so
+    `lr_scheduler_type` here only names it for the logs.
+    """
+    max_steps = settings.max_steps
+    if max_steps <= 0 and settings.max_time_s is not None:
+        max_steps = UNBOUNDED_STEPS
     return {
         "output_dir": str(output_dir),
         "learning_rate": learning_rate,
         "num_train_epochs": settings.epochs,
-        "max_steps": settings.max_steps,
+        "max_steps": max_steps,
         "per_device_train_batch_size": settings.batch_size,
         "gradient_accumulation_steps": settings.gradient_accumulation_steps,
         "warmup_steps": settings.warmup_ratio,
@@ -131,11 +162,13 @@ def base_args(
         "seed": settings.seed,
         "data_seed": settings.seed,
         "logging_steps": settings.logging_steps,
-        "save_strategy": "no",
+        "save_strategy": "steps" if settings.save_steps else "no",
+        "save_steps": settings.save_steps or 500,
         "report_to": "none",
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": not _accelerator_available(),
+        "bf16": use_bf16(settings),
         "activation_checkpointing": settings.activation_checkpointing,
     }
 
@@ -144,6 +177,21 @@ def _accelerator_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def use_bf16(settings: TrainingSettings) -> bool:
+    """`settings.bf16`, or where the hardware runs bf16 natively when it is None.
+
+    On CPU, bf16 autocast pays off only with native bf16 matmuls (AVX512-BF16 / AMX);
+    elsewhere it is emulated and slower than fp32.
+    """
+    if settings.bf16 is not None:
+        return settings.bf16
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def summarize(
@@ -155,6 +203,7 @@ def summarize(
     runtime_s: float,
     tokens: int,
     n_examples: int,
+    **extra: Any,
 ) -> TrainResult:
     """Save the model and tokenizer to `output_dir` and collect the metrics."""
     trainer.save_model(str(output_dir))
@@ -181,6 +230,7 @@ def summarize(
         tokens_per_s=tokens / runtime_s if runtime_s > 0 else 0.0,
         n_examples=n_examples,
         metrics=metrics,
+        **extra,
     )
 
 
@@ -196,3 +246,119 @@ def timed_train(trainer: Any) -> tuple[Any, float]:
     except (RuntimeError, ValueError, IndexError, KeyError) as e:
         raise TrainerError(f"{type(trainer).__name__} failed: {e}") from e
     return output, time.perf_counter() - started
+
+
+def _scheduled(trainer_cls: Any) -> Any:
+    """`trainer_cls` with epiflow's learning-rate schedule (`training.callbacks.lr_lambda`)."""
+
+    class Scheduled(trainer_cls):  # type: ignore[misc]
+        def __init__(self, *args: Any, lr_schedule: Callable[..., Any], **kwargs: Any) -> None:
+            self._lr_schedule = lr_schedule
+            super().__init__(*args, **kwargs)
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            import torch
+
+            scheduler = getattr(self, "lr_scheduler", None)
+            if scheduler is None:
+                scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer if optimizer is not None else self.optimizer,
+                    self._lr_schedule(num_training_steps),
+                )
+                self.lr_scheduler = scheduler
+            return scheduler
+
+    Scheduled.__name__ = Scheduled.__qualname__ = trainer_cls.__name__
+    return Scheduled
+
+
+def train_with(
+    algo: Algo,
+    trainer_cls: Any,
+    config: Any,
+    dataset: Any,
+    *,
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    n_examples: int,
+    on_metrics: MetricsCallback | None = None,
+    model: Any = None,
+    prepare: Callable[[Any], None] | None = None,
+    **trainer_kwargs: Any,
+) -> TrainResult:
+    """Build `trainer_cls` on the base model, train it under epiflow's rules, save, summarise.
+
+    Shared by every algorithm: the tokenizer and (unless `model` is given) the model come
+    from `base_model_dir`; the schedule is `lr_scheduler` with `warmup_ratio` and
+    `min_lr_ratio` over steps, or over elapsed time under `max_time_s`; training stops at
+    the wall-time budget; every log event goes to `on_metrics` and `logging`, none to
+    stdout; the thread count follows `torch_threads`. `prepare` sees the trainer before
+    training (e.g. to load a reference model). Extra keyword arguments go to the trainer.
+
+    Raises:
+        TrainerError: the model, tokenizer or trainer cannot be built, or training failed.
+    """
+    from transformers import PrinterCallback, ProgressCallback
+
+    from training.callbacks import (
+        MetricsHook,
+        ThreadCallback,
+        WallTimeStop,
+        lr_lambda,
+    )
+    from training.threads import ThreadTuner
+
+    budget = WallTimeStop(settings.max_time_s) if settings.max_time_s is not None else None
+
+    def schedule(total_steps: int) -> Callable[[int], float]:
+        return lr_lambda(
+            total_steps=total_steps,
+            warmup=settings.warmup_ratio,
+            kind=settings.lr_scheduler,
+            min_ratio=settings.min_lr_ratio,
+            budget=budget,
+            step_limited=settings.max_steps > 0,
+        )
+
+    tokenizer = load_tokenizer(base_model_dir)
+    try:
+        trainer = _scheduled(trainer_cls)(
+            model=model if model is not None else load_model(base_model_dir),
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            lr_schedule=schedule,
+            **trainer_kwargs,
+        )
+    except (ValueError, TypeError, KeyError) as e:
+        raise TrainerError(f"cannot set up {trainer_cls.__name__}: {e}") from e
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    tuner = ThreadTuner(settings.torch_threads)
+    trainer.add_callback(MetricsHook(on_metrics, budget=budget))
+    trainer.add_callback(ThreadCallback(tuner))
+    if budget is not None:
+        trainer.add_callback(budget)
+    if prepare is not None:
+        prepare(trainer)
+    tuner.start()
+    cpu_started = time.process_time()
+    try:
+        output, runtime = timed_train(trainer)
+    finally:
+        tuner.stop()
+    cpu_s = time.process_time() - cpu_started
+    return summarize(
+        algo,
+        trainer,
+        output,
+        output_dir=output_dir,
+        runtime_s=runtime,
+        tokens=0,
+        n_examples=n_examples,
+        stopped_by_time=bool(budget is not None and budget.stopped_early),
+        threads=tuner.history,
+        bf16=bool(config.bf16),
+        cpu_s=cpu_s,
+    )

@@ -11,21 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.errors import TrainerError
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
-from training.trainers.common import (
-    Algo,
-    TrainResult,
-    base_args,
-    load_model,
-    load_tokenizer,
-    module,
-    summarize,
-    timed_train,
-)
+from training.trainers.common import Algo, TrainResult, base_args, load_model, module, train_with
+
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
 
 __all__ = ["run_grpo"]
 
@@ -40,6 +34,7 @@ def run_grpo(
     settings: TrainingSettings,
     reward_fns: Sequence[RewardFunction],
     ref_model_dir: Path | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainResult:
     """GRPO on task-prompt rows with `reward_fns`; save to `output_dir`.
 
@@ -72,25 +67,19 @@ def run_grpo(
         epsilon=settings.clip_epsilon,
         remove_unused_columns=False,
     )
-    model = load_model(base_model_dir)
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=list(reward_fns),
-        args=config,
-        train_dataset=dataset,
-        processing_class=load_tokenizer(base_model_dir),
-    )
-    if settings.beta > 0 and ref_model_dir is not None:
-        _use_reference(trainer, ref_model_dir)
-    output, runtime = timed_train(trainer)
-    return summarize(
+    reference = ref_model_dir if settings.beta > 0 else None
+    return train_with(
         Algo.GRPO,
-        trainer,
-        output,
+        trl.GRPOTrainer,
+        config,
+        dataset,
+        base_model_dir=base_model_dir,
         output_dir=output_dir,
-        runtime_s=runtime,
-        tokens=0,
+        settings=settings,
         n_examples=len(rows),
+        on_metrics=on_metrics,
+        prepare=(lambda trainer: _use_reference(trainer, reference)) if reference else None,
+        reward_funcs=list(reward_fns),
     )
 
 

@@ -9,20 +9,14 @@ settings (seed 000 §4.4).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.errors import TrainerError
 from training.settings import TrainingSettings
-from training.trainers.common import (
-    Algo,
-    TrainResult,
-    base_args,
-    load_model,
-    load_tokenizer,
-    module,
-    summarize,
-    timed_train,
-)
+from training.trainers.common import Algo, TrainResult, base_args, load_model, module, train_with
+
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
 
 __all__ = ["run_dpo", "run_kto"]
 
@@ -48,6 +42,7 @@ def run_dpo(
     output_dir: Path,
     settings: TrainingSettings,
     ref_model_dir: Path | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainResult:
     """DPO on `prompt` / `chosen` / `rejected` rows; save to `output_dir`.
 
@@ -76,6 +71,8 @@ def run_dpo(
         base_model_dir=base_model_dir,
         ref_model_dir=ref_model_dir,
         output_dir=output_dir,
+        settings=settings,
+        on_metrics=on_metrics,
     )
 
 
@@ -86,6 +83,7 @@ def run_kto(
     output_dir: Path,
     settings: TrainingSettings,
     ref_model_dir: Path | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainResult:
     """KTO on unpaired `prompt` / `completion` / `label` rows; save to `output_dir`.
 
@@ -122,6 +120,8 @@ def run_kto(
         base_model_dir=base_model_dir,
         ref_model_dir=ref_model_dir,
         output_dir=output_dir,
+        settings=settings,
+        on_metrics=on_metrics,
     )
 
 
@@ -135,22 +135,19 @@ def _train_against_reference(
     base_model_dir: Path,
     ref_model_dir: Path | None,
     output_dir: Path,
+    settings: TrainingSettings,
+    on_metrics: MetricsCallback | None,
 ) -> TrainResult:
     """Train `trainer_cls` with an explicit frozen reference model (never rebuilt from a path)."""
-    trainer = trainer_cls(
-        model=load_model(base_model_dir),
-        ref_model=_frozen(ref_model_dir or base_model_dir),
-        args=config,
-        train_dataset=dataset,
-        processing_class=load_tokenizer(base_model_dir),
-    )
-    output, runtime = timed_train(trainer)
-    return summarize(
+    return train_with(
         algo,
-        trainer,
-        output,
+        trainer_cls,
+        config,
+        dataset,
+        base_model_dir=base_model_dir,
         output_dir=output_dir,
-        runtime_s=runtime,
-        tokens=0,
+        settings=settings,
         n_examples=n_examples,
+        on_metrics=on_metrics,
+        ref_model=_frozen(ref_model_dir or base_model_dir),
     )

@@ -12,19 +12,13 @@ episode is seen less often rather than with a scaled loss.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.settings import TrainingSettings
-from training.trainers.common import (
-    Algo,
-    TrainResult,
-    base_args,
-    load_model,
-    load_tokenizer,
-    module,
-    summarize,
-    timed_train,
-)
+from training.trainers.common import Algo, TrainResult, base_args, module, train_with
+
+if TYPE_CHECKING:
+    from training.callbacks import MetricsCallback
 
 __all__ = ["run_sft", "sft_config"]
 
@@ -73,6 +67,7 @@ def run_sft(
     base_model_dir: Path,
     output_dir: Path,
     settings: TrainingSettings,
+    on_metrics: MetricsCallback | None = None,
 ) -> TrainResult:
     """Train on `rows` (`messages` or `text` column, optional `weight`); save to `output_dir`.
 
@@ -90,23 +85,16 @@ def run_sft(
     weights = [max(float(r.get("weight", 1.0) or 0.0), 0.0) for r in rows]
     if not any(weights):
         raise TrainerError("every row of the SFT dataset has weight 0")
-    dataset = Dataset.from_list([{column: r[column]} for r in rows])
-    tokenizer = load_tokenizer(base_model_dir)
-    trainer = _weighted_trainer_class()(
-        model=load_model(base_model_dir),
-        args=sft_config(settings, output_dir, conversational=conversational),
-        train_dataset=dataset,
-        processing_class=tokenizer,
+    return train_with(
+        Algo.SFT,
+        _weighted_trainer_class(),
+        sft_config(settings, output_dir, conversational=conversational),
+        Dataset.from_list([{column: r[column]} for r in rows]),
+        base_model_dir=base_model_dir,
+        output_dir=output_dir,
+        settings=settings,
+        n_examples=len(rows),
+        on_metrics=on_metrics,
         sample_weights=weights,
         seed=settings.seed,
-    )
-    output, runtime = timed_train(trainer)
-    return summarize(
-        Algo.SFT,
-        trainer,
-        output,
-        output_dir=output_dir,
-        runtime_s=runtime,
-        tokens=0,
-        n_examples=len(rows),
     )

@@ -1,0 +1,162 @@
+"""TRL trainer callbacks: the wall-time budget, the metrics hook, thread tuning; the LR schedule.
+
+Imports transformers at module level: import this module only where a trainer is built
+(`training.trainers.common` does so lazily).
+
+- `WallTimeStop` ends training at the first optimizer-step boundary past
+  `TrainingSettings.max_time_s` (measured from the first step, so model loading and
+  dataset preparation do not count) and owns the clock the time-based schedule reads.
+- `MetricsHook` routes every TRL log event (loss, learning rate, grad norm, tokens/s, …)
+  to the caller's `on_metrics(step, max_steps, logs)` and to `logging`: never to stdout,
+  which is where transformers' `PrinterCallback` would print the dicts.
+- `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
+- `lr_factor` is the warm-up + decay shape; `lr_lambda` turns it into a `LambdaLR`
+  function over steps, or over elapsed time when a wall-time budget is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from transformers import TrainerCallback
+
+from training.threads import ThreadTuner
+
+__all__ = [
+    "MetricsCallback",
+    "MetricsHook",
+    "ThreadCallback",
+    "WallTimeStop",
+    "lr_factor",
+    "lr_lambda",
+]
+
+logger = logging.getLogger("epiflow.training")
+
+
+class MetricsCallback(Protocol):
+    """`on_metrics(step, max_steps, logs)`: called on every TRL log event.
+
+    `max_steps` is the planned number of optimizer steps; under a wall-time budget it is
+    the current estimate of the steps that fit (it moves as the speed does).
+    """
+
+    def __call__(self, step: int, max_steps: int, logs: dict[str, float]) -> None: ...
+
+
+class WallTimeStop(TrainerCallback):
+    """Stops training at the first step boundary past `max_time_s` seconds of training."""
+
+    def __init__(self, max_time_s: float) -> None:
+        self.max_time_s = max_time_s
+        self.started: float | None = None
+        self.stopped_early = False
+        """True when the budget, not the step count, ended training."""
+
+    def fraction(self) -> float:
+        """Elapsed share of the budget in [0, 1] (0 before the first step)."""
+        if self.started is None:
+            return 0.0
+        return min(1.0, (time.perf_counter() - self.started) / self.max_time_s)
+
+    def estimated_steps(self, step: int) -> int:
+        """Steps the budget holds at the speed so far."""
+        frac = self.fraction()
+        return max(step, round(step / frac)) if frac > 0 and step > 0 else step
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.started = time.perf_counter()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.fraction() >= 1.0:
+            self.stopped_early = True
+            control.should_training_stop = True
+        return control
+
+
+class MetricsHook(TrainerCallback):
+    """Every log event to `on_metrics` (numeric values only) and to the `epiflow.training` logger."""
+
+    def __init__(
+        self, on_metrics: MetricsCallback | None, *, budget: WallTimeStop | None = None
+    ) -> None:
+        self.on_metrics = on_metrics
+        self.budget = budget
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        numeric = {
+            k: float(v)
+            for k, v in (logs or {}).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        step = int(state.global_step)
+        planned = int(state.max_steps)
+        if self.budget is not None:
+            planned = self.budget.estimated_steps(step)
+        logger.info("step %d/%d %s", step, planned, numeric)
+        if self.on_metrics is not None:
+            self.on_metrics(step, planned, numeric)
+        return control
+
+
+class ThreadCallback(TrainerCallback):
+    """Re-chooses the thread count between steps (`training.threads.ThreadTuner`)."""
+
+    def __init__(self, tuner: ThreadTuner) -> None:
+        self.tuner = tuner
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.tuner.maybe_retune()
+        return control
+
+
+def lr_factor(progress: float, *, warmup: float, kind: str, min_ratio: float) -> float:
+    """Learning-rate multiplier at `progress` ∈ [0, 1] of training.
+
+    Linear warm-up over the first `warmup` share, then `constant`, `linear` or `cosine`
+    decay from 1 to `min_ratio` at the end.
+    """
+    progress = min(1.0, max(0.0, progress))
+    if warmup > 0 and progress < warmup:
+        return progress / warmup
+    if kind == "constant":
+        return 1.0
+    rest = (progress - warmup) / (1.0 - warmup) if warmup < 1 else 1.0
+    shape = 1.0 - rest if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * rest))
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
+def lr_lambda(
+    *,
+    total_steps: int,
+    warmup: float,
+    kind: str,
+    min_ratio: float,
+    budget: WallTimeStop | None = None,
+    step_limited: bool = True,
+) -> Callable[[int], float]:
+    """The `LambdaLR` function over training progress.
+
+    Progress is step / `total_steps`; under a wall-time `budget` it is the budget's elapsed
+    share, or whichever is further along when a step limit (`step_limited`) applies too,
+    so the decay ends at whichever limit ends training.
+    """
+
+    def factor(step: int) -> float:
+        by_steps = step / total_steps if total_steps > 0 else 1.0
+        if budget is None:
+            progress = by_steps
+        elif step_limited:
+            progress = max(by_steps, budget.fraction())
+        else:
+            progress = budget.fraction()
+        return lr_factor(progress, warmup=warmup, kind=kind, min_ratio=min_ratio)
+
+    return factor
