@@ -1,45 +1,53 @@
 """Benchmark: the whole loop on CPU, from a freshly initialised model to a measured checkpoint.
 
-    python bench/loop.py --json [--budget-s 1200] [--train-tasks 250] [--noisy-tasks 40]
-                                [--heldout 10] [--hidden 128] [--layers 4] [--batch 4]
-                                [--lr 3e-3] [--max-steps N] [--templates csv_to_json dir_tree]
+    python bench/loop.py --json [--recipe loop] [--budget-s 1200] [--iterations 1]
+                                [--train-tasks N] [--noisy-tasks N] [--heldout N]
+                                [--curve-every-s S] [--dump PATH] [--keep] [--quiet]
 
-1. Collect (no Prefect, `collection.runner`): `scripted:oracle` episodes on `--train-tasks`
-   training instances per template and `scripted:noisy` episodes on `--noisy-tasks`
-   instances per template, in real nsjail sandboxes, persisted to SQLite and a local
-   object directory.
+Everything not given on the command line comes from the recipe (`training.recipes`,
+default `loop`): templates, oracle and noisy instances per template, the model shape, the
+compact prompt, the optimiser and schedule, the evaluation limits.
+
+1. Collect (no Prefect, `collection.runner.collect_in_process`): `scripted:oracle` on the
+   recipe's training instances per template and `scripted:noisy` on its noisy ones, in
+   real nsjail sandboxes, persisted to SQLite and a local object directory.
 2. Gate: each collection run through `expectations.gate.run_gate` (rule judge, polars
-   features, both GX suites) with its verdicts written by `storage.qc.write_qc_run`.
-3. Snapshot: the episodes each gate admitted (`--verdicts`, default keep and downweight)
-   become one SFT snapshot (`training.builders.build_rows` → `training.snapshots.write_snapshot`):
-   verified, non-discarded episodes, weighted by their quality score.
-4. Base model: a BPE tokenizer trained on the protocol corpus of the training instances
-   and the collected episodes, a Qwen2 from a config with random weights
+   features, both GX suites), verdicts written by `storage.qc.write_qc_run`.
+3. Snapshot: the episodes the gates admitted become one SFT snapshot in the recipe's
+   prompt style (`training.builders.build_rows` → `training.snapshots.write_snapshot`).
+4. Base model: a tokenizer trained on the protocol corpus of the training instances and
+   the collected episodes, a model with random weights from the recipe's shape
    (`training.pipeline.prepare_base_model`), registered as a checkpoint.
-5. Train: `training.pipeline.train_checkpoint(algo="sft")` (TRL, assistant-only loss,
-   weighted sampling). `train_s` is its wall time (fetching the base, training, storing
-   the checkpoint); `trainer_s` is `trainer.train()` alone.
-   Without `--max-steps`, the step count is what `--budget-s` leaves after everything
-   else: a `--calibrate-steps` run of the same trainer on the same snapshot measures
-   seconds per step, and `--eval-reserve-s` per held-out episode is kept for evaluation.
-   Load that rises after the calibration makes the run overshoot (training cannot be
-   stopped on time from outside `training/`); `total_s` and `load_avg` show it.
-6. Evaluate the base and the trained checkpoint (fetched back from the registry) on
-   `--heldout` held-out instances per template (`suite.heldout_instances`, seeds disjoint
-   from every training seed) with the `hf:` policy (greedy) in real sandboxes. The base
-   (random weights: `max_new_tokens` of noise every turn, the slowest episodes of the
-   run) is measured on the first `--base-heldout` of them per template.
-   `--dump PATH` appends every evaluated trajectory as JSONL, to see what the model wrote.
+5. Base evaluation: the base model on the first `--base-heldout` held-out instances per
+   template (random weights write `max_new_tokens` of noise every turn: the slowest
+   episodes of the run, and always 0).
+6. Train: `training.pipeline.train_checkpoint(algo="sft")` with the recipe's settings and
+   `max_time_s` = what the budget leaves after the reserve for evaluation and saving
+   (`training.callbacks.WallTimeStop` stops at that second; the schedule decays by time).
+7. Evaluate the registered checkpoint on `--heldout` held-out instances per template
+   (`suite.heldout_instances`: seeds disjoint from every training seed), greedy `hf:`
+   policy, real sandboxes: completion overall and per template, and the turn rates
+   against the reference solutions (`training.evaluation`).
+8. With `--iterations N > 1`, expert iteration (rejection-sampling fine-tuning): collect
+   with the last checkpoint as the policy (`hf:`) on fresh training instances, gate, add
+   its verified successes to the snapshot, train on from the last checkpoint for the
+   iteration's time share, evaluate again. Completion is reported after every iteration.
 
-Target (issue 8): `trained_completion_rate` ≥ 0.5 where `base_completion_rate` is 0, the
-whole run within 20 minutes on the 2-core CI machine. `load_avg` is the 1-minute load
-average at the start and the end (the machine is shared; figures scale with it).
+`--curve-every-s S` also saves the model every S seconds of training and evaluates each
+save afterwards (completion against training minutes; outside the budget, `curve_s`).
+
+Target (issue 15): `trained_completion_rate` ≥ 0.5 where `base_completion_rate` is 0, the
+whole run within `--budget-s` (20 minutes) on the 2-core machine. `load_avg` is the
+1-minute load average at the start and the end (the machine is shared); `cpu_share` is
+the CPU time training got per wall second. stdout carries only the JSON (or `key: value`
+lines without `--json`); progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -53,18 +61,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SAVE_RESERVE_S = 20.0
+SAVE_RESERVE_S = 25.0
 """Seconds kept for storing the checkpoint and fetching it back (registry round-trip)."""
-
-DEFAULT_TEMPLATES = ("csv_to_json", "dir_tree")
-"""The difficulty-1 templates: two-call reference solutions."""
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _log(quiet: bool, message: str) -> None:
@@ -73,41 +71,29 @@ def _log(quiet: bool, message: str) -> None:
 
 
 def _collect(
-    engine: Any, store: Any, *, run_key: str, policy: str, tasks: int, templates: list[str]
+    engine: Any,
+    store: Any,
+    *,
+    run_key: str,
+    policy: str,
+    tasks: int,
+    templates: list[str],
+    seed: int = 0,
+    concurrency: int = 8,
 ) -> uuid.UUID:
-    """One collection run (oracle or noisy) on `tasks` training instances per template."""
-    from agent.settings import LoopSettings
-    from collection.runner import (
-        CollectRequest,
-        make_run_policy,
-        open_run,
-        pending,
-        plan_episodes,
-        run_and_persist,
-        task_instances,
-    )
+    """One collection run on `tasks` training instances per template (from instance `seed`)."""
+    from collection.runner import CollectRequest, collect_in_process
 
     request = CollectRequest(
         run_key=run_key,
         policy=policy,
         tasks=tasks,
         rollouts=1,
-        concurrency=8,
+        concurrency=concurrency,
         templates=templates,
+        seed=seed,
     )
-    run_id = open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy(policy),
-        )
-    )
-    return run_id
+    return asyncio.run(collect_in_process(request, engine=engine, store=store))
 
 
 def _gate(
@@ -139,8 +125,7 @@ def _gate(
 def _evaluate(
     model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Greedy `hf:` episodes on the held-out tasks; the three metrics plus per-template rates."""
-    from agent.trajectory import EpisodeStatus
+    """Greedy `hf:` episodes on the held-out tasks: completion, per template, turn rates."""
     from training.evaluation import evaluation_metrics, run_model_episodes
 
     started = time.perf_counter()
@@ -153,23 +138,50 @@ def _evaluate(
             max_new_tokens=args.max_new_tokens,
         )
     )
-    metrics = evaluation_metrics(trajectories)
+    metrics = evaluation_metrics(trajectories, tasks)
     if args.dump is not None:
         with args.dump.open("a", encoding="utf-8") as out:
             for t in trajectories:
                 out.write(t.model_dump_json() + "\n")
-    by_template: dict[str, list[bool]] = {}
-    for t in trajectories:
-        by_template.setdefault(t.template, []).append(t.status == EpisodeStatus.SUCCESS)
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
     return {
         "completion_rate": round(metrics.completion_rate, 3),
+        "by_template": {k: round(v, 3) for k, v in metrics.by_template.items()},
         "avg_steps": round(metrics.avg_steps, 2),
         "tool_failure_rate": round(metrics.tool_failure_rate, 3),
-        "by_template": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_template.items())},
+        "parse_error_rate": r(metrics.parse_error_rate),
+        "wrong_tool_rate": r(metrics.wrong_tool_rate),
+        "wrong_content_rate": r(metrics.wrong_content_rate),
+        "premature_final_rate": r(metrics.premature_final_rate),
+        "exact_call_rate": r(metrics.exact_call_rate),
         "statuses": dict(Counter(t.status.value for t in trajectories)),
+        "episodes": len(trajectories),
         "eval_s": round(time.perf_counter() - started, 1),
-        "sample_first_turn": trajectories[0].steps[0].raw_output[:300] if trajectories else "",
+        "sample_first_turn": trajectories[0].steps[0].raw_output[:300]
+        if trajectories and trajectories[0].steps
+        else "",
     }
+
+
+class _Curve:
+    """Saves the model every `every_s` seconds of training (for the completion curve)."""
+
+    def __init__(self, every_s: float | None) -> None:
+        self.every_s = every_s
+        self.losses: list[dict[str, float]] = []
+        self._started: float | None = None
+
+    def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
+        if "loss" in logs:
+            self.losses.append(
+                {"step": step, "s": round(now - self._started, 1), "loss": round(logs["loss"], 4)}
+            )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,19 +194,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.base_model import protocol_corpus
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
+    from training.recipes import get_recipe
     from training.registry import fetch_checkpoint
-    from training.settings import TrainingSettings
-    from training.snapshots import read_snapshot, select_episodes, write_snapshot
-    from training.trainers import run_training
+    from training.snapshots import select_episodes, write_snapshot
 
     quiet = args.quiet
-    if args.keep:
-        _log(quiet, "work directory kept")
-    templates = list(args.templates)
+    recipe = get_recipe(args.recipe)
+    settings = recipe.training_settings()
+    overrides = {
+        k: v
+        for k, v in {
+            "seed": args.seed,
+            "sft_learning_rate": args.lr,
+            "batch_size": args.batch,
+            "hidden_size": args.hidden,
+            "intermediate_size": args.hidden * 4 if args.hidden else None,
+            "num_layers": args.layers,
+            "save_every_s": args.curve_every_s,
+        }.items()
+        if v is not None
+    }
+    settings = settings.model_copy(update=overrides)
+    templates = list(args.templates or recipe.templates)
+    train_tasks = args.train_tasks if args.train_tasks is not None else recipe.oracle_tasks
+    noisy_tasks = args.noisy_tasks if args.noisy_tasks is not None else recipe.noisy_tasks
+    heldout_n = args.heldout if args.heldout is not None else recipe.heldout
+    args.eval_max_steps = args.eval_max_steps or recipe.eval_max_steps
+    args.max_new_tokens = args.max_new_tokens or recipe.eval_max_new_tokens
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-loop-"))
-    _log(quiet, f"work directory {work}")
+    _log(quiet, f"recipe {recipe.name}, work directory {work}")
+    iterations: list[dict[str, Any]] = []
     try:
         engine = make_engine(DatabaseSettings(url=f"sqlite:///{work / 'loop.db'}"))
         upgrade(engine)
@@ -203,23 +234,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # 1. collect
         started = time.perf_counter()
-        oracle_run = _collect(
-            engine,
-            store,
-            run_key="loop-oracle",
-            policy="scripted:oracle",
-            tasks=args.train_tasks,
-            templates=templates,
-        )
-        noisy_run = None
-        if args.noisy_tasks > 0:
-            noisy_run = _collect(
+        runs = {
+            "oracle": _collect(
+                engine,
+                store,
+                run_key="loop-oracle",
+                policy="scripted:oracle",
+                tasks=train_tasks,
+                templates=templates,
+            )
+        }
+        if noisy_tasks > 0:
+            # Other instances than the oracle's (same seeds would repeat its tasks).
+            runs["noisy"] = _collect(
                 engine,
                 store,
                 run_key="loop-noisy",
-                policy=args.noisy_policy,
-                tasks=args.noisy_tasks,
+                policy=recipe.noisy_policy,
+                tasks=noisy_tasks,
                 templates=templates,
+                seed=train_tasks,
             )
         collect_s = time.perf_counter() - started
         _log(quiet, f"collected in {collect_s:.1f}s")
@@ -227,57 +261,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # 2. gate every run
         started = time.perf_counter()
         config = QcConfig.from_env()
-        runs = [r for r in (oracle_run, noisy_run) if r is not None]
-        gates = {r: _gate(engine, store, r, config) for r in runs}
+        gates = {name: _gate(engine, store, r, config) for name, r in runs.items()}
         gate_s = time.perf_counter() - started
         _log(quiet, f"gated in {gate_s:.1f}s: {[g[1] for g in gates.values()]}")
 
         # 3. one SFT snapshot from what the gates admitted
         verdicts = tuple(args.verdicts)
         by_run = {
-            r: select_episodes(engine, store, run_ids=[r], qc_run_id=q, verdicts=verdicts)
-            for r, (q, _) in gates.items()
+            name: select_episodes(
+                engine, store, run_ids=[runs[name]], qc_run_id=gates[name][0], verdicts=verdicts
+            )
+            for name in runs
         }
         sources = [s for episodes in by_run.values() for s in episodes]
-        built = build_rows(DatasetKind.SFT, sources)
-        rows_per_run = {r: len(build_rows(DatasetKind.SFT, e).rows) for r, e in by_run.items()}
-        snapshot = write_snapshot(
-            engine,
-            store,
-            kind=DatasetKind.SFT,
-            built=built,
-            filter_={
-                "run_ids": sorted(str(r) for r in runs),
-                "qc_run_ids": sorted(str(g[0]) for g in gates.values()),
+        style = settings.prompt_style
+        built = build_rows(DatasetKind.SFT, sources, prompt_style=style)
+        rows_per_run = {
+            name: len(build_rows(DatasetKind.SFT, e, prompt_style=style).rows)
+            for name, e in by_run.items()
+        }
+
+        def filter_for(run_names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "run_ids": sorted(str(runs[n]) for n in run_names),
+                "qc_run_ids": sorted(str(gates[n][0]) for n in run_names),
                 "verdicts": sorted(verdicts),
                 "templates": sorted(templates),
-            },
+                "prompt_style": style.value,
+                **extra,
+            }
+
+        snapshot = write_snapshot(
+            engine, store, kind=DatasetKind.SFT, built=built, filter_=filter_for(list(runs), {})
         )
         _log(quiet, f"snapshot: {snapshot.n_rows} rows, weight {snapshot.weight_sum:.1f}")
 
         # 4. base model from scratch
-        settings = TrainingSettings(
-            seed=args.seed,
-            vocab_size=args.vocab,
-            hidden_size=args.hidden,
-            intermediate_size=args.hidden * 4,
-            num_layers=args.layers,
-            num_heads=args.heads,
-            num_kv_heads=args.kv_heads,
-            max_length=args.max_length,
-            # Room for an untrained model's eval episodes: max_steps turns of max_new_tokens
-            # noise plus errors pass 2048 tokens (RoPE: no extra weights).
-            max_position_embeddings=max(4096, args.max_length),
-            sft_learning_rate=args.lr,
-            epochs=args.epochs,
-            max_steps=args.max_steps if args.max_steps is not None else 1,
-            batch_size=args.batch,
-            warmup_ratio=args.warmup,
-            logging_steps=10,
-        )
         suite = load_suite("builtin")
-        train_tasks = suite.instances(args.train_tasks, templates=templates)
-        corpus = protocol_corpus(train_tasks, [s.trajectory for s in sources])
+        corpus = protocol_corpus(
+            suite.instances(train_tasks, templates=templates),
+            [s.trajectory for s in sources],
+            prompt_style=style,
+        )
         started = time.perf_counter()
         base_id = prepare_base_model(
             engine, store, work_dir=work / "base-build", corpus=corpus, settings=settings
@@ -285,9 +310,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base_dir = fetch_checkpoint(engine, store, base_id, work / "base-eval-model")
         base_build_s = time.perf_counter() - started
 
-        heldout = suite.heldout_instances(args.heldout, templates=templates)
-        # A random model writes max_new_tokens of noise on every turn, so its episodes are
-        # the slowest of the run; a few held-out instances per template show it at 0.
+        # 5. the base on a few held-out instances
+        heldout = suite.heldout_instances(heldout_n, templates=templates)
         base_tasks = [
             t
             for name in templates
@@ -296,150 +320,258 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base_eval = _evaluate(base_dir, base_tasks, run_key="loop-eval-base", args=args)
         _log(quiet, f"base eval: {base_eval}")
 
-        # 5. train: as many optimizer steps as the time budget leaves, measured on a short
-        # run over the same snapshot (the shared machine's speed varies several-fold).
-        calibrate_s, s_per_step = 0.0, None
-        if args.max_steps is None:
+        # 6-8. train (and iterate) within the budget
+        eval_reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
+        n_iter = max(1, args.iterations)
+        parent_id, snapshot_rows, curve = base_id, built.rows, _Curve(args.curve_every_s)
+        trained_dir = base_dir
+        train_s_total, result = 0.0, None
+        for it in range(1, n_iter + 1):
+            if it > 1:
+                # Expert iteration: the checkpoint collects on fresh instances; its verified
+                # successes join the snapshot.
+                started = time.perf_counter()
+                run_name = f"iter{it}"
+                runs[run_name] = _collect(
+                    engine,
+                    store,
+                    run_key=f"loop-{run_name}",
+                    policy=f"hf:{trained_dir}",
+                    tasks=args.iteration_tasks,
+                    templates=templates,
+                    seed=train_tasks + noisy_tasks + (it - 2) * args.iteration_tasks,
+                    concurrency=2,
+                )
+                gates[run_name] = _gate(engine, store, runs[run_name], config)
+                mine = select_episodes(
+                    engine,
+                    store,
+                    run_ids=[runs[run_name]],
+                    qc_run_id=gates[run_name][0],
+                    verdicts=verdicts,
+                )
+                own = build_rows(DatasetKind.SFT, mine, prompt_style=style)
+                rows_per_run[run_name] = len(own.rows)
+                snapshot_rows = snapshot_rows + own.rows
+                built = built.model_copy(
+                    update={"rows": snapshot_rows, "lineage": built.lineage + own.lineage}
+                )
+                snapshot = write_snapshot(
+                    engine,
+                    store,
+                    kind=DatasetKind.SFT,
+                    built=built,
+                    filter_=filter_for(list(runs), {"iteration": it}),
+                )
+                iterations[-1]["next_collect_s"] = round(time.perf_counter() - started, 1)
+                iterations[-1]["own_successes"] = len(own.rows)
+            elapsed = time.perf_counter() - t0
+            left = args.budget_s - elapsed - eval_reserve * (n_iter - it + 1)
+            left -= args.iteration_reserve_s * (n_iter - it)
+            share = left / (n_iter - it + 1) if it < n_iter else left
+            if it == 1 and n_iter > 1:
+                share = left * args.first_share
+            max_time = max(30.0, share)
+            _log(quiet, f"iteration {it}: training for {max_time:.0f}s")
             started = time.perf_counter()
-            probe = run_training(
-                "sft",
-                dataset=read_snapshot(store, snapshot),
-                base_model_dir=base_dir,
-                output_dir=work / "calibrate",
-                settings=settings.model_copy(update={"max_steps": args.calibrate_steps}),
+            outcome = train_checkpoint(
+                engine,
+                store,
+                algo="sft",
+                dataset_id=snapshot.id,
+                work_dir=work / f"train{it}",
+                settings=settings.model_copy(update={"max_time_s": max_time}),
+                base_checkpoint_id=parent_id,
+                on_metrics=curve.on_metrics,
             )
-            s_per_step = probe.runtime_s / max(probe.steps, 1)
-            calibrate_s = time.perf_counter() - started
-            reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
-            left = args.budget_s - (time.perf_counter() - t0) - reserve
-            settings = settings.model_copy(update={"max_steps": max(1, int(left / s_per_step))})
-            _log(quiet, f"{s_per_step:.2f}s/step: {settings.max_steps} steps fit the budget")
-        started = time.perf_counter()
-        outcome = train_checkpoint(
-            engine,
-            store,
-            algo="sft",
-            dataset_id=snapshot.id,
-            work_dir=work / "train",
-            settings=settings,
-            base_checkpoint_id=base_id,
-        )
-        train_s = time.perf_counter() - started
-        result = outcome.result
-        _log(quiet, f"trained in {train_s:.1f}s: steps {result.steps}, loss {result.train_loss}")
+            train_s = time.perf_counter() - started
+            train_s_total += train_s
+            result = outcome.result
+            _log(
+                quiet, f"trained in {train_s:.1f}s: {result.steps} steps, loss {result.train_loss}"
+            )
+            trained_dir = fetch_checkpoint(
+                engine, store, outcome.checkpoint_id, work / f"trained-model-{it}"
+            )
+            evaluation = _evaluate(trained_dir, heldout, run_key=f"loop-eval-{it}", args=args)
+            _log(quiet, f"iteration {it} eval: {evaluation}")
+            iterations.append(
+                {
+                    "iteration": it,
+                    "completion_rate": evaluation["completion_rate"],
+                    "by_template": evaluation["by_template"],
+                    "train_s": round(train_s, 1),
+                    "steps": result.steps,
+                    "snapshot_rows": len(snapshot_rows),
+                    "eval": evaluation,
+                }
+            )
+            parent_id = outcome.checkpoint_id
+        total_s = time.perf_counter() - t0
 
-        # 6. evaluate the registered checkpoint
-        trained_dir = fetch_checkpoint(engine, store, outcome.checkpoint_id, work / "trained-model")
-        trained_eval = _evaluate(trained_dir, heldout, run_key="loop-eval-trained", args=args)
-        _log(quiet, f"trained eval: {trained_eval}")
+        curve_points: list[dict[str, Any]] = []
+        curve_s = 0.0
+        if args.curve_every_s and result is not None:
+            started = time.perf_counter()
+            curve_points = _evaluate_saves(work, heldout, args)
+            curve_s = time.perf_counter() - started
 
         from safetensors import safe_open
         from transformers import AutoConfig
 
         with safe_open(str(trained_dir / "model.safetensors"), framework="pt") as tensors:
-            n_params = sum(_numel(tensors.get_slice(k).get_shape()) for k in tensors.keys())  # noqa: SIM118
+            n_params = sum(
+                _numel(tensors.get_slice(k).get_shape())
+                for k in tensors.keys()  # noqa: SIM118
+            )
         config_hf = AutoConfig.from_pretrained(str(trained_dir), local_files_only=True)
         engine.dispose()
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    total_s = time.perf_counter() - t0
+    assert result is not None
+    final = iterations[-1]["eval"]
     return {
         "base_completion_rate": base_eval["completion_rate"],
-        "trained_completion_rate": trained_eval["completion_rate"],
-        "train_s": round(train_s, 1),
-        "episodes": len(built.rows),
-        "episodes_collected": {
-            "oracle": args.train_tasks * len(templates),
-            "noisy": args.noisy_tasks * len(templates),
-        },
-        "gate": {("oracle" if r == oracle_run else "noisy"): g[1] for r, g in gates.items()},
-        "sft_rows": {
-            ("oracle" if r == oracle_run else "noisy"): n for r, n in rows_per_run.items()
-        },
-        "sft_weight_sum": round(snapshot.weight_sum, 2),
+        "trained_completion_rate": final["completion_rate"],
+        "trained_by_template": final["by_template"],
+        "completion_by_iteration": [i["completion_rate"] for i in iterations],
+        "recipe": recipe.name,
+        "total_s": round(total_s, 1),
+        "budget_s": args.budget_s,
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "templates": templates,
         "heldout_instances": len(heldout),
         "base_heldout_instances": len(base_tasks),
-        "trained_by_template": trained_eval["by_template"],
-        "trained_avg_steps": trained_eval["avg_steps"],
-        "trained_tool_failure_rate": trained_eval["tool_failure_rate"],
-        "trained_statuses": trained_eval["statuses"],
-        "base_avg_steps": base_eval["avg_steps"],
-        "base_tool_failure_rate": base_eval["tool_failure_rate"],
+        "trained": {k: v for k, v in final.items() if k not in ("sample_first_turn",)},
+        "base": {k: v for k, v in base_eval.items() if k not in ("sample_first_turn",)},
+        "iterations": [
+            {k: v for k, v in i.items() if k != "eval"}
+            | {"turns": {k: i["eval"][k] for k in ("exact_call_rate", "wrong_content_rate")}}
+            for i in iterations
+        ],
+        "episodes_collected": {"oracle": train_tasks * len(templates)}
+        | ({"noisy": noisy_tasks * len(templates)} if noisy_tasks else {}),
+        "gate": {name: g[1] for name, g in gates.items()},
+        "sft_rows": rows_per_run,
         "model": {
-            "hidden": args.hidden,
-            "layers": args.layers,
-            "heads": args.heads,
+            "hidden": settings.hidden_size,
+            "layers": settings.num_layers,
+            "heads": settings.num_heads,
             "vocab": int(config_hf.vocab_size),
             "params": n_params,
+            "architecture": settings.architecture,
+            "tokenizer_split": settings.tokenizer_split,
+            "prompt_style": style.value,
         },
+        "lr": settings.sft_learning_rate,
+        "batch": settings.batch_size,
         "steps": result.steps,
-        "budget_s": args.budget_s if args.max_steps is None else None,
-        "calibrate_s": round(calibrate_s, 1),
-        "s_per_step_calibrated": round(s_per_step, 3) if s_per_step else None,
-        "batch": args.batch,
-        "lr": args.lr,
-        "train_loss": round(result.train_loss, 4) if result.train_loss is not None else None,
-        "final_loss": result.metrics.get("loss"),
+        "train_s": round(train_s_total, 1),
         "trainer_s": round(result.runtime_s, 1),
         "tokens": result.tokens,
         "tokens_per_s": round(result.tokens_per_s, 1),
+        "cpu_share": round(result.cpu_s / result.runtime_s, 2) if result.runtime_s else None,
+        "threads": result.threads,
+        "bf16": result.bf16,
+        "final_loss": result.metrics.get("loss"),
+        "loss_curve": curve.losses[:: max(1, len(curve.losses) // 20)],
+        "completion_curve": curve_points or None,
+        "curve_s": round(curve_s, 1) if curve_points else None,
         "collect_s": round(collect_s, 1),
         "gate_s": round(gate_s, 1),
         "base_build_s": round(base_build_s, 1),
         "base_eval_s": base_eval["eval_s"],
-        "trained_eval_s": trained_eval["eval_s"],
         "max_new_tokens": args.max_new_tokens,
         "eval_max_steps": args.eval_max_steps,
-        "total_s": round(total_s, 1),
-        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        "trained_sample_first_turn": trained_eval["sample_first_turn"],
+        "trained_sample_first_turn": final["sample_first_turn"],
     }
 
 
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _evaluate_saves(
+    work: Path, heldout: list[Any], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Completion of every time-based save of the first iteration's training."""
+    from training.artifact import CONFIG_FILE
+    from training.callbacks import ELAPSED_FILE
+
+    out = []
+    model_dir = work / "train1" / "model"
+    saves = sorted(model_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for save in saves:
+        # The save lacks the training config artifact; the final model has the same one.
+        shutil.copy(model_dir / CONFIG_FILE, save / CONFIG_FILE)
+        mark = json.loads((save / ELAPSED_FILE).read_text())
+        evaluation = _evaluate(save, heldout, run_key=f"loop-curve-{save.name}", args=args)
+        out.append(
+            {
+                "step": int(mark["step"]),
+                "train_minutes": round(float(mark["elapsed_s"]) / 60, 2),
+                "completion_rate": evaluation["completion_rate"],
+                "by_template": evaluation["by_template"],
+            }
+        )
+    return out
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES))
-    parser.add_argument(
-        "--train-tasks", type=int, default=250, help="oracle instances per template"
-    )
-    parser.add_argument("--noisy-tasks", type=int, default=40, help="noisy instances per template")
-    parser.add_argument("--noisy-policy", default="scripted:noisy")
+    parser.add_argument("--recipe", default="loop", help="training.recipes preset")
+    parser.add_argument("--templates", nargs="+", default=None)
+    parser.add_argument("--train-tasks", type=int, default=None, help="oracle instances/template")
+    parser.add_argument("--noisy-tasks", type=int, default=None, help="noisy instances/template")
     parser.add_argument("--verdicts", nargs="+", default=["keep", "downweight"])
-    parser.add_argument("--heldout", type=int, default=10, help="held-out instances per template")
+    parser.add_argument("--heldout", type=int, default=None, help="held-out instances/template")
     parser.add_argument(
-        "--base-heldout", type=int, default=2, help="held-out instances per template for the base"
-    )
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=float, default=0.05)
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="optimizer steps (default: fit --budget-s)"
+        "--base-heldout", type=int, default=2, help="held-out instances/template for the base"
     )
     parser.add_argument("--budget-s", type=float, default=1200.0, help="whole-run time budget")
-    parser.add_argument("--calibrate-steps", type=int, default=4)
     parser.add_argument(
-        "--eval-reserve-s", type=float, default=8.0, help="seconds kept per held-out episode"
+        "--eval-reserve-s", type=float, default=5.0, help="seconds kept per held-out episode"
     )
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--eval-max-steps", type=int, default=4)
+    parser.add_argument("--iterations", type=int, default=1, help="expert-iteration rounds")
+    parser.add_argument(
+        "--iteration-tasks", type=int, default=40, help="hf: instances/template per iteration"
+    )
+    parser.add_argument(
+        "--iteration-reserve-s",
+        type=float,
+        default=150.0,
+        help="seconds kept per later iteration for its hf: collection",
+    )
+    parser.add_argument(
+        "--first-share",
+        type=float,
+        default=0.7,
+        help="share of the training time the first iteration gets when iterating",
+    )
+    parser.add_argument(
+        "--curve-every-s", type=float, default=None, help="save and evaluate every S s"
+    )
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--eval-max-steps", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
         "--dump", type=Path, default=None, help="append the evaluated trajectories (JSONL) here"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args()
-    report = run(args)
+    # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run(args)
     if args.json:
         print(json.dumps(report))
     else:

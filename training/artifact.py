@@ -31,6 +31,7 @@ __all__ = [
     "TrainingConfigArtifact",
     "build_config_artifact",
     "check_deployment",
+    "load_artifact_file",
 ]
 
 CONFIG_FILE = TRAINING_CONFIG_FILE
@@ -136,6 +137,16 @@ def build_config_artifact(
         dataset_sha256=dataset_sha256,
         settings=settings.model_dump(mode="json"),
     )
+
+
+def load_artifact_file(model_dir: Path) -> TrainingConfigArtifact:
+    """The artifact stored in a checkpoint directory (`training_config.json`).
+
+    Raises:
+        OSError: the directory has no artifact.
+        ValueError: the file is not a valid artifact.
+    """
+    return TrainingConfigArtifact.model_validate_json((model_dir / CONFIG_FILE).read_bytes())
 
 
 def check_deployment(

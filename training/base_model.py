@@ -6,8 +6,10 @@ rendered tool calls, observations and finals. It carries the special tokens Qwen
 template needs and TRL's `qwen2_5.jinja` chat template, verbatim: TRL recognises that
 exact text and swaps in its `{% generation %}` twin for assistant-only loss.
 
-The model is a Qwen2 causal LM built from a config (random init, seeded). Any local HF
-directory (a real Qwen2.5, …) can be used instead wherever a base model path is taken.
+The model is a Qwen2 (or Qwen3) causal LM built from a config (random init, seeded). Any
+local HF directory (a real Qwen2.5, …) can be used instead wherever a base model path is
+taken. `TrainingSettings.tokenizer_split` picks the pre-tokenizer: Qwen2's, or `words`
+(every word one id wherever it stands; qwen3 models only, see `WORDS_PRETOKENIZE_REGEX`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 """Qwen2's pre-tokenization split (transformers `tokenization_qwen2.PRETOKENIZE_REGEX`)."""
+WORDS_PRETOKENIZE_REGEX = r"""\p{L}+|\p{N}|[^\s\p{L}\p{N}]+|\s+"""
+"""The `words` split: letter runs, single digits, punctuation runs, whitespace runs.
+
+Under Qwen2's split, `Lisbon` is one token after a quote (`"Lisbon` in JSON) and another
+after a comma (`,Lisbon` in CSV), and `guests` differs from ` guests`: copying a value
+from an observation meant learning a mapping per value. Here every word is one id
+wherever it stands."""
 
 
 def qwen_chat_template() -> str:
@@ -100,13 +109,17 @@ def build_tokenizer(corpus: Iterable[str], *, settings: TrainingSettings) -> Any
     if not texts:
         raise BaseModelError("the tokenizer corpus is empty: pass at least the system prompt")
     tokenizer = Tokenizer(models.BPE())
-    # The same normalizer and pre-tokenizer as transformers' Qwen2Tokenizer: AutoTokenizer
-    # rebuilds a qwen2 checkpoint's tokenizer with them, so training with anything else
-    # would make the saved merges disagree with how the text is split at load time.
+    # `qwen`: the same normalizer and pre-tokenizer as transformers' Qwen2Tokenizer:
+    # AutoTokenizer rebuilds a qwen2 checkpoint's tokenizer with them, so training with
+    # anything else would make the saved merges disagree with how the text is split at
+    # load time. `words` is only built for qwen3 models, whose tokenizer loads as saved.
+    split = (
+        QWEN2_PRETOKENIZE_REGEX if settings.tokenizer_split == "qwen" else WORDS_PRETOKENIZE_REGEX
+    )
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -145,13 +158,15 @@ def build_base_model(dest: Path, corpus: Iterable[str], *, settings: TrainingSet
     transformers = module("transformers")
 
     tokenizer = build_tokenizer(corpus, settings=settings)
-    config = transformers.Qwen2Config(
+    family = "Qwen3" if settings.architecture == "qwen3" else "Qwen2"
+    config = getattr(transformers, f"{family}Config")(
         vocab_size=len(tokenizer),
         hidden_size=settings.hidden_size,
         intermediate_size=settings.intermediate_size,
         num_hidden_layers=settings.num_layers,
         num_attention_heads=settings.num_heads,
         num_key_value_heads=settings.num_kv_heads,
+        head_dim=settings.hidden_size // settings.num_heads,
         max_position_embeddings=settings.max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -159,7 +174,7 @@ def build_base_model(dest: Path, corpus: Iterable[str], *, settings: TrainingSet
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(settings.seed)
-    model = transformers.Qwen2ForCausalLM(config)
+    model = getattr(transformers, f"{family}ForCausalLM")(config)
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -9,6 +9,8 @@ Imports transformers at module level: import this module only where a trainer is
 - `MetricsHook` routes every TRL log event (loss, learning rate, grad norm, tokens/s, …)
   to the caller's `on_metrics(step, max_steps, logs)` and to `logging`: never to stdout,
   which is where transformers' `PrinterCallback` would print the dicts.
+- `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
+  save, how long training had run.
 - `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
 - `lr_factor` is the warm-up + decay shape; `lr_lambda` turns it into a `LambdaLR`
   function over steps, or over elapsed time when a wall-time budget is set.
@@ -16,10 +18,12 @@ Imports transformers at module level: import this module only where a trainer is
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from transformers import TrainerCallback
@@ -27,15 +31,20 @@ from transformers import TrainerCallback
 from training.threads import ThreadTuner
 
 __all__ = [
+    "ELAPSED_FILE",
     "MetricsCallback",
     "MetricsHook",
     "ThreadCallback",
+    "TimedSaves",
     "WallTimeStop",
     "lr_factor",
     "lr_lambda",
 ]
 
 logger = logging.getLogger("epiflow.training")
+
+ELAPSED_FILE = "epiflow_elapsed.json"
+"""Written into every `checkpoint-<step>` save: `{"step": …, "elapsed_s": …}`."""
 
 
 class MetricsCallback(Protocol):
@@ -103,6 +112,36 @@ class MetricsHook(TrainerCallback):
         logger.info("step %d/%d %s", step, planned, numeric)
         if self.on_metrics is not None:
             self.on_metrics(step, planned, numeric)
+        return control
+
+
+class TimedSaves(TrainerCallback):
+    """Saves a checkpoint every `every_s` seconds of training, recording the elapsed time."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.started: float | None = None
+        self._next = every_s
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.started = time.perf_counter()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.started is not None and time.perf_counter() - self.started >= self._next:
+            control.should_save = True
+            self._next += self.every_s
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.started is None:
+            return control
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            elapsed = time.perf_counter() - self.started
+            (folder / ELAPSED_FILE).write_text(
+                json.dumps({"step": int(state.global_step), "elapsed_s": round(elapsed, 2)})
+            )
         return control
 
 

@@ -56,6 +56,10 @@ class TrainingSettings(BaseSettings):
     save_steps: int | None = Field(default=None, ge=1)
     """Save an intermediate checkpoint (`checkpoint-<step>` under the output directory)
     every N optimizer steps; None saves only the final model."""
+    save_every_s: float | None = Field(default=None, gt=0)
+    """Also save one every N seconds of training (`training.callbacks.TimedSaves`; each
+    save records its elapsed seconds in `epiflow_elapsed.json`): completion against
+    training minutes."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
@@ -101,6 +105,15 @@ class TrainingSettings(BaseSettings):
     """KTO weight of undesirable (failed) examples."""
 
     # the locally built base model (training.base_model)
+    architecture: Literal["qwen2", "qwen3"] = "qwen2"
+    """Decoder family of the locally built model: `qwen2` (QKV bias) or `qwen3` (QK-norm).
+    A `words` tokenizer needs `qwen3`: transformers rebuilds a qwen2 checkpoint's tokenizer
+    with Qwen2's own pre-tokenizer on load, which would split text differently from training."""
+    tokenizer_split: Literal["qwen", "words"] = "qwen"
+    """Pre-tokenizer of the locally trained BPE. `qwen`: Qwen2's (a leading space or one
+    punctuation mark sticks to the word that follows). `words`: letters, single digits,
+    punctuation runs and whitespace runs always apart, so a word is the same token wherever
+    it stands and copying it from the prompt or an observation is copying one id."""
     vocab_size: int = Field(default=2048, ge=300)
     """Target vocabulary of the locally trained BPE tokenizer (specials included)."""
     hidden_size: int = Field(default=64, ge=8)
@@ -131,6 +144,11 @@ class TrainingSettings(BaseSettings):
             raise ValueError(
                 f"num_heads must be a multiple of num_kv_heads, got {self.num_heads} and "
                 f"{self.num_kv_heads}"
+            )
+        if self.tokenizer_split == "words" and self.architecture == "qwen2":
+            raise ValueError(
+                "tokenizer_split 'words' needs architecture 'qwen3' (transformers reloads a "
+                "qwen2 checkpoint's tokenizer with Qwen2's own pre-tokenizer)"
             )
         if self.max_length > self.max_position_embeddings:
             raise ValueError(

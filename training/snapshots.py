@@ -230,7 +230,7 @@ def build_snapshot(
     *,
     kind: DatasetKind | str,
     run_ids: Sequence[uuid.UUID] | None = None,
-    qc_run_id: uuid.UUID | None = None,
+    qc_run_id: uuid.UUID | Sequence[uuid.UUID] | None = None,
     verdicts: Sequence[str] = _USABLE_VERDICTS,
     templates: Sequence[str] | None = None,
     pair_by: str = "task",
@@ -240,8 +240,10 @@ def build_snapshot(
 
     Args:
         kind: sft, dpo, kto, grpo, distill or cpt.
-        run_ids: collection runs to draw from (default: the QC run's, else every run).
-        qc_run_id: gate run whose verdicts and quality scores to use.
+        run_ids: collection runs to draw from (default: the QC runs', else every run).
+        qc_run_id: gate run whose verdicts and quality scores to use, or several (e.g. an
+            oracle and a noisy collection gated separately): each admits episodes of the
+            run it gated.
         verdicts: verdicts admitted (with `qc_run_id`).
         templates: restrict to these task templates.
         pair_by: DPO grouping, `task` (same instance) or `template`.
@@ -258,15 +260,38 @@ def build_snapshot(
         raise SnapshotError(f"unknown dataset kind {kind!r}") from e
     if pair_by not in ("task", "template"):
         raise SnapshotError(f"pair_by must be 'task' or 'template', got {pair_by!r}")
-    episodes = select_episodes(
-        engine, store, run_ids=run_ids, qc_run_id=qc_run_id, verdicts=verdicts, templates=templates
+    qc_runs = (
+        []
+        if qc_run_id is None
+        else [qc_run_id]
+        if isinstance(qc_run_id, uuid.UUID)
+        else list(qc_run_id)
     )
+    if len(qc_runs) <= 1:
+        episodes = select_episodes(
+            engine,
+            store,
+            run_ids=run_ids,
+            qc_run_id=qc_runs[0] if qc_runs else None,
+            verdicts=verdicts,
+            templates=templates,
+        )
+    else:
+        episodes = [
+            e
+            for q in qc_runs
+            for e in select_episodes(
+                engine, store, run_ids=run_ids, qc_run_id=q, verdicts=verdicts, templates=templates
+            )
+        ]
     filter_: dict[str, Any] = {
         "run_ids": sorted(str(r) for r in run_ids) if run_ids else None,
-        "qc_run_id": str(qc_run_id) if qc_run_id else None,
-        "verdicts": sorted(verdicts) if qc_run_id else None,
+        "qc_run_id": str(qc_runs[0]) if len(qc_runs) == 1 else None,
+        "verdicts": sorted(verdicts) if qc_runs else None,
         "templates": sorted(templates) if templates else None,
     }
+    if len(qc_runs) > 1:
+        filter_["qc_run_ids"] = sorted(str(q) for q in qc_runs)
     if chosen == DatasetKind.DPO:
         filter_["pair_by"] = pair_by
     style = PromptStyle(prompt_style)
@@ -275,7 +300,12 @@ def build_snapshot(
         filter_["prompt_style"] = style.value
     built = build_rows(chosen, episodes, pair_by=pair_by, prompt_style=style)
     return write_snapshot(
-        engine, store, kind=chosen, built=built, filter_=filter_, qc_run_id=qc_run_id
+        engine,
+        store,
+        kind=chosen,
+        built=built,
+        filter_=filter_,
+        qc_run_id=qc_runs[0] if len(qc_runs) == 1 else None,
     )
 
 

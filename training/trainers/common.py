@@ -304,6 +304,7 @@ def train_with(
     from training.callbacks import (
         MetricsHook,
         ThreadCallback,
+        TimedSaves,
         WallTimeStop,
         lr_lambda,
     )
@@ -340,6 +341,8 @@ def train_with(
     trainer.add_callback(ThreadCallback(tuner))
     if budget is not None:
         trainer.add_callback(budget)
+    if settings.save_every_s is not None:
+        trainer.add_callback(TimedSaves(settings.save_every_s))
     if prepare is not None:
         prepare(trainer)
     tuner.start()
