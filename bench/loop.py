@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
     from training.recipes import get_recipe
-    from training.registry import fetch_checkpoint
+    from training.registry import fetch_checkpoint, get_checkpoint
     from training.snapshots import select_episodes, write_snapshot
 
     quiet = args.quiet
@@ -303,15 +303,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             [s.trajectory for s in sources],
             prompt_style=style,
         )
+        heldout = suite.heldout_instances(heldout_n, templates=templates)
+        eval_reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
+        n_iter = max(1, args.iterations)
+        base_eval_reserve = args.eval_reserve_s * args.base_heldout * len(templates) * 3
+        warm_share = (
+            args.copy_warmup_share
+            if args.copy_warmup_share is not None
+            else recipe.copy_warmup_share
+        )
+        warmup_s = None
+        if warm_share > 0:
+            training_left = (
+                args.budget_s
+                - (time.perf_counter() - t0)
+                - eval_reserve * n_iter
+                - args.iteration_reserve_s * (n_iter - 1)
+                - base_eval_reserve
+            )
+            warmup_s = max(10.0, warm_share * training_left)
+        settings = settings.model_copy(update={"copy_warmup_s": warmup_s})
         started = time.perf_counter()
         base_id = prepare_base_model(
             engine, store, work_dir=work / "base-build", corpus=corpus, settings=settings
         )
         base_dir = fetch_checkpoint(engine, store, base_id, work / "base-eval-model")
         base_build_s = time.perf_counter() - started
+        warmup = get_checkpoint(engine, base_id).metrics.get("copy_warmup")
+        _log(quiet, f"base model in {base_build_s:.1f}s (copy warm-up: {warmup_s})")
 
         # 5. the base on a few held-out instances
-        heldout = suite.heldout_instances(heldout_n, templates=templates)
         base_tasks = [
             t
             for name in templates
@@ -321,8 +342,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log(quiet, f"base eval: {base_eval}")
 
         # 6-8. train (and iterate) within the budget
-        eval_reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
-        n_iter = max(1, args.iterations)
         parent_id, snapshot_rows, curve = base_id, built.rows, _Curve(args.curve_every_s)
         trained_dir = base_dir
         train_s_total, result = 0.0, None
@@ -481,6 +500,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "collect_s": round(collect_s, 1),
         "gate_s": round(gate_s, 1),
         "base_build_s": round(base_build_s, 1),
+        "copy_warmup": (
+            {
+                k: warmup[k]
+                for k in ("steps", "runtime_s", "tokens", "tokens_per_s", "train_loss")
+                if k in warmup
+            }
+            | {"final_loss": warmup.get("metrics", {}).get("loss")}
+            if warmup
+            else None
+        ),
         "base_eval_s": base_eval["eval_s"],
         "max_new_tokens": args.max_new_tokens,
         "eval_max_steps": args.eval_max_steps,
@@ -555,6 +584,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--curve-every-s", type=float, default=None, help="save and evaluate every S s"
+    )
+    parser.add_argument(
+        "--copy-warmup-share",
+        type=float,
+        default=None,
+        help="share of the training time for the copy warm-up (default: the recipe's)",
     )
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--layers", type=int, default=None)

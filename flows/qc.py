@@ -46,6 +46,8 @@ async def qc_gate(
     train_deployment: str = "train/train",
     training_threshold: float | None = None,
     train_max_steps: int | None = None,
+    train_recipe: str | None = None,
+    train_with_qc_runs: list[str] | None = None,
 ) -> dict[str, Any]:
     """Gate collection run `run` (key or id).
 
@@ -58,6 +60,10 @@ async def qc_gate(
             EPIFLOW_QUALITY_TRAINING_TRIGGER_VOLUME.
         train_max_steps: optimizer steps of the triggered training (default from
             EPIFLOW_TRAINING_MAX_STEPS); the demo keeps it small.
+        train_recipe: `training.recipes` preset of the triggered training (the demo's
+            `demo`: a small model on the compact prompt, with a time budget).
+        train_with_qc_runs: other gate runs whose admitted episodes join this one's in
+            the triggered training (e.g. a noisy collection gated separately).
     """
     from agent.trajectory import utcnow
 
@@ -115,7 +121,13 @@ async def qc_gate(
     )
     training: dict[str, Any] | None = None
     if fire and trigger != "none":
-        training = await _trigger(trigger, train_deployment, qc_run_id, train_max_steps)
+        training = await _trigger(
+            trigger,
+            train_deployment,
+            [str(qc_run_id), *(train_with_qc_runs or [])],
+            train_max_steps,
+            train_recipe,
+        )
         mark_triggered(engine, qc_run_id)
         logger.info(
             "quality-weighted volume %.1f ≥ %.1f: training triggered (%s)",
@@ -162,17 +174,24 @@ def _run_key(engine: Any, run_id: uuid.UUID) -> str:
 
 
 async def _trigger(
-    mode: str, deployment: str, qc_run_id: uuid.UUID, max_steps: int | None
+    mode: str,
+    deployment: str,
+    qc_runs: list[str],
+    max_steps: int | None,
+    recipe: str | None,
 ) -> dict[str, Any]:
+    qc_run: str | list[str] = qc_runs[0] if len(qc_runs) == 1 else qc_runs
     if mode == "inline":
         from flows.train import train
 
-        result: dict[str, Any] = await train(qc_run=str(qc_run_id), max_steps=max_steps)
+        result: dict[str, Any] = await train(qc_run=qc_run, max_steps=max_steps, recipe=recipe)
         return result
     from prefect.deployments.flow_runs import arun_deployment
 
-    parameters: dict[str, Any] = {"qc_run": str(qc_run_id)}
+    parameters: dict[str, Any] = {"qc_run": qc_run}
     if max_steps is not None:
         parameters["max_steps"] = max_steps
+    if recipe is not None:
+        parameters["recipe"] = recipe
     flow_run = await arun_deployment(deployment, parameters=parameters, timeout=0)
     return {"flow_run_id": str(flow_run.id), "deployment": deployment}

@@ -28,7 +28,13 @@ from storage.migrate import ensure_current
 from storage.objects import ObjectStore, make_object_store
 from suites.registry import load_suite
 from training.base_model import protocol_corpus
-from training.pipeline import DEFAULT_KIND, prepare_base_model, train_checkpoint
+from training.pipeline import (
+    DEFAULT_KIND,
+    prepare_base_for_snapshot,
+    prepare_base_model,
+    train_checkpoint,
+)
+from training.recipes import get_recipe
 from training.settings import TrainingSettings
 from training.snapshots import build_snapshot
 from training.trainers import Algo
@@ -77,23 +83,27 @@ async def train(
     algo: str = "sft",
     dataset: str | None = None,
     from_run: str | None = None,
-    qc_run: str | None = None,
+    qc_run: str | list[str] | None = None,
     base_checkpoint: str | None = None,
     max_steps: int | None = None,
     evaluate_instances: int = 0,
+    recipe: str | None = None,
 ) -> dict[str, Any]:
     """Train `algo` (sft, dpo, kto, grpo) and register the checkpoint.
 
     Exactly one of `dataset` (snapshot id), `from_run` (run key or id) or `qc_run` (gate
-    run id) selects the data. With `evaluate_instances > 0` the `evaluate` flow runs on the
-    new checkpoint afterwards.
+    run id, or several: e.g. an oracle and a noisy collection gated separately) selects
+    the data. `recipe` (`training.recipes`: `loop`, `demo`) sets the model shape, prompt
+    style, schedule and time budget; without `base_checkpoint` it builds a base model for
+    the snapshot (tokenizer from its texts, copy warm-up). With `evaluate_instances > 0`
+    the `evaluate` flow runs on the new checkpoint afterwards.
     """
     logger = get_run_logger()
     if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
         raise TrainFlowError("give exactly one of dataset, from_run, qc_run")
     chosen = Algo(algo)
     settings = load_settings()
-    training = TrainingSettings()
+    training = get_recipe(recipe).training_settings() if recipe else TrainingSettings()
     if max_steps is not None:
         training = training.model_copy(update={"max_steps": max_steps})
     engine = make_engine(settings.database)
@@ -105,21 +115,33 @@ async def train(
             dataset_id = uuid.UUID(dataset)
         else:
             if qc_run is not None:
-                qc_id, run_id = _qc_run(engine, qc_run)
+                gated = [
+                    _qc_run(engine, q) for q in ([qc_run] if isinstance(qc_run, str) else qc_run)
+                ]
+                qc_ids: list[uuid.UUID] | None = [q for q, _ in gated]
+                run_ids = [r for _, r in gated]
             else:
-                qc_id, run_id = None, resolve_run(engine, str(from_run))
+                qc_ids, run_ids = None, [resolve_run(engine, str(from_run))]
             info = build_snapshot(
-                engine, store, kind=DEFAULT_KIND[chosen], run_ids=[run_id], qc_run_id=qc_id
+                engine,
+                store,
+                kind=DEFAULT_KIND[chosen],
+                run_ids=run_ids,
+                qc_run_id=qc_ids,
+                prompt_style=training.prompt_style,
             )
             dataset_id = info.id
             logger.info(
                 "snapshot %s: %s rows from %s episodes", info.id, info.n_rows, info.n_episodes
             )
-        base = (
-            uuid.UUID(base_checkpoint)
-            if base_checkpoint
-            else ensure_base_model(engine, store, training, work)
-        )
+        if base_checkpoint:
+            base = uuid.UUID(base_checkpoint)
+        elif recipe:
+            base = prepare_base_for_snapshot(
+                engine, store, dataset_id=dataset_id, work_dir=work, settings=training
+            )
+        else:
+            base = ensure_base_model(engine, store, training, work)
         outcome = train_checkpoint(
             engine,
             store,

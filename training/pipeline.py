@@ -23,6 +23,7 @@ from training.artifact import build_config_artifact
 from training.base_model import build_base_model
 from training.builders import DatasetKind
 from training.errors import TrainerError, TrainingError
+from training.pretrain import warm_up_copying
 from training.registry import (
     fail_training_run,
     fetch_checkpoint,
@@ -33,7 +34,7 @@ from training.registry import (
 )
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
-from training.snapshots import fetch_snapshot, get_snapshot
+from training.snapshots import fetch_snapshot, get_snapshot, read_snapshot
 from training.trainers import Algo, TrainResult, run_training
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ __all__ = [
     "COMPATIBLE_KINDS",
     "DEFAULT_KIND",
     "TrainingOutcome",
+    "prepare_base_for_snapshot",
     "prepare_base_model",
+    "snapshot_corpus",
     "train_checkpoint",
 ]
 
@@ -85,15 +88,33 @@ def prepare_base_model(
     corpus: Iterable[str],
     settings: TrainingSettings,
     tools: Sequence[ToolSpec] | None = None,
+    on_metrics: MetricsCallback | None = None,
 ) -> uuid.UUID:
-    """Build the tiny local base model from `corpus` and register it; returns its checkpoint id."""
-    model_dir = build_base_model(work_dir / "base_model", corpus, settings=settings)
+    """Build the tiny local base model from `corpus` and register it; returns its checkpoint id.
+
+    With `settings.copy_warmup_s`, the fresh model is first warmed up on synthetic copying
+    (`training.pretrain`) and the warmed model is registered; the warm-up's numbers are
+    the checkpoint's metrics.
+    """
+    texts = list(corpus)
+    model_dir = build_base_model(work_dir / "base_model", texts, settings=settings)
+    metrics: dict[str, object] = {}
+    if settings.copy_warmup_s:
+        warm = warm_up_copying(
+            model_dir,
+            texts,
+            output_dir=work_dir / "base_model_warm",
+            settings=settings,
+            on_metrics=on_metrics,
+        )
+        model_dir = warm.output_dir
+        metrics = {"copy_warmup": warm.model_dump(mode="json", exclude={"output_dir"})}
     config = build_config_artifact(
         model_dir,
         tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
         settings=settings,
     )
-    return register_base_model(engine, store, model_dir, config=config)
+    return register_base_model(engine, store, model_dir, config=config, metrics=metrics)
 
 
 def train_checkpoint(
@@ -193,4 +214,45 @@ def train_checkpoint(
     finish_training_run(engine, run_id, metrics=metrics)
     return TrainingOutcome(
         training_run_id=run_id, checkpoint_id=checkpoint_id, dataset_id=info.id, result=result
+    )
+
+
+def snapshot_corpus(store: ObjectStore, dataset_id: uuid.UUID, engine: Engine) -> list[str]:
+    """Every text a snapshot's chats hold (system prompts, tasks, turns, observations): the
+    tokenizer corpus of a base model built for that data."""
+    info = get_snapshot(engine, dataset_id)
+    frame = read_snapshot(store, info)
+    texts: set[str] = set()
+    for column in ("messages", "prompt", "chosen", "rejected", "completion"):
+        if column in frame.columns:
+            for chat in frame[column].to_list():
+                texts.update(str(m["content"]) for m in chat if m.get("content"))
+    if "text" in frame.columns:
+        texts.update(str(t) for t in frame["text"].to_list())
+    # Sorted: the tokenizer (and so the model) must not depend on set order.
+    return sorted(texts)
+
+
+def prepare_base_for_snapshot(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    dataset_id: uuid.UUID,
+    work_dir: Path,
+    settings: TrainingSettings,
+    on_metrics: MetricsCallback | None = None,
+) -> uuid.UUID:
+    """A base model built for the data it will be trained on: tokenizer from the snapshot's
+    texts, the settings' shape, architecture and split, the copy warm-up when set.
+
+    What a recipe's training uses when no base checkpoint is given: a registered base
+    built under other settings (another tokenizer split or prompt style) would not fit.
+    """
+    return prepare_base_model(
+        engine,
+        store,
+        work_dir=work_dir,
+        corpus=snapshot_corpus(store, dataset_id, engine),
+        settings=settings,
+        on_metrics=on_metrics,
     )

@@ -48,6 +48,9 @@ class Recipe(BaseModel):
     """Turns per evaluation episode."""
     eval_max_new_tokens: int = Field(default=256, ge=8)
     """New tokens per evaluation turn."""
+    copy_warmup_share: float = Field(default=0.0, ge=0, lt=1)
+    """Share of the training time spent on the copy warm-up when the base model is built
+    (`training.pretrain`); the rest is SFT."""
     settings: dict[str, Any] = Field(default_factory=dict)
     """`TrainingSettings` overrides."""
 
@@ -68,6 +71,8 @@ class Recipe(BaseModel):
 
 _SMALL_MODEL: dict[str, Any] = {
     "prompt_style": "compact",
+    "architecture": "qwen3",
+    "tokenizer_split": "words",
     "vocab_size": 4096,
     "hidden_size": 128,
     "intermediate_size": 512,
@@ -93,6 +98,7 @@ RECIPES: dict[str, Recipe] = {
         oracle_tasks=1000,
         noisy_tasks=100,
         heldout=10,
+        copy_warmup_share=0.25,
         settings={**_SMALL_MODEL, "max_time_s": 720.0},
     ),
     "demo": Recipe(
@@ -102,7 +108,8 @@ RECIPES: dict[str, Recipe] = {
         oracle_tasks=300,
         noisy_tasks=30,
         heldout=4,
-        settings={**_SMALL_MODEL, "max_time_s": 180.0},
+        copy_warmup_share=0.25,
+        settings={**_SMALL_MODEL, "max_time_s": 180.0, "copy_warmup_s": 60.0},
     ),
 }
 """The presets, by name."""

@@ -98,14 +98,23 @@ def _upload(
 
 
 def register_base_model(
-    engine: Engine, store: ObjectStore, path: Path, *, config: TrainingConfigArtifact
+    engine: Engine,
+    store: ObjectStore,
+    path: Path,
+    *,
+    config: TrainingConfigArtifact,
+    metrics: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Store a base model directory as a checkpoint with no training run; returns its id.
+
+    `metrics`: what building it measured (the copy warm-up's steps and loss, if any).
 
     Raises:
         RegistryError: `path` is not an HF directory, or the upload failed.
     """
-    return save_checkpoint(engine, store, training_run_id=None, model_dir=path, config=config)
+    return save_checkpoint(
+        engine, store, training_run_id=None, model_dir=path, config=config, metrics=metrics
+    )
 
 
 def start_training_run(

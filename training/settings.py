@@ -129,6 +129,17 @@ class TrainingSettings(BaseSettings):
     max_position_embeddings: int = Field(default=4096, ge=64)
     """Longest sequence the tiny model accepts."""
 
+    # copy warm-up of a model built from scratch (training.pretrain)
+    copy_warmup_s: float | None = Field(default=None, gt=0)
+    """Seconds of synthetic copy training when the base model is built (None: none). The
+    tasks are mostly copying; a model from scratch learned it from them too slowly."""
+    copy_warmup_span: int = Field(default=48, ge=4)
+    """Tokens per copied span."""
+    copy_warmup_batch_size: int = Field(default=16, ge=1)
+    """Copy chats per warm-up step."""
+    copy_warmup_examples: int = Field(default=4000, ge=1)
+    """Distinct copy chats generated (drawn with replacement past one pass)."""
+
     # bookkeeping
     logging_steps: int = Field(default=1, ge=1)
     """Log (and collect metrics) every N optimizer steps."""

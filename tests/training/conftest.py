@@ -6,10 +6,17 @@ Qwen2 from a config); nothing is downloaded and nothing is mocked.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
+from sqlalchemy import Engine
 
+from storage import migrate
+from storage.db import make_engine
+from storage.objects import LocalObjectStore
+from storage.settings import DatabaseSettings
 from suites.registry import load_suite
 from tests.training.factory import episode
 from training.base_model import build_base_model, protocol_corpus
@@ -46,3 +53,19 @@ def tiny_base_model(
     return build_base_model(
         tmp_path_factory.mktemp("base") / "model", tiny_corpus, settings=tiny_settings
     )
+
+
+@pytest.fixture
+def engine(sqlite_url: str) -> Iterator[Engine]:
+    """A migrated SQLite database (the PostgreSQL paths are covered in test_snapshots.py)."""
+    eng = make_engine(DatabaseSettings(url=SecretStr(sqlite_url)))
+    migrate.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalObjectStore:
+    s = LocalObjectStore(tmp_path / "objects")
+    s.check()
+    return s

@@ -7,21 +7,15 @@ PostgreSQL too in test_snapshots.py.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import Engine, text
 from sqlmodel import Session, select
 
 from models import Checkpoint, QcResult, QcRun, TrainingRun, run_id_for
 from sandbox.tool_specs import BUILTIN_TOOLS
-from storage import migrate
-from storage.db import make_engine
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from storage.settings import DatabaseSettings
 from suites.registry import load_suite
 from tests.training.factory import call_step, episode, final_step
 from training.artifact import check_deployment
@@ -36,21 +30,6 @@ from training.registry import (
     record_evaluation,
 )
 from training.snapshots import build_snapshot
-
-
-@pytest.fixture
-def engine(sqlite_url: str) -> Iterator[Engine]:
-    eng = make_engine(DatabaseSettings(url=SecretStr(sqlite_url)))
-    migrate.upgrade(eng)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> LocalObjectStore:
-    s = LocalObjectStore(tmp_path / "objects")
-    s.check()
-    return s
 
 
 def _collected(engine: Engine, store: LocalObjectStore, *, with_failures: bool = True) -> uuid.UUID:
