@@ -9,7 +9,7 @@ Two styles:
 - `full` (default, for real models): the protocol rules, each tool with its arguments
   described and its JSON schema (~700 tokens with the local tokenizer).
 - `compact` (for small local models trained from scratch): the block grammar and one
-  line of tool signatures (~70 tokens). A model that learns the protocol from data does
+  line of tool signatures (~60 tokens with Qwen2's split, ~110 with the `words` split). A model that learns the protocol from data does
   not need the rules spelled out, and on a model built from scratch the full prompt was
   65 % of every training example's compute. A checkpoint's training config artifact
   records the style it was trained with; the `hf:` policy shows that style.
@@ -61,11 +61,11 @@ Rules:
 Tools:
 """
 
-_COMPACT = """Protocol v{version}. End each message with one block: a tool call
+_COMPACT = """Protocol v{version}. One block per message:
 <tool_call id="c1" name="TOOL">
 <arg name="ARG">raw value</arg>
 </tool_call>
-or, when the task is done, <final>answer</final>. New id per call.
+or <final>answer</final> when done.
 Tools: {signatures}
 """
 

@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.recipes import get_recipe
     from training.registry import fetch_checkpoint, get_checkpoint
     from training.snapshots import select_episodes, write_snapshot
+    from training.threads import tuned_threads
 
     quiet = args.quiet
     recipe = get_recipe(args.recipe)
@@ -351,16 +352,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # successes join the snapshot.
                 started = time.perf_counter()
                 run_name = f"iter{it}"
-                runs[run_name] = _collect(
-                    engine,
-                    store,
-                    run_key=f"loop-{run_name}",
-                    policy=f"hf:{trained_dir}",
-                    tasks=args.iteration_tasks,
-                    templates=templates,
-                    seed=train_tasks + noisy_tasks + (it - 2) * args.iteration_tasks,
-                    concurrency=2,
-                )
+                with tuned_threads():  # the hf: policy generates: see training.threads
+                    runs[run_name] = _collect(
+                        engine,
+                        store,
+                        run_key=f"loop-{run_name}",
+                        policy=f"hf:{trained_dir}",
+                        tasks=args.iteration_tasks,
+                        templates=templates,
+                        seed=train_tasks + noisy_tasks + (it - 2) * args.iteration_tasks,
+                        concurrency=2,
+                    )
                 gates[run_name] = _gate(engine, store, runs[run_name], config)
                 mine = select_episodes(
                     engine,

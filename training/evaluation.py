@@ -205,12 +205,18 @@ async def run_model_episodes(
     max_steps: int = 8,
     max_new_tokens: int = 256,
     concurrency: int = 2,
+    torch_threads: int = 0,
 ) -> list[Trajectory]:
-    """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async)."""
+    """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async).
+
+    Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
+    for the machine's load; on a busy machine one thread decodes many times faster).
+    """
     from agent.loop import run_episode
     from agent.policies.hf import HFPolicy
     from agent.settings import LoopSettings, PolicySettings
     from sandbox import SandboxSpec
+    from training.threads import tuned_threads
 
     policy = HFPolicy(model_dir, PolicySettings(max_tokens=max_new_tokens))
     loop = LoopSettings(max_steps=max_steps, max_consecutive_parse_failures=max_steps)
@@ -221,10 +227,11 @@ async def run_model_episodes(
         async with gate:
             return await run_episode(task, policy, spec=spec, run_key=run_key, settings=loop)
 
-    try:
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
-    finally:
-        await policy.aclose()
+    with tuned_threads(torch_threads):
+        try:
+            return list(await asyncio.gather(*(one(t) for t in tasks)))
+        finally:
+            await policy.aclose()
 
 
 def evaluate_model_dir(

@@ -8,26 +8,21 @@ next field); trained on the task data alone it got to neither within the loop's 
 the loss sat on a plateau where the protocol was learned and the copied values were
 guessed from the training distribution (docs/training.md, "What made the loop learn").
 
-The warm-up trains the freshly initialised model on chats whose answer is the question's
-content copied, in three generic shapes, drawn from the vocabulary of the protocol
-corpus (the texts the tokenizer was trained on), never from a task instance:
-
-- `copy`: a run of corpus text, repeated verbatim;
-- `join`: a list of values, one per line with a random marker, joined on one line with
-  another separator and quoting;
-- `json` / `keys`: a delimited table (random column names, random delimiter) rewritten as
-  records, JSON objects or `key: value` blocks; numbers become JSON numbers.
-
-The first line of the question names the shape. Only the answer is in the loss. The
-warm-up is part of building the base model: the warmed model is what gets registered,
-evaluated as the base and fine-tuned.
+The warm-up trains the freshly initialised model on chats whose answer repeats the
+question verbatim: the user turn is a run of protocol text (random pieces of the corpus
+the tokenizer was trained on: task prompts, calls, observations; never a whole task
+instance), the assistant turn the same text. Only the answer is in the loss. Plain
+copying is learned within a few hundred steps and is what transfers: with it, the SFT
+that follows copies file names and paths from the task; without it, it did not within
+the budget. Richer shapes (lists rejoined with other separators, tables rewritten as
+JSON records) were tried and learned more slowly than the tasks themselves
+(docs/training.md). The warm-up is part of building the base model: the warmed model is
+what gets registered, evaluated as the base and fine-tuned.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,79 +36,29 @@ if TYPE_CHECKING:
 
 __all__ = ["CopyGenerator", "warm_up_copying"]
 
-SHAPES = ("copy", "join", "json", "keys")
-"""The warm-up's chat shapes (see the module docstring)."""
-
 
 class CopyGenerator:
-    """Seeded copy chats from a corpus: its text for `copy`, its words for the others."""
+    """Seeded copy chats cut from a corpus."""
 
     def __init__(self, corpus: Sequence[str], tokenizer: Any, *, span_tokens: int, seed: int):
         encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in corpus]
         self._texts = [ids for ids in encoded if len(ids) >= 8]
-        self._words: list[str] = sorted(
-            {str(w) for t in corpus for w in re.findall(r"[A-Za-z][A-Za-z_]+", t)}
-        )
-        if not self._texts or len(self._words) < 8:
-            raise BaseModelError("the copy warm-up needs a corpus with text to copy")
+        if not self._texts:
+            raise BaseModelError("the copy warm-up needs corpus texts of at least 8 tokens")
         self._tokenizer = tokenizer
         self._span = span_tokens
         self._rng = random.Random(seed)
 
     def chat(self) -> list[dict[str, str]]:
-        """One chat of a random shape: `[user, assistant]`."""
-        shape = self._rng.choice(SHAPES)
-        source, answer = getattr(self, f"_{shape}")()
-        return [
-            {"role": "user", "content": f"{shape}\n{source}"},
-            {"role": "assistant", "content": answer},
-        ]
-
-    def _value(self) -> str:
-        roll = self._rng.random()
-        if roll < 0.3:
-            return str(self._rng.randint(0, 999))
-        if roll < 0.6:
-            return f"{self._rng.choice(self._words)} {self._rng.choice(self._words)}"
-        return self._rng.choice(self._words)
-
-    def _copy(self) -> tuple[str, str]:
+        """One chat: `[user, assistant]`, the assistant repeating `span_tokens` tokens made of
+        random pieces (4 to 24 tokens each) of the corpus."""
         ids: list[int] = []
         while len(ids) < self._span:
             text = self._rng.choice(self._texts)
             start = self._rng.randrange(len(text) - 4)
             ids += text[start : start + self._rng.randint(4, 24)]
         span = str(self._tokenizer.decode(ids[: self._span]))
-        return span, span
-
-    def _join(self) -> tuple[str, str]:
-        items = [self._value() for _ in range(self._rng.randint(3, 8))]
-        before = self._rng.choice(["", "  ", "- ", "* "])
-        after = self._rng.choice(["", "/", ";", ":"])
-        source = "\n".join(f"{before}{item}{after}" for item in items) + "\n"
-        separator = self._rng.choice([" ", ", ", " | ", "\n"])
-        quote = self._rng.choice(["", '"', "'"])
-        return source, separator.join(f"{quote}{item}{quote}" for item in items)
-
-    def _table(self) -> tuple[list[str], list[list[str]], str]:
-        columns = self._rng.sample(self._words, self._rng.randint(2, 4))
-        rows = [[self._value() for _ in columns] for _ in range(self._rng.randint(2, 5))]
-        delimiter = self._rng.choice([",", ";", "|", "\t"])
-        lines = [delimiter.join(columns), *(delimiter.join(r) for r in rows)]
-        return columns, rows, "\n".join(lines) + "\n"
-
-    def _json(self) -> tuple[str, str]:
-        columns, rows, source = self._table()
-        records = [
-            {c: int(v) if v.isdigit() else v for c, v in zip(columns, row, strict=True)}
-            for row in rows
-        ]
-        return source, json.dumps(records, indent=self._rng.choice([1, 2, 4]))
-
-    def _keys(self) -> tuple[str, str]:
-        columns, rows, source = self._table()
-        blocks = ["\n".join(f"{c}: {v}" for c, v in zip(columns, row, strict=True)) for row in rows]
-        return source, "\n\n".join(blocks)
+        return [{"role": "user", "content": span}, {"role": "assistant", "content": span}]
 
 
 def warm_up_copying(

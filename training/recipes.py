@@ -78,7 +78,7 @@ _SMALL_MODEL: dict[str, Any] = {
     "intermediate_size": 512,
     "num_layers": 4,
     "num_heads": 4,
-    "num_kv_heads": 2,
+    "num_kv_heads": 4,
     "max_length": 1024,
     "max_position_embeddings": 2048,
     "sft_learning_rate": 3e-3,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from suites.registry import load_suite
 from training.base_model import build_base_model, build_tokenizer, protocol_corpus
 from training.errors import BaseModelError
 from training.pipeline import prepare_base_model
-from training.pretrain import SHAPES, CopyGenerator
+from training.pretrain import CopyGenerator
 from training.registry import get_checkpoint
 from training.settings import TrainingSettings
 
@@ -42,38 +40,23 @@ def corpus() -> list[str]:
     return protocol_corpus(tasks, prompt_style="compact")
 
 
-def test_every_chat_answers_with_what_its_question_shows(corpus) -> None:
+def test_every_chat_repeats_its_question(corpus) -> None:
     tokenizer = build_tokenizer(corpus, settings=_settings())
     generator = CopyGenerator(corpus, tokenizer, span_tokens=16, seed=3)
-    chats = [generator.chat() for _ in range(200)]
-    seen = set()
+    chats = [generator.chat() for _ in range(50)]
     for user, assistant in chats:
         assert (user["role"], assistant["role"]) == ("user", "assistant")
-        shape, source = user["content"].split("\n", 1)
-        seen.add(shape)
-        answer = assistant["content"]
-        if shape == "copy":
-            assert answer == source
-        elif shape == "json":
-            header, *rows = source.strip("\n").split("\n")
-            records = json.loads(answer)
-            assert len(records) == len(rows)
-            assert [str(v) for v in records[0].values()] == [
-                c for c in rows[0].split(next(d for d in ",;|\t" if d in header))
-            ]
-        else:
-            # join / keys: every value of the source appears in the answer, in order
-            values = [v for v in answer.replace('"', "").replace("'", "").split() if v]
-            assert values and all(v.strip(",|:") in source for v in values)
-    assert seen == set(SHAPES)
-    # Seeded: the same corpus and seed give the same chats.
+        assert assistant["content"] == user["content"]
+        assert len(tokenizer(user["content"], add_special_tokens=False)["input_ids"]) <= 24
+    # Pieces of the corpus, varied, seeded.
+    assert len({u["content"] for u, _ in chats}) == len(chats)
     again = CopyGenerator(corpus, tokenizer, span_tokens=16, seed=3)
-    assert [again.chat() for _ in range(200)] == chats
+    assert [again.chat() for _ in range(50)] == chats
 
 
 def test_corpus_without_text_is_refused() -> None:
     tokenizer = build_tokenizer(["a b"], settings=_settings())
-    with pytest.raises(BaseModelError, match="corpus"):
+    with pytest.raises(BaseModelError, match="at least 8 tokens"):
         CopyGenerator(["a b"], tokenizer, span_tokens=8, seed=0)
 
 
