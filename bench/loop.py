@@ -532,10 +532,13 @@ def _evaluate_saves(
     """Completion of every time-based save of the first iteration's training."""
     from training.artifact import CONFIG_FILE
     from training.callbacks import ELAPSED_FILE
+    from training.trainers.common import saves_dir
 
     out = []
     model_dir = work / "train1" / "model"
-    saves = sorted(model_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    saves = sorted(
+        saves_dir(model_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])
+    )
     for save in saves:
         # The save lacks the training config artifact; the final model has the same one.
         shutil.copy(model_dir / CONFIG_FILE, save / CONFIG_FILE)
@@ -566,7 +569,7 @@ def main() -> None:
     )
     parser.add_argument("--budget-s", type=float, default=1200.0, help="whole-run time budget")
     parser.add_argument(
-        "--eval-reserve-s", type=float, default=5.0, help="seconds kept per held-out episode"
+        "--eval-reserve-s", type=float, default=3.0, help="seconds kept per held-out episode"
     )
     parser.add_argument("--iterations", type=int, default=1, help="expert-iteration rounds")
     parser.add_argument(

@@ -98,8 +98,12 @@ RECIPES: dict[str, Recipe] = {
         oracle_tasks=1000,
         noisy_tasks=100,
         heldout=10,
-        copy_warmup_share=0.25,
-        settings={**_SMALL_MODEL, "max_time_s": 720.0},
+        copy_warmup_share=0.15,
+        settings={
+            **_SMALL_MODEL,
+            "max_time_s": 720.0,
+            "template_weights": {"csv_to_json": 1.5},
+        },
     ),
     "demo": Recipe(
         name="demo",

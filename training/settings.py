@@ -42,6 +42,9 @@ class TrainingSettings(BaseSettings):
     """Examples per device per optimizer micro-step."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     """Micro-steps accumulated per optimizer step."""
+    template_weights: dict[str, float] = Field(default_factory=dict)
+    """SFT sampling weight multiplier per task template (rows' `template`); 1 when absent.
+    The data mix: a template that takes longer to learn can be drawn more often."""
     warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
     """Fraction of training spent warming the learning rate up."""
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"

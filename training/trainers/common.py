@@ -36,6 +36,7 @@ __all__ = [
     "load_tokenizer",
     "module",
     "read_rows",
+    "saves_dir",
     "summarize",
     "timed_train",
     "train_with",
@@ -150,7 +151,9 @@ def base_args(
     if max_steps <= 0 and settings.max_time_s is not None:
         max_steps = UNBOUNDED_STEPS
     return {
-        "output_dir": str(output_dir),
+        # TRL's own directory: intermediate saves (`checkpoint-<step>`). The final model is
+        # saved to `output_dir` itself, which stays a clean HF directory to register.
+        "output_dir": str(saves_dir(output_dir)),
         "learning_rate": learning_rate,
         "num_train_epochs": settings.epochs,
         "max_steps": max_steps,
@@ -171,6 +174,12 @@ def base_args(
         "bf16": use_bf16(settings),
         "activation_checkpointing": settings.activation_checkpointing,
     }
+
+
+def saves_dir(output_dir: Path) -> Path:
+    """Where the intermediate saves of a run writing `output_dir` go: a sibling directory,
+    so the registry's upload of `output_dir` holds the final model only."""
+    return output_dir.parent / f"{output_dir.name}-saves"
 
 
 def _accelerator_available() -> bool:

@@ -6,7 +6,9 @@ observation tokens. Plain-text snapshots (`cpt`) train on every token.
 
 Quality scores become sampling weights: the train sampler draws rows with probability
 proportional to their `weight` column (with replacement, seeded), so a downweighted
-episode is seen less often rather than with a scaled loss.
+episode is seen less often rather than with a scaled loss. `template_weights` multiplies
+them per task template (the data mix: a template that takes longer to learn is drawn
+more often).
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ def run_sft(
     if not conversational and "text" not in rows[0]:
         raise TrainerError("an SFT dataset needs a `messages` (chat) or a `text` column")
     column = "messages" if conversational else "text"
-    weights = [max(float(r.get("weight", 1.0) or 0.0), 0.0) for r in rows]
+    weights = [
+        max(float(r.get("weight", 1.0) or 0.0), 0.0)
+        * settings.template_weights.get(str(r.get("template")), 1.0)
+        for r in rows
+    ]
     if not any(weights):
         raise TrainerError("every row of the SFT dataset has weight 0")
     return train_with(
