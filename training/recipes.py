@@ -107,11 +107,15 @@ RECIPES: dict[str, Recipe] = {
     ),
     "demo": Recipe(
         name="demo",
-        summary="epiflow demo: the same small model on a short budget",
-        templates=["csv_to_json", "dir_tree"],
-        oracle_tasks=300,
-        noisy_tasks=30,
+        summary=(
+            "epiflow demo: the same small model in a few minutes, on dir_tree (copying) and "
+            "largest_files (one program solves every instance, learned first)"
+        ),
+        templates=["dir_tree", "largest_files"],
+        oracle_tasks=200,
+        noisy_tasks=20,
         heldout=4,
+        eval_max_new_tokens=320,
         copy_warmup_share=0.25,
         settings={**_SMALL_MODEL, "max_time_s": 180.0, "copy_warmup_s": 60.0},
     ),
