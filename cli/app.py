@@ -12,31 +12,20 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from agent.errors import AgentError
 from cli import collect as _cli_collect
 from cli import ops as _cli_ops
 from cli import protocol as _cli_protocol
 from cli import report as _cli_report
 from cli import sandbox as _cli_sandbox
 from cli import suites as _cli_suites
-from collection.errors import FlowParameterError
-from config.settings import ConfigError, Settings, load_settings
-from sandbox.errors import SandboxError
-from storage.errors import StorageError
-from suites.errors import SuiteError
-from training.errors import TrainingError
+from config.settings import Settings, load_settings
+from core.errors import EpiflowError
 
-USER_ERRORS = (
-    StorageError,
-    ConfigError,
-    FlowParameterError,
-    SuiteError,
-    SandboxError,
-    AgentError,
-    TrainingError,
-)
-"""Failures a user fixes through settings or arguments: one line, exit code 2."""
+USER_ERRORS = (EpiflowError,)
+"""Failures a user fixes through settings or arguments: one line, exit code 2. Every
+package's root error derives from `EpiflowError` (see `core/errors.py`)."""
 
 app = typer.Typer(
     name="epiflow",
@@ -152,16 +141,17 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        message = (
-            e.user_message()
-            if isinstance(e, StorageError | ConfigError | FlowParameterError)
-            else str(e)
-        )
-        err.print(
-            f"[bold red]error:[/] {message.splitlines()[0] if message else type(e).__name__}",
-            highlight=False,
-        )
-        sys.exit(2)
+        sys.exit(report_error(e))
+
+
+def report_error(error: EpiflowError) -> int:
+    """Print a user error: its one line, then any detail lines (e.g. every problem of a
+    `suite.yaml`) indented below; returns the exit code (2)."""
+    err.print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
+    for line in str(error).splitlines()[1:]:
+        if line.strip():
+            err.print(f"  {line.strip()}", highlight=False, markup=False)
+    return 2
 
 
 if __name__ == "__main__":

@@ -13,18 +13,16 @@ from typing import TypeVar
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.settings import LoopSettings, PolicySettings
+from core.errors import EpiflowError
+from sandbox.settings import SandboxSettings
+from scoring.settings import RewardSettings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from suites.settings import SuitesSettings
 
 
-class ConfigError(Exception):
+class ConfigError(EpiflowError):
     """A setting is invalid; the message names the environment variable to fix."""
-
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
-
-    def user_message(self) -> str:
-        return str(self)
 
 
 class PrefectSettings(BaseSettings):
@@ -48,29 +46,43 @@ class Settings:
     database: DatabaseSettings
     objects: ObjectStoreSettings
     prefect: PrefectSettings
+    sandbox: SandboxSettings
+    loop: LoopSettings
+    policy: PolicySettings
+    rewards: RewardSettings
+    suites: SuitesSettings
 
 
 S = TypeVar("S", bound=BaseSettings)
 
 
-def _build(cls: type[S], prefix: str) -> S:
+def _build(cls: type[S]) -> S:
+    prefix = str(cls.model_config.get("env_prefix", ""))
     try:
         return cls()
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "?"
-        variable = f"{prefix}{field.upper()}"
-        raise ConfigError(f"{variable}: {first['msg']}", setting=variable) from e
+        problems = []
+        for error in e.errors():
+            field = "_".join(str(p) for p in error["loc"]) or "?"
+            problems.append((f"{prefix}{field.upper()}", error["msg"]))
+        first = problems[0][0]
+        detail = "; ".join(f"{variable}: {message}" for variable, message in problems)
+        raise ConfigError(detail, setting=first) from e
 
 
 def load_settings() -> Settings:
-    """Read every subsystem's settings from the environment.
+    """Read every subsystem's settings from the environment (a few milliseconds).
 
     Raises:
-        ConfigError: a variable is invalid; the message names it.
+        ConfigError: a variable is invalid; the message names every invalid one.
     """
     return Settings(
-        database=_build(DatabaseSettings, "EPIFLOW_DATABASE_"),
-        objects=_build(ObjectStoreSettings, "EPIFLOW_OBJECTS_"),
-        prefect=_build(PrefectSettings, "EPIFLOW_PREFECT_"),
+        database=_build(DatabaseSettings),
+        objects=_build(ObjectStoreSettings),
+        prefect=_build(PrefectSettings),
+        sandbox=_build(SandboxSettings),
+        loop=_build(LoopSettings),
+        policy=_build(PolicySettings),
+        rewards=_build(RewardSettings),
+        suites=_build(SuitesSettings),
     )

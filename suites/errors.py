@@ -17,8 +17,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from core.errors import EpiflowError
 
-class SuiteError(Exception):
+
+class SuiteError(EpiflowError):
     """Base class of every suite failure."""
 
 

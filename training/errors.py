@@ -5,14 +5,17 @@ TrainingError
 │   └── EmptySnapshot      the selection matched no usable episode
 ├── BaseModelError         the local tokenizer / model cannot be built
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
-└── RegistryError          checkpoint / training-run bookkeeping failed
-    └── CheckpointNotFound no checkpoint (or no files) under that id
+├── RegistryError          checkpoint / training-run bookkeeping failed
+│   └── CheckpointNotFound no checkpoint (or no files) under that id
+└── DatasetSelectionError  the train parameters select nothing to train on
 """
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class TrainingError(Exception):
+
+class TrainingError(EpiflowError):
     """Base class of every training error."""
 
 
@@ -38,3 +41,8 @@ class RegistryError(TrainingError):
 
 class CheckpointNotFound(RegistryError):
     """No checkpoint row, or no stored files, under that id."""
+
+
+class DatasetSelectionError(TrainingError):
+    """The train parameters do not select a dataset (none, or more than one, of dataset,
+    run and QC run; an unknown QC run)."""
