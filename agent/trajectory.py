@@ -191,6 +191,24 @@ class Step(BaseModel):
         populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64"
     )
 
+    @property
+    def tool_failed(self) -> bool:
+        """The step made a tool call and the call did not succeed: it timed out, carries a
+        typed error (every call epiflow could not run does: `sandbox_crashed`,
+        `unknown_tool`, an injected fault…), was killed by a signal, or exited non-zero.
+
+        An exit code that is unknown (None) with none of those is not a failure: only
+        imported trajectories whose tools reported no exit code look like that. This is the
+        one definition; SQL states it as `models.step.tool_failed_sql` and a test keeps the
+        two in agreement.
+        """
+        return self.parse_kind == ParseKind.TOOL_CALL and (
+            self.timed_out
+            or self.error_type is not None
+            or self.signal is not None
+            or (self.exit_code is not None and self.exit_code != 0)
+        )
+
 
 class Trajectory(BaseModel):
     """One episode: metadata plus its steps. The unit that is collected, stored and scored."""

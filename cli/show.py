@@ -56,9 +56,11 @@ def _step(s: Step, console: Console, max_chars: int | None) -> None:
     console.print(escape(_cut(s.raw_output, max_chars)))
     if s.parse_kind == ParseKind.TOOL_CALL:
         outcome = (
-            "ok"
-            if s.exit_code == 0 and not s.error_type
-            else f"exit {s.exit_code} {s.error_type or ''}"
+            f"failed: exit {s.exit_code} {s.error_type or ''}".rstrip()
+            + (" (timed out)" if s.timed_out else "")
+            + (f" (signal {s.signal})" if s.signal is not None else "")
+            if s.tool_failed
+            else ("ok" if s.exit_code is not None else "ok (no exit code recorded)")
         )
         console.print(f"[bold]call[/] {s.call_id} {s.tool}({escape(str(s.args))}) → {outcome}")
         for change in s.files_changed:

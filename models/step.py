@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Index
+from sqlalchemy import ColumnElement, Index, literal_column
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
@@ -112,3 +112,24 @@ class Step(SQLModel, table=True):
     )
     immediate_reward: float = doc("Per-step shaping reward.", default=0.0)
     discounted_return: float = doc("Discounted return from this step to the end.", default=0.0)
+
+
+def tool_failed_sql(table: str = "step") -> str:
+    """`agent.trajectory.Step.tool_failed` as portable SQL (SQLite and PostgreSQL) over the
+    step columns of `table` (a table name or alias): true when the step made a tool call
+    that timed out, carries a typed error, was killed by a signal or exited non-zero.
+
+    The `tool_failure_rates` view states the same rule (migrations are frozen history);
+    `tests/storage/test_tool_failed.py` checks the view, this expression and the Python
+    property agree on every edge.
+    """
+    t = table
+    return (
+        f"({t}.parse_kind = 'tool_call' AND ({t}.timed_out OR {t}.error_type IS NOT NULL "
+        f"OR {t}.signal IS NOT NULL OR ({t}.exit_code IS NOT NULL AND {t}.exit_code <> 0)))"
+    )
+
+
+def tool_failed() -> ColumnElement[bool]:
+    """`tool_failed_sql()` as a SQLAlchemy column expression over the `step` table."""
+    return literal_column(tool_failed_sql("step"))

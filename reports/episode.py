@@ -257,7 +257,7 @@ def _step(
 
 
 def _call(s: Step, *, max_chars: int | None) -> str:
-    ok = s.exit_code == 0 and not s.error_type and not s.timed_out and s.signal is None
+    ok = not s.tool_failed
     outcome = [f"exit code {esc(s.exit_code) if s.exit_code is not None else '—'}"]
     if s.error_type:
         outcome.append(f"error {esc(s.error_type)}")

@@ -57,15 +57,6 @@ def run_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def _tool_failed(s: StepData) -> bool:
-    return s.parse_kind == ParseKind.TOOL_CALL and (
-        s.timed_out
-        or s.error_type is not None
-        or s.signal is not None
-        or (s.exit_code is not None and s.exit_code != 0)
-    )
-
-
 def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
     return {
         "id": t.episode_id,
@@ -98,7 +89,7 @@ def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
         "total_reward": t.total_reward,
         "n_steps": len(t.steps),
         "n_parse_errors": sum(1 for s in t.steps if s.parse_kind == ParseKind.ERROR),
-        "n_tool_errors": sum(1 for s in t.steps if _tool_failed(s)),
+        "n_tool_errors": sum(1 for s in t.steps if s.tool_failed),
         "n_injected_faults": sum(1 for s in t.steps if s.injected_fault is not None),
         "prompt_tokens": t.prompt_tokens,
         "completion_tokens": t.completion_tokens,

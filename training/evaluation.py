@@ -68,12 +68,7 @@ class EvaluationReport(BaseModel):
 def _turn_failed(step: Step) -> bool:
     if step.parse_kind in (ParseKind.ERROR, ParseKind.NONE) or step.parse_error is not None:
         return True
-    return (
-        step.error_type is not None
-        or step.timed_out
-        or step.signal is not None
-        or (step.exit_code is not None and step.exit_code != 0)
-    )
+    return step.tool_failed
 
 
 def evaluation_metrics(trajectories: Sequence[Trajectory]) -> EvaluationMetrics:
