@@ -105,42 +105,47 @@ def main() -> None:
 
     from prefect.testing.utilities import prefect_test_harness
 
+    from collection.request import CollectRequest
     from config.settings import load_settings
     from flows.collect import collect_episodes
     from storage import migrate
     from storage.db import make_engine
-    from storage.exchange import run_trajectories
+    from storage.objects import make_object_store
+    from storage.runs import resolve_run, run_trajectories
 
     settings = load_settings()
     engine = make_engine(settings.database)
     migrate.upgrade(engine)
-    engine.dispose()
     with prefect_test_harness(server_startup_timeout=120):
         started = time.perf_counter()
         result = asyncio.run(
             collect_episodes(
-                suite="builtin",
-                policy="scripted:oracle",
-                tasks=args.tasks,
-                rollouts=1,
-                concurrency=args.concurrency,
-                run_key="bench",
+                request=CollectRequest(
+                    suite="builtin",
+                    policy="scripted:oracle",
+                    tasks=args.tasks,
+                    rollouts=1,
+                    concurrency=args.concurrency,
+                    run_key="bench",
+                )
             )
         )
         full_s = time.perf_counter() - started
-    trajectories = run_trajectories(settings, "bench")
+    store = make_object_store(settings.objects)
+    trajectories = run_trajectories(engine, store, resolve_run(engine, "bench"))
+    engine.dispose()
     baseline_s, calls = asyncio.run(baseline(trajectories, args.concurrency))
     shutil.rmtree(work, ignore_errors=True)
     out = {
-        "episodes": result["episodes"],
-        "steps": result["steps"],
+        "episodes": result.episodes,
+        "steps": result.steps,
         "tool_calls": calls,
         "concurrency": args.concurrency,
-        "success_rate": result["success_rate"],
+        "success_rate": result.success_rate,
         "baseline_s": round(baseline_s, 3),
         "full_s": round(full_s, 3),
         "overhead_ratio": round(full_s / baseline_s, 3),
-        "steps_per_s": round(result["steps"] / full_s, 1),
+        "steps_per_s": round(result.steps / full_s, 1),
         "target_overhead_ratio": 1.5,
     }
     print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))

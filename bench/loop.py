@@ -76,16 +76,8 @@ def _collect(
     engine: Any, store: Any, *, run_key: str, policy: str, tasks: int, templates: list[str]
 ) -> uuid.UUID:
     """One collection run (oracle or noisy) on `tasks` training instances per template."""
-    from agent.settings import LoopSettings
-    from collection.runner import (
-        CollectRequest,
-        make_run_policy,
-        open_run,
-        pending,
-        plan_episodes,
-        run_and_persist,
-        task_instances,
-    )
+    from collection.request import CollectRequest
+    from collection.runner import collect_in_process
 
     request = CollectRequest(
         run_key=run_key,
@@ -95,19 +87,8 @@ def _collect(
         concurrency=8,
         templates=templates,
     )
-    run_id = open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    asyncio.run(
-        run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=LoopSettings(),
-            policy=make_run_policy(policy),
-        )
-    )
-    return run_id
+    result = asyncio.run(collect_in_process(request, engine=engine, store=store))
+    return result.run_id
 
 
 def _gate(
@@ -122,12 +103,13 @@ def _gate(
 
     started = utcnow()
     trajectories = [e.trajectory for e in select_episodes(engine, store, run_ids=[run_id])]
-    report = run_gate(trajectories, config=config)
+    rules = [rule_judgement(t, config.judge) for t in trajectories]
+    report = run_gate(trajectories, config=config, rule_judgements=rules)
     qc_run_id = write_qc_run(
         engine,
         run_id=run_id,
         report=report,
-        judgements=[rule_judgement(t, config.judge) for t in trajectories],
+        judgements=rules,
         docs_key=None,
         started_at=started,
     )

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from cli.stores import stores
 from config.settings import load_settings
 
 err = Console(stderr=True, soft_wrap=True)
@@ -52,74 +53,69 @@ def collect(
 ) -> None:
     """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
     from cli.progress import episode_progress
-    from collection.runner import (
-        CollectRequest,
-        make_run_policy,
-        plan_episodes,
-        resolve_faults,
-        task_instances,
-    )
+    from collection.plan import plan_collection
+    from collection.request import CollectRequest, fresh_run_key
+    from collection.runner import open_collection
     from config.prefect import apply_prefect_settings
-    from models import run_id_for
-    from storage.db import make_engine
-    from storage.migrate import ensure_current
 
     settings = load_settings()
     apply_prefect_settings(settings.prefect)
-    key = run_key or f"{suite}-{policy.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    chosen = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
-    request = CollectRequest(
+    if shards > 1 and not shard_deployment:
+        raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
+    request = CollectRequest.from_options(
         suite=suite,
         policy=policy,
         tasks=tasks,
         rollouts=rollouts,
         concurrency=concurrency,
         faults=faults,
-        run_key=key,
+        run_key=run_key,
         seed=seed,
-        templates=chosen,
+        templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
-    resolve_faults(faults)
-    if shards > 1 and not shard_deployment:
-        raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
-    asyncio.run(make_run_policy(policy).aclose())  # a bad spec fails here, before any work
-    total = len(plan_episodes(request, task_instances(request)))
-    engine = make_engine(settings.database)
-    ensure_current(engine)
+    request = request.keyed(run_key or fresh_run_key(request))
+    # Everything that can be checked here is, before Prefect starts: the suite and its
+    # templates, the policy spec, the database schema and the object store.
+    plan = plan_collection(request, settings.suites)
+    preflight = open_collection(plan, settings)
+    asyncio.run(preflight.policy.aclose())
 
     from flows.collect import collect_episodes
 
-    with episode_progress(engine, run_id_for(key), total, console=err, enabled=not as_json):
-        result = asyncio.run(
-            collect_episodes(
-                suite=suite,
-                policy=policy,
-                tasks=tasks,
-                rollouts=rollouts,
-                concurrency=concurrency,
-                faults=faults,
-                run_key=key,
-                seed=seed,
-                templates=chosen,
-                shards=shards,
-                shard_deployment=shard_deployment,
-                gate=gate,
-                gate_trigger="none",
+    try:
+        with episode_progress(
+            preflight.engine, preflight.run_id, plan.total, console=err, enabled=not as_json
+        ):
+            result = asyncio.run(
+                collect_episodes(
+                    request=request,
+                    shards=shards,
+                    shard_deployment=shard_deployment,
+                    gate=gate,
+                    gate_trigger="none",
+                )
+            )
+    finally:
+        preflight.engine.dispose()
+    if as_json:
+        typer.echo(
+            result.model_dump_json(
+                include={
+                    "run_id",
+                    "run_key",
+                    "episodes",
+                    "steps",
+                    "by_status",
+                    "success_rate",
+                    "duration_s",
+                }
             )
         )
-    engine.dispose()
-    summary = {
-        k: result[k]
-        for k in ("run_id", "episodes", "steps", "by_status", "success_rate", "duration_s")
-    }
-    summary["run_key"] = key
-    if as_json:
-        typer.echo(json.dumps(summary))
     else:
         out.print(
-            f"run [bold]{key}[/] ({result['run_id']}): {result['episodes']} episodes "
-            f"({result['executed']} run now), success rate {result['success_rate']:.1%}, "
-            f"{result['duration_s']:.1f} s; by status {result['by_status']}"
+            f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} episodes "
+            f"({result.executed} run now), success rate {result.success_rate:.1%}, "
+            f"{result.duration_s:.1f} s; by status {result.by_status}"
         )
 
 
@@ -129,15 +125,10 @@ def show(
 ) -> None:
     """Render one episode's trajectory readably in the terminal."""
     from cli.show import render_trajectory
-    from storage.db import make_engine
     from storage.episodes import load_trajectory
-    from storage.migrate import ensure_current
-    from storage.objects import make_object_store
 
-    settings = load_settings()
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    trajectory = load_trajectory(engine, make_object_store(settings.objects), _uuid(episode_id))
+    with stores(load_settings()) as (engine, store):
+        trajectory = load_trajectory(engine, store, _uuid(episode_id))
     render_trajectory(trajectory, out, max_chars=None if full else 1200)
 
 
@@ -151,12 +142,12 @@ def export(
     """Export a run's trajectories as ATIF or OpenAI chat messages (JSON lines) or a parquet of steps."""
     from storage.exchange import export_run
 
-    settings = load_settings()
     if fmt not in ("atif", "openai", "parquet"):
         raise typer.BadParameter("use atif, openai or parquet", param_hint="--format")
     if fmt == "parquet" and output is None:
         raise typer.BadParameter("parquet needs --out FILE", param_hint="--out")
-    n = export_run(settings, run, fmt, output or sys.stdout)
+    with stores(load_settings()) as (engine, store):
+        n = export_run(engine, store, run, fmt, output or sys.stdout)
     err.print(
         f"exported {n} episode(s) of run {run} as {fmt}" + (f" to {output}" if output else "")
     )
@@ -180,7 +171,8 @@ def import_(
 
     if fmt not in ("atif", "openai"):
         raise typer.BadParameter("use atif or openai", param_hint="--format")
-    report = import_file(load_settings(), file, fmt, run_key=run_key)
+    with stores(load_settings(), check_objects=True) as (engine, store):
+        report = import_file(engine, store, file, fmt, run_key=run_key)
     if as_json:
         typer.echo(report.model_dump_json())
     else:
@@ -194,7 +186,9 @@ def replay(
     """Re-execute an episode's recorded tool calls in a fresh jail and compare observations."""
     from collection.replay import replay_episode
 
-    result = asyncio.run(replay_episode(load_settings(), _uuid(episode_id)))
+    settings = load_settings()
+    with stores(settings) as (engine, store):
+        result = asyncio.run(replay_episode(engine, store, _uuid(episode_id), settings=settings))
     payload: dict[str, Any] = result.model_dump(mode="json")
     if as_json:
         typer.echo(json.dumps(payload))

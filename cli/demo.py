@@ -11,21 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy import Engine, select
-from sqlmodel import col
 
 from agent.trajectory import utcnow
+from collection.request import CollectRequest
 from config.prefect import apply_prefect_settings
 from config.settings import Settings
-from models import Episode, run_id_for
+from models import run_id_for
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import make_object_store
+from storage.runs import sample_episode
+
+if TYPE_CHECKING:
+    from flows.collect import CollectFlowResult
+    from flows.evaluate import EvaluationResult
+    from flows.qc import QcGateResult
 
 DEMO_TEMPLATES = [
     "csv_to_json",
@@ -48,34 +52,22 @@ DEMO_TRAIN_STEPS = 30
 """Optimizer steps of the demo's SFT run on the tiny model."""
 
 
-def _pick(engine: Engine, run_id: uuid.UUID, success: bool) -> str | None:
-    with engine.connect() as conn:
-        query = select(col(Episode.id)).where(col(Episode.run_id) == run_id)
-        query = (
-            query.where(col(Episode.status) == "success")
-            if success
-            else query.where(col(Episode.status) != "success")
-        )
-        found = conn.execute(
-            query.order_by(col(Episode.template), col(Episode.id)).limit(1)
-        ).scalar_one_or_none()
-    return str(found) if found else None
-
-
-async def _chain(key: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+async def _chain(key: str) -> tuple[CollectFlowResult, QcGateResult, EvaluationResult | None]:
     from flows.collect import collect_episodes
     from flows.evaluate import evaluate
     from flows.qc import qc_gate
 
     collected = await collect_episodes(
-        suite="builtin",
-        policy="scripted:noisy",
-        tasks=2,
-        rollouts=1,
-        concurrency=4,
-        faults="light",
-        run_key=key,
-        templates=DEMO_TEMPLATES,
+        request=CollectRequest(
+            suite="builtin",
+            policy="scripted:noisy",
+            tasks=2,
+            rollouts=1,
+            concurrency=4,
+            faults="light",
+            run_key=key,
+            templates=DEMO_TEMPLATES,
+        )
     )
     gated = await qc_gate(
         run=key,
@@ -84,9 +76,10 @@ async def _chain(key: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, An
         train_max_steps=DEMO_TRAIN_STEPS,
     )
     evaluation = None
-    if gated.get("training"):
+    trained = gated.training.result if gated.training else None
+    if trained is not None:
         evaluation = await evaluate(
-            checkpoint=gated["training"]["checkpoint_id"],
+            checkpoint=str(trained.checkpoint_id),
             instances=1,
             templates=DEMO_TEMPLATES[:3],
             max_steps=3,
@@ -120,35 +113,39 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     )
     collected, gated, evaluation = asyncio.run(_chain(key))
     console.print(
-        f"   collected {collected['episodes']} episodes ({collected['steps']} steps), success rate "
-        f"{collected['success_rate']:.0%}, by status {collected['by_status']}"
+        f"   collected {collected.episodes} episodes ({collected.steps} steps), success rate "
+        f"{collected.success_rate:.0%}, by status {collected.by_status}"
     )
     console.print(
-        f"   QC: batch {'passed' if gated['batch_passed'] else 'FAILED'}; keep {gated['keep']}, "
-        f"downweight {gated['downweight']}, discard {gated['discard']}; mean quality "
-        f"{(gated['mean_quality'] or 0):.2f}; training triggered: {gated['triggered_training']}"
+        f"   QC: batch {'passed' if gated.batch_passed else 'FAILED'}; keep {gated.keep}, "
+        f"downweight {gated.downweight}, discard {gated.discard}; mean quality "
+        f"{(gated.mean_quality or 0):.2f}; training triggered: {gated.triggered_training}"
     )
-    training = gated.get("training") or {}
-    if training:
+    training = gated.training.result if gated.training else None
+    if training is not None:
         console.print(
-            f"   trained {training['algo']} for {training['steps']} steps → checkpoint {training['checkpoint_id']}"
+            f"   trained {training.algo} for {training.steps} steps → checkpoint {training.checkpoint_id}"
         )
-    if evaluation:
+    if evaluation is not None:
+        previous = evaluation.previous["completion_rate"] if evaluation.previous else "-"
         console.print(
-            f"   evaluation on held-out tasks: completion {evaluation['completion_rate']:.0%}, "
-            f"avg steps {evaluation['avg_steps']:.1f}, tool failure rate {evaluation['tool_failure_rate']:.0%} "
-            f"(previous checkpoint: {evaluation['previous']['completion_rate'] if evaluation.get('previous') else '-'})"
+            f"   evaluation on held-out tasks: completion {evaluation.completion_rate:.0%}, "
+            f"avg steps {evaluation.avg_steps:.1f}, tool failure rate {evaluation.tool_failure_rate:.0%} "
+            f"(previous checkpoint: {previous})"
         )
 
     run_id = run_id_for(key)
-    success, failure = _pick(engine, run_id, True), _pick(engine, run_id, False)
+    success, failure = (
+        sample_episode(engine, run_id, success=True),
+        sample_episode(engine, run_id, success=False),
+    )
     database = settings.database.redacted_url()
     sqlite_file = (
         str(Path(database.removeprefix("sqlite:///")).resolve())
         if settings.database.is_sqlite
         else None
     )
-    docs = gated.get("docs_key")
+    docs = gated.docs_key
     docs_path = (
         str((settings.objects.local_root() / docs).resolve())
         if docs and not settings.objects.is_s3
@@ -185,28 +182,16 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     engine.dispose()
     return {
         "run_key": key,
-        "episodes": collected["episodes"],
-        "success_rate": collected["success_rate"],
-        "qc": {
-            k: gated[k]
-            for k in (
-                "qc_run_id",
-                "batch_passed",
-                "episodes",
-                "keep",
-                "downweight",
-                "discard",
-                "mean_quality",
-                "triggered_training",
-            )
-        },
-        "training_run_id": training.get("training_run_id"),
-        "checkpoint_id": training.get("checkpoint_id"),
+        "episodes": collected.episodes,
+        "success_rate": collected.success_rate,
+        "qc": gated.summary(),
+        "training_run_id": str(training.training_run_id) if training else None,
+        "checkpoint_id": str(training.checkpoint_id) if training else None,
         "evaluation": (
-            {
-                k: evaluation[k]
-                for k in ("completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta")
-            }
+            evaluation.model_dump(
+                mode="json",
+                include={"completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta"},
+            )
             if evaluation
             else None
         ),

@@ -32,19 +32,12 @@ def report(
 ) -> None:
     """Write an HTML report of a collection run (status mix, charts, tools, templates,
     every trajectory with its gate verdict and judge deductions) and print its path."""
+    from cli.stores import stores
     from reports.gather import default_report_path, gather_report
     from reports.html import render_report
-    from storage.db import make_engine
-    from storage.migrate import ensure_current
-    from storage.objects import make_object_store
 
-    settings = load_settings()
-    engine = make_engine(settings.database)
-    try:
-        ensure_current(engine)
-        gathered = gather_report(engine, make_object_store(settings.objects), run)
-    finally:
-        engine.dispose()
+    with stores(load_settings()) as (engine, store):
+        gathered = gather_report(engine, store, run)
     page = render_report(gathered, max_chars=max_chars or None, expand=expand)
     target = output or default_report_path(gathered.run.run_key)
     try:

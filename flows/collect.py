@@ -1,128 +1,117 @@
-"""Prefect flows for collection: `collect_episodes` (one machine or many) and `collect_shard`.
+"""The `collect-episodes` flow: one collection run, on this machine or fanned out to shards.
 
-Thin composition over `collection.runner`: Prefect tasks run *batches* of episodes (asyncio
-concurrency inside), never one task per step. At the end, a table artifact and a
-markdown artifact summarise the run for the Prefect UI.
+Thin: the request is planned and opened once (`collection.runner`), each batch of
+episodes runs as a Prefect task (asyncio concurrency inside, never a task per step), the
+totals come from SQL, and two artifacts summarise the run for the Prefect UI.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NONE
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
-from agent.settings import LoopSettings, PolicySettings
+from collection.errors import CollectError
+from collection.plan import PlannedEpisode, Shard, plan_collection
+from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import (
-    CollectRequest,
-    CollectResult,
-    PlannedEpisode,
-    close_run,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    resolve_faults,
-    run_and_persist,
-    run_counts,
-    task_instances,
+    Collection,
+    collection_result,
+    finish_run,
+    open_collection,
+    remaining,
+    run_episodes,
+    start_run,
 )
 from config.settings import Settings, load_settings
-from sandbox.spec import SandboxSpec
-from storage.db import make_engine
-from storage.migrate import ensure_current
-from storage.objects import make_object_store
+from flows.qc import QcGateResult, TriggerMode, qc_gate
 from storage.run_summary import summarize_run, summary_markdown, summary_table
+from storage.runs import run_totals
 
 CHUNK = 64
 """Episodes per Prefect task: big enough that orchestration is noise, small enough to
 show progress in the UI and bound what a crash can lose."""
 
 
+class CollectFlowResult(CollectResult):
+    """A collection's result, with the QC gate's when the flow ran it."""
+
+    qc: QcGateResult | None = None
+    """The gate's result (with `gate`), else None."""
+
+
 @task(name="run-episode-batch", cache_policy=NONE, retries=0)
-async def run_batch(
-    plan: list[PlannedEpisode], request: CollectRequest, settings: Settings
-) -> dict[str, int]:
-    """Run one chunk of the plan concurrently and persist it; returns what was written."""
-    engine = make_engine(settings.database)
-    store = make_object_store(settings.objects)
-    policy = make_run_policy(request.policy, PolicySettings())
-    try:
-        report = await run_and_persist(
-            plan, request, engine=engine, store=store, loop_settings=LoopSettings(), policy=policy
-        )
-    finally:
-        await policy.aclose()
-        engine.dispose()
-    return {"episodes": len(report.inserted), "steps": report.steps}
+async def run_episode_batch(collection: Collection, batch: list[PlannedEpisode]) -> int:
+    """Run one batch of the plan concurrently and persist it; returns episodes written."""
+    report = await run_episodes(collection, batch)
+    return len(report.inserted)
 
 
-def default_run_key(suite: str, policy: str) -> str:
-    """Scheduled runs get one key per night, so re-running a crashed night resumes it."""
-    scheduled = flow_run.scheduled_start_time
-    day = scheduled.strftime("%Y%m%d") if scheduled else time.strftime("%Y%m%dT%H%M%S")
-    return f"{suite}-{policy.replace(':', '-')}-{day}"
-
-
-async def _collect(request: CollectRequest, settings: Settings) -> tuple[CollectResult, Any]:
+async def collect_here(
+    request: CollectRequest, settings: Settings, *, shard: Shard, close: bool
+) -> CollectResult:
+    """Collect this process's share of the run: plan, open, run the remaining episodes in
+    batch tasks, mark the run (when `close`), count."""
     logger = get_run_logger()
     started = time.monotonic()
-    engine = make_engine(settings.database)
-    store = make_object_store(settings.objects)
-    store.check()
-    ensure_current(engine)
-    resolve_faults(request.faults)
-    await make_run_policy(request.policy).aclose()  # a bad spec fails before any work
-    plan = plan_episodes(request, task_instances(request))
-    run_id = open_run(engine, request)
-    todo = pending(engine, plan)
-    logger.info(
-        "run %s shard %d/%d: %d planned, %d to run (%d already stored)",
-        request.run_key,
-        request.shard_index + 1,
-        request.shard_count,
-        len(plan),
-        len(todo),
-        len(plan) - len(todo),
-    )
-    written = {"episodes": 0, "steps": 0}
-    status = "failed"
+    plan = plan_collection(request, settings.suites, shard=shard)
+    collection = open_collection(plan, settings)
     try:
-        for i in range(0, len(todo), CHUNK):
-            out = await run_batch(todo[i : i + CHUNK], request, settings)
-            written["episodes"] += out["episodes"]
-            written["steps"] += out["steps"]
-        status = "completed"
+        start_run(collection.engine, collection.request)
+        todo = remaining(collection)
+        logger.info(
+            "run %s shard %d/%d: %d planned, %d to run (%d already stored)",
+            plan.run_key,
+            shard.index + 1,
+            shard.count,
+            len(plan.episodes),
+            len(todo),
+            len(plan.episodes) - len(todo),
+        )
+        status = "failed"
+        try:
+            for i in range(0, len(todo), CHUNK):
+                await run_episode_batch(collection, todo[i : i + CHUNK])
+            status = "completed"
+        finally:
+            if close:
+                flow_run_id = str(flow_run.id) if flow_run.id else None
+                finish_run(collection, status=status, flow_run_id=flow_run_id)
+        return collection_result(
+            collection,
+            executed=len(collection.written.inserted),
+            steps=collection.written.steps,
+            started=started,
+        )
     finally:
-        if request.shard_count == 1:
-            close_run(
-                engine, run_id, status=status, flow_run_id=str(flow_run.id) if flow_run.id else None
-            )
-    counts = run_counts(engine, run_id)
-    total = sum(counts.values())
-    result = CollectResult(
-        run_id=run_id,
-        run_key=request.run_key,
-        planned=len(plan),
-        episodes=total,
-        executed=written["episodes"],
-        steps=written["steps"],
-        by_status=counts,
-        success_rate=(counts.get("success", 0) / total) if total else 0.0,
-        duration_s=round(time.monotonic() - started, 3),
-    )
-    return result, engine
+        await collection.aclose()
 
 
-async def _publish(request: CollectRequest, result: CollectResult, engine: Any) -> None:
-    summary = summarize_run(engine, result.run_id)
-    key = "collect-" + "".join(c if c.isalnum() else "-" for c in request.run_key.lower())[:60]
+def run_key_for(request: CollectRequest) -> str:
+    """The request's key; else one per night for a scheduled run, a fresh one otherwise."""
+    if request.run_key:
+        return request.run_key
+    scheduled = flow_run.scheduled_start_time
+    if deployment.id and scheduled is not None:
+        return nightly_run_key(request, scheduled)
+    return fresh_run_key(request)
+
+
+async def _publish(result: CollectResult, settings: Settings) -> None:
+    from storage.db import make_engine
+
+    engine = make_engine(settings.database)
+    try:
+        summary = summarize_run(engine, result.run_id)
+    finally:
+        engine.dispose()
+    key = "collect-" + "".join(c if c.isalnum() else "-" for c in result.run_key.lower())[:60]
     await acreate_markdown_artifact(
-        markdown=summary_markdown(request.run_key, summary),
+        markdown=summary_markdown(result.run_key, summary),
         key=key,
         description="Collection summary",
     )
@@ -133,138 +122,74 @@ async def _publish(request: CollectRequest, result: CollectResult, engine: Any) 
     )
 
 
-@flow(name="collect-shard", log_prints=True, persist_result=True)
-async def collect_shard(
-    run_key: str,
-    shard_index: int,
-    shard_count: int,
-    suite: str = "builtin",
-    policy: str = "scripted:oracle",
-    tasks: int = 1,
-    rollouts: int = 1,
-    concurrency: int = 4,
-    faults: str | None = None,
-    sandbox_spec: dict[str, Any] | None = None,
-    seed: int = 0,
-    templates: list[str] | None = None,
-) -> dict[str, Any]:
-    """One shard of a collection run (a flow run on a work pool; one worker per machine)."""
-    request = CollectRequest(
-        suite=suite,
-        policy=policy,
-        tasks=tasks,
-        rollouts=rollouts,
-        concurrency=concurrency,
-        faults=faults,
-        spec=SandboxSpec(**(sandbox_spec or {})),
-        run_key=run_key,
-        seed=seed,
-        templates=templates,
-        shard_index=shard_index,
-        shard_count=shard_count,
-    )
-    result, engine = await _collect(request, load_settings())
-    engine.dispose()
-    return result.model_dump(mode="json")
-
-
 @flow(name="collect-episodes", log_prints=True, persist_result=True)
 async def collect_episodes(
-    suite: str = "builtin",
-    policy: str = "scripted:oracle",
-    tasks: int = 1,
-    rollouts: int = 1,
-    concurrency: int = 4,
-    faults: str | None = None,
-    sandbox_spec: dict[str, Any] | None = None,
-    run_key: str | None = None,
-    seed: int = 0,
-    templates: list[str] | None = None,
+    request: CollectRequest,
     shards: int = 1,
     shard_deployment: str | None = None,
     gate: bool = False,
-    gate_trigger: str = "deployment",
-) -> dict[str, Any]:
-    """Collect `tasks` instances × `rollouts` of every template of `suite` with `policy`.
+    gate_trigger: TriggerMode = "deployment",
+) -> CollectFlowResult:
+    """Collect `request.tasks` instances × `request.rollouts` of every template of the suite.
 
     With `gate`, the `qc-gate` flow runs on the result as a subflow (the nightly chain);
-    `gate_trigger` is its trigger mode (`deployment`, `inline` or `none`).
+    `gate_trigger` is its trigger mode.
 
-    With `shards > 1` and `shard_deployment` (e.g. `collect-shard/epiflow-shard`), the run is
-    split into shard flow runs on that deployment's work pool and this flow waits for all
-    of them; results land in the shared database and object store.
+    With `shards > 1` and `shard_deployment` (e.g. `collect-shard/shard`), the run is split
+    into shard flow runs on that deployment's work pool and this flow waits for all of
+    them; the shards write to the shared database and object store, and the totals are
+    read back from SQL (no shard's result file is needed).
     """
     settings = load_settings()
-    key = run_key or default_run_key(suite, policy)
-    request = CollectRequest(
-        suite=suite,
-        policy=policy,
-        tasks=tasks,
-        rollouts=rollouts,
-        concurrency=concurrency,
-        faults=faults,
-        spec=SandboxSpec(**(sandbox_spec or {})),
-        run_key=key,
-        seed=seed,
-        templates=templates,
-    )
+    request = request.keyed(run_key_for(request))
     if shards > 1 and shard_deployment:
-        result, engine = await _fan_out(request, shards, shard_deployment, settings)
+        result = await fan_out(request, settings, shards=shards, deployment=shard_deployment)
     else:
-        result, engine = await _collect(request, settings)
-    await _publish(request, result, engine)
-    engine.dispose()
-    out = result.model_dump(mode="json")
-    if gate:
-        from flows.qc import qc_gate
-
-        out["qc"] = await qc_gate(run=request.run_key, trigger=gate_trigger)
-    return out
+        result = await collect_here(request, settings, shard=Shard(), close=True)
+    await _publish(result, settings)
+    qc = await qc_gate(run=result.run_key, trigger=gate_trigger) if gate else None
+    return CollectFlowResult(**result.model_dump(), qc=qc)
 
 
-async def _fan_out(
-    request: CollectRequest, shards: int, deployment: str, settings: Settings
-) -> tuple[CollectResult, Any]:
+async def fan_out(
+    request: CollectRequest, settings: Settings, *, shards: int, deployment: str
+) -> CollectResult:
+    """Run the request as `shards` flow runs of `deployment` and wait for them all."""
     from prefect.deployments.flow_runs import arun_deployment
 
     started = time.monotonic()
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    run_id = open_run(engine, request)
-    base = request.model_dump(
-        mode="json", exclude={"shard_index", "shard_count", "batch_size", "heldout", "spec"}
-    )
-    base["sandbox_spec"] = request.spec.model_dump(mode="json")
-    runs = await asyncio.gather(
-        *(
-            arun_deployment(
-                deployment,
-                parameters={**base, "shard_index": i, "shard_count": shards},
-                timeout=None,
+    plan = plan_collection(request, settings.suites)
+    collection = open_collection(plan, settings)
+    try:
+        run_id = start_run(collection.engine, collection.request)
+        episodes_before, steps_before = run_totals(collection.engine, run_id)
+        runs = await asyncio.gather(
+            *(
+                arun_deployment(
+                    deployment,
+                    parameters={
+                        "request": request.model_dump(mode="json"),
+                        "shard_index": i,
+                        "shard_count": shards,
+                    },
+                    timeout=None,
+                )
+                for i in range(shards)
             )
-            for i in range(shards)
         )
-    )
-    failed = [r for r in runs if not (r.state and r.state.is_completed())]
-    close_run(engine, run_id, status="failed" if failed else "completed")
-    if failed:
-        raise RuntimeError(
-            f"{len(failed)} of {shards} shard(s) did not complete: {[str(r.state) for r in failed]}"
+        failed = [r for r in runs if not (r.state and r.state.is_completed())]
+        finish_run(collection, status="failed" if failed else "completed")
+        if failed:
+            raise CollectError(
+                f"{len(failed)} of {shards} shard(s) of run {request.run_key} did not complete: "
+                f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+            )
+        episodes_after, steps_after = run_totals(collection.engine, run_id)
+        return collection_result(
+            collection,
+            executed=episodes_after - episodes_before,
+            steps=steps_after - steps_before,
+            started=started,
         )
-    shard_results = [CollectResult.model_validate(await r.state.aresult()) for r in runs if r.state]
-    counts = run_counts(engine, run_id)
-    total = sum(counts.values())
-    return (
-        CollectResult(
-            run_id=run_id,
-            run_key=request.run_key,
-            planned=sum(s.planned for s in shard_results),
-            episodes=total,
-            executed=sum(s.executed for s in shard_results),
-            steps=sum(s.steps for s in shard_results),
-            by_status=counts,
-            success_rate=(counts.get("success", 0) / total) if total else 0.0,
-            duration_s=round(time.monotonic() - started, 3),
-        ),
-        engine,
-    )
+    finally:
+        await collection.aclose()

@@ -14,12 +14,14 @@ NIGHTLY_CRON = "0 2 * * *"
 """02:00 UTC every night."""
 
 NIGHTLY_PARAMETERS: dict[str, Any] = {
-    "suite": "builtin",
-    "policy": "scripted:noisy",
-    "tasks": 4,
-    "rollouts": 2,
-    "concurrency": 8,
-    "faults": "light",
+    "request": {
+        "suite": "builtin",
+        "policy": "scripted:noisy",
+        "tasks": 4,
+        "rollouts": 2,
+        "concurrency": 8,
+        "faults": "light",
+    },
     "gate": True,
 }
 """What the nightly collection runs; override per run in the UI."""
@@ -27,9 +29,10 @@ NIGHTLY_PARAMETERS: dict[str, Any] = {
 
 def runner_deployments() -> list[Any]:
     """`RunnerDeployment`s for `prefect.serve` (one process, no work pool)."""
-    from flows.collect import collect_episodes, collect_shard
+    from flows.collect import collect_episodes
     from flows.evaluate import evaluate
     from flows.qc import qc_gate
+    from flows.shard import collect_shard
     from flows.train import train
 
     return [

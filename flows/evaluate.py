@@ -2,7 +2,8 @@
 
 Completion rate, average steps and tool-call failure rate, compared with the previous
 checkpoint on the same tasks; the episodes are stored like any other (run key
-`eval-<checkpoint>`), the numbers on the checkpoint row and in a Prefect artifact.
+`eval-<checkpoint>`, closed when stored), the numbers on the checkpoint row and in a
+Prefect artifact.
 """
 
 from __future__ import annotations
@@ -10,32 +11,35 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.artifacts import acreate_markdown_artifact
-from sqlalchemy import update
-from sqlmodel import col
+from pydantic import BaseModel, Field
 
-from agent.trajectory import Trajectory
 from config.settings import load_settings
-from models import Policy
-from storage.db import make_engine
-from storage.episodes import persist_episodes
-from storage.migrate import ensure_current
-from storage.objects import make_object_store
-from suites.registry import load_suite
-from training.evaluation import (
-    EvaluationMetrics,
-    compare_metrics,
-    evaluation_metrics,
-    run_model_episodes,
-)
-from training.registry import fetch_checkpoint, previous_checkpoint, record_evaluation
 
 
-def _labelled(trajectories: list[Trajectory], spec: str) -> list[Trajectory]:
-    return [t.model_copy(update={"policy": spec}) for t in trajectories]
+class EvaluationResult(BaseModel):
+    """A checkpoint's evaluation (the CLI's JSON, the flow's result)."""
+
+    checkpoint_id: uuid.UUID
+    """The checkpoint evaluated."""
+    completion_rate: float
+    """Episodes the verifier confirmed / episodes."""
+    avg_steps: float
+    """Mean assistant turns per episode."""
+    tool_failure_rate: float
+    """Acting turns that failed / acting turns."""
+    n_episodes: int
+    """Episodes run."""
+    previous_checkpoint_id: uuid.UUID | None = None
+    """The checkpoint it is compared with, if any."""
+    previous: dict[str, float] | None = None
+    """That checkpoint's three metrics on the same tasks."""
+    delta: dict[str, float] = Field(default_factory=dict)
+    """This minus previous, per metric."""
+    heldout_tasks: int = 0
+    """Held-out task instances evaluated."""
 
 
 @flow(name="evaluate", log_prints=True, persist_result=True)
@@ -47,49 +51,81 @@ async def evaluate(
     max_steps: int = 8,
     max_new_tokens: int = 256,
     compare_previous: bool = True,
-) -> dict[str, Any]:
+) -> EvaluationResult:
     """Evaluate `checkpoint` on `instances` held-out instances per template (never trained on)."""
+    from agent.trajectory import Trajectory
+    from models import run_id_for
+    from storage.db import make_engine
+    from storage.episodes import persist_episodes
+    from storage.migrate import ensure_current
+    from storage.objects import make_object_store
+    from storage.runs import close_run
+    from suites.registry import load_suite
+    from training.evaluation import (
+        EvaluationMetrics,
+        compare_metrics,
+        evaluation_metrics,
+        run_model_episodes,
+    )
+    from training.registry import (
+        fetch_checkpoint,
+        link_policy_to_checkpoint,
+        previous_checkpoint,
+        record_evaluation,
+    )
+
     settings = load_settings()
     engine = make_engine(settings.database)
-    ensure_current(engine)
-    store = make_object_store(settings.objects)
-    checkpoint_id = uuid.UUID(checkpoint)
-    tasks = load_suite(suite).heldout_instances(instances, templates=templates)
-    spec = f"hf:checkpoint/{checkpoint_id}"
+    try:
+        ensure_current(engine)
+        store = make_object_store(settings.objects)
+        checkpoint_id = uuid.UUID(checkpoint)
+        tasks = load_suite(suite, settings=settings.suites).heldout_instances(
+            instances, templates=templates
+        )
 
-    async def measure(cid: uuid.UUID, label: str) -> EvaluationMetrics:
-        with tempfile.TemporaryDirectory(prefix="epiflow-eval-") as tmp:
-            model_dir = fetch_checkpoint(engine, store, cid, Path(tmp) / "model")
+        async def measure(cid: uuid.UUID) -> EvaluationMetrics:
+            spec = f"hf:checkpoint/{cid}"
             run_key = f"eval-{cid}"
-            trajectories = await run_model_episodes(
-                model_dir,
-                tasks,
-                run_key=run_key,
-                max_steps=max_steps,
-                max_new_tokens=max_new_tokens,
-            )
-        persist_episodes(engine, store, _labelled(trajectories, label))
-        with engine.begin() as conn:
-            conn.execute(
-                update(Policy).where(col(Policy.id) == label).values(kind="hf", checkpoint_id=cid)
-            )
-        return evaluation_metrics(trajectories)
+            with tempfile.TemporaryDirectory(prefix="epiflow-eval-") as tmp:
+                model_dir = fetch_checkpoint(engine, store, cid, Path(tmp) / "model")
+                trajectories: list[Trajectory] = await run_model_episodes(
+                    model_dir,
+                    tasks,
+                    run_key=run_key,
+                    max_steps=max_steps,
+                    max_new_tokens=max_new_tokens,
+                )
+            labelled = [t.model_copy(update={"policy": spec}) for t in trajectories]
+            persist_episodes(engine, store, labelled)
+            close_run(engine, run_id_for(run_key), status="completed")
+            link_policy_to_checkpoint(engine, spec, cid)
+            return evaluation_metrics(trajectories)
 
-    metrics = await measure(checkpoint_id, spec)
-    previous_metrics = None
-    prev = previous_checkpoint(engine, checkpoint_id) if compare_previous else None
-    if prev is not None:
-        previous_metrics = await measure(prev, f"hf:checkpoint/{prev}")
-    delta = compare_metrics(metrics, previous_metrics)
-    result: dict[str, Any] = {
-        "checkpoint_id": str(checkpoint_id),
-        **metrics.model_dump(),
-        "previous_checkpoint_id": str(prev) if prev else None,
-        "previous": previous_metrics.model_dump() if previous_metrics else None,
-        "delta": delta,
-        "heldout_tasks": len(tasks),
-    }
-    record_evaluation(engine, checkpoint_id, result)
+        metrics = await measure(checkpoint_id)
+        prev = previous_checkpoint(engine, checkpoint_id) if compare_previous else None
+        previous_metrics = await measure(prev) if prev is not None else None
+        result = EvaluationResult(
+            checkpoint_id=checkpoint_id,
+            completion_rate=metrics.completion_rate,
+            avg_steps=metrics.avg_steps,
+            tool_failure_rate=metrics.tool_failure_rate,
+            n_episodes=metrics.n_episodes,
+            previous_checkpoint_id=prev,
+            previous=(
+                {
+                    name: getattr(previous_metrics, name)
+                    for name in ("completion_rate", "avg_steps", "tool_failure_rate")
+                }
+                if previous_metrics
+                else None
+            ),
+            delta=compare_metrics(metrics, previous_metrics),
+            heldout_tasks=len(tasks),
+        )
+        record_evaluation(engine, checkpoint_id, result.model_dump(mode="json"))
+    finally:
+        engine.dispose()
     lines = [
         f"# Evaluation of checkpoint `{checkpoint_id}`",
         "",
@@ -97,14 +133,14 @@ async def evaluate(
         "|---|---|---|---|",
     ]
     for name in ("completion_rate", "avg_steps", "tool_failure_rate"):
-        before = getattr(previous_metrics, name) if previous_metrics else None
+        before = result.previous.get(name) if result.previous else None
         lines.append(
-            f"| {name} | {getattr(metrics, name):.3f} | {'' if before is None else f'{before:.3f}'} | {delta.get(name, '')} |"
+            f"| {name} | {getattr(result, name):.3f} | {'' if before is None else f'{before:.3f}'} "
+            f"| {result.delta.get(name, '')} |"
         )
     await acreate_markdown_artifact(
         markdown="\n".join(lines) + "\n",
         key=f"eval-{str(checkpoint_id)[:8]}",
         description="Evaluation",
     )
-    engine.dispose()
     return result

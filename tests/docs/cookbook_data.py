@@ -22,7 +22,8 @@ from sqlmodel import Session
 from agent.settings import LoopSettings
 from agent.trajectory import Trajectory, utcnow
 from collection.replay import ReplayReport, replay_trajectory
-from collection.runner import CollectRequest, close_run, collect_in_process, open_run
+from collection.request import CollectRequest
+from collection.runner import collect_in_process, start_run
 from expectations.gate import run_gate
 from expectations.report import GateReport
 from expectations.settings import QcConfig
@@ -32,6 +33,7 @@ from scoring.rule_judge import rule_judgement
 from storage.episodes import persist_episodes
 from storage.objects import ObjectStore
 from storage.qc import write_qc_run
+from storage.runs import close_run
 from tests.agent.chat_server import ChatServer, reply
 from training.registry import checkpoint_prefix, finish_training_run, start_training_run
 from training.snapshots import DatasetInfo, build_snapshot
@@ -179,7 +181,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         corpus.gates.append(
             GatePass(
                 name=name,
-                run_key=corpus.requests[name].run_key,
+                run_key=str(corpus.requests[name].run_key),
                 qc_run_id=fixed_id(f"qc-{i}"),
                 started_at=started + timedelta(minutes=i),
                 report=run_gate(batch, config=config),
@@ -192,7 +194,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         ("noisy", episodes[1]),
         ("oracle", corpus.trajectories["oracle"][0]),
     ]:
-        spec = corpus.requests[name].spec
+        spec = corpus.requests[name].sandbox_spec
         corpus.replays.append(asyncio.run(replay_trajectory(t, spec, text_cap=text_cap)))
     return corpus
 
@@ -200,7 +202,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
 def ingest_collections(engine: Engine, store: ObjectStore, corpus: Corpus) -> None:
     """The collected episodes into another database, through the collection's storage path."""
     for name, request in corpus.requests.items():
-        run_id = open_run(engine, request)
+        run_id = start_run(engine, request)
         persist_episodes(engine, store, corpus.trajectories[name])
         close_run(engine, run_id, status="completed")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -28,9 +27,10 @@ def env_db(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
 def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: str) -> None:
     from prefect.client.orchestration import get_client
 
+    from collection.request import CollectRequest
     from flows.collect import collect_episodes
 
-    params: dict[str, Any] = dict(
+    request = CollectRequest(
         suite="builtin",
         policy="scripted:oracle",
         tasks=1,
@@ -39,18 +39,18 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
         run_key="flow-test",
         templates=["csv_to_json", "merge_csv", "log_errors"],
     )
-    first = asyncio.run(collect_episodes(**params))
-    assert first["planned"] == 6 and first["executed"] == 6 and first["episodes"] == 6
-    assert first["by_status"] == {"success": 6} and first["success_rate"] == 1.0
+    first = asyncio.run(collect_episodes(request=request))
+    assert first.planned == 6 and first.executed == 6 and first.episodes == 6
+    assert first.by_status == {"success": 6} and first.success_rate == 1.0
 
-    again = asyncio.run(collect_episodes(**params))
-    assert again["executed"] == 0 and again["episodes"] == 6  # resume: nothing left to do
+    again = asyncio.run(collect_episodes(request=request))
+    assert again.executed == 0 and again.episodes == 6  # resume: nothing left to do
 
     engine = make_engine(DatabaseSettings(url=env_db))
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Episode)).scalar_one() == 6
         steps = conn.execute(select(func.count()).select_from(Step)).scalar_one()
-        assert steps == first["steps"]
+        assert steps == first.steps
         assert (
             conn.execute(
                 text("SELECT COUNT(*) FROM collection_run WHERE status = 'completed'")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from collection.runner import CollectRequest, collect_in_process
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors", "config_update"]
@@ -48,11 +49,11 @@ def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gate
         tasks=3,
     )
     first = asyncio.run(qc_gate(run="qc-noisy", trigger="none", training_threshold=1.0))
-    assert first["episodes"] == 12 and first["batch_passed"]
-    assert first["keep"] + first["downweight"] + first["discard"] == 12
-    assert first["downweight"] > 0  # the noisy policy's perturbations cost weight
-    assert 0.0 < first["mean_quality"] <= 1.0
-    assert first["docs_key"] and store.exists(first["docs_key"])
+    assert first.episodes == 12 and first.batch_passed
+    assert first.keep + first.downweight + first.discard == 12
+    assert first.downweight > 0  # the noisy policy's perturbations cost weight
+    assert first.mean_quality is not None and 0.0 < first.mean_quality <= 1.0
+    assert first.docs_key and store.exists(first.docs_key)
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT verdict, quality_score FROM qc_result")).all()
         judged = conn.execute(
@@ -65,9 +66,9 @@ def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gate
             text("SELECT COUNT(*) FROM episode_summary WHERE qc_verdict IS NOT NULL")
         ).scalar_one()
     assert len(rows) == 12 and judged == 12 and summary == 12
-    assert tuple(by_suite) == (12, first["keep"], first["downweight"], first["discard"])
+    assert tuple(by_suite) == (12, first.keep, first.downweight, first.discard)
     # trigger="none" records the decision without launching anything
-    assert first["triggered_training"] is False
+    assert first.triggered_training is False
 
 
 def test_broken_sandbox_fails_the_batch(
@@ -79,6 +80,6 @@ def test_broken_sandbox_fails_the_batch(
     monkeypatch.setenv("EPIFLOW_SANDBOX_NSJAIL_PATH", str(tmp_path / "no-nsjail-here"))
     collect(engine, store, "qc-broken", "scripted:oracle", tasks=1)
     result = asyncio.run(qc_gate(run="qc-broken", trigger="none", training_threshold=0.1))
-    assert result["batch_passed"] is False
-    assert result["discard"] == result["episodes"] == 4
-    assert result["triggered_training"] is False
+    assert result.batch_passed is False
+    assert result.discard == result.episodes == 4
+    assert result.triggered_training is False

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from collection.runner import CollectRequest, collect_in_process
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree"]
@@ -35,12 +36,13 @@ def test_gate_triggers_training_once_then_evaluate(
     asyncio.run(collect_in_process(request, engine=migrated_engine, store=store))
 
     first = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
-    assert first["triggered_training"] is True and first["batch_passed"]
-    training = first["training"]
-    assert training["steps"] == 2 and training["checkpoint_id"]
+    assert first.triggered_training is True and first.batch_passed
+    assert first.training is not None and first.training.result is not None
+    training = first.training.result
+    assert training.steps == 2 and training.checkpoint_id
 
     again = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
-    assert again["triggered_training"] is False  # re-running the gate does not train twice
+    assert again.triggered_training is False  # re-running the gate does not train twice
 
     with migrated_engine.connect() as conn:
         lineage = conn.execute(
@@ -48,9 +50,9 @@ def test_gate_triggers_training_once_then_evaluate(
                 "SELECT COUNT(DISTINCT episode_id) FROM training_lineage WHERE checkpoint_id = :c"
             ),
             {
-                "c": training["checkpoint_id"].replace("-", "")
+                "c": training.checkpoint_id.hex
                 if migrated_engine.dialect.name == "sqlite"
-                else training["checkpoint_id"]
+                else str(training.checkpoint_id)
             },
         ).scalar_one()
         runs = conn.execute(text("SELECT status, algo FROM training_run")).all()
@@ -59,17 +61,17 @@ def test_gate_triggers_training_once_then_evaluate(
 
     result = asyncio.run(
         evaluate(
-            checkpoint=training["checkpoint_id"],
+            checkpoint=str(training.checkpoint_id),
             instances=1,
             templates=TEMPLATES,
             max_steps=2,
             max_new_tokens=16,
         )
     )
-    assert set(result) >= {"completion_rate", "avg_steps", "tool_failure_rate"}
-    assert 0.0 <= result["completion_rate"] <= 1.0 and result["avg_steps"] > 0
-    assert result["previous_checkpoint_id"] == training["base_checkpoint_id"]
-    assert result["previous"] is not None
+    assert set(result.model_dump()) >= {"completion_rate", "avg_steps", "tool_failure_rate"}
+    assert 0.0 <= result.completion_rate <= 1.0 and result.avg_steps > 0
+    assert result.previous_checkpoint_id == training.base_checkpoint_id
+    assert result.previous is not None
     with migrated_engine.connect() as conn:
         evaluated = conn.execute(
             text(
