@@ -3,9 +3,10 @@
 Mounted by `cli.app` as `epiflow suites`. Settings are built here (the entry point) and
 passed down. User-facing failures (unknown suite, malformed `suite.yaml`, a generator script
 that fails, bad policy spec, no sandbox) are printed on stderr and exit with code 2. `check`
-exits 1 when a sandbox or verifier broke, when `--min-score` is not reached, and when the
-oracle (`scripted:oracle`) scores below 1.0 anywhere; each failed instance is listed with
-its failing tool calls (command, exit code, stderr).
+exits 1 when a sandbox or verifier broke, when `--min-score` is not reached, when a
+template is not deterministic (generated again from a fresh load, a seed gives another
+task), and when the oracle (`scripted:oracle`) scores below 1.0 anywhere; each failed
+instance is listed with its failing tool calls (command, exit code, stderr).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from suites.check import ORACLE_POLICY, CheckReport, InstanceResult, failed_steps, summarize
+from suites.check import (
+    ORACLE_POLICY,
+    CheckReport,
+    InstanceResult,
+    failed_steps,
+    nondeterministic_templates,
+    summarize,
+)
 from suites.errors import SuiteError
 from suites.registry import load_all_suites, load_suite
 from suites.settings import SuitesSettings
@@ -114,14 +122,20 @@ def check(
             if heldout
             else loaded.instances(instances, seed=seed, templates=names)
         )
+        fresh = load_suite(suite, settings=SuitesSettings(), sandbox=sandbox_settings)
+        unstable = nondeterministic_templates(tasks, fresh.generate)
     except SuiteError as e:
         raise _fail(str(e)) from e
-    report = asyncio.run(_run_check(loaded, tasks, policy, concurrency, sandbox_settings))
+    report = asyncio.run(_run_check(loaded, tasks, policy, concurrency, sandbox_settings, unstable))
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:
         _print_report(report)
-    problems: list[str] = []
+    problems = [
+        f"template {name!r} is not deterministic: the same seed gave a different task when "
+        "generated again (its generator must draw every choice from random.Random(seed))"
+        for name in report.nondeterministic
+    ]
     if report.environment_errors:
         problems.append(f"{report.environment_errors} instance(s) hit a sandbox or verifier error")
     if policy == ORACLE_POLICY and report.below_full:
@@ -144,6 +158,7 @@ async def _run_check(
     policy_spec: str,
     concurrency: int,
     sandbox_settings: SandboxSettings,
+    nondeterministic: list[str],
 ) -> CheckReport:
     from agent.errors import PolicySpecError
     from agent.loop import run_episode
@@ -191,7 +206,7 @@ async def _run_check(
         results = await asyncio.gather(*(one(task) for task in tasks))
     finally:
         await policy.aclose()
-    return summarize(suite, policy_spec, results)
+    return summarize(suite, policy_spec, results, nondeterministic=nondeterministic)
 
 
 def _suite_json(suite: Suite) -> dict[str, Any]:

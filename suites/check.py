@@ -11,7 +11,7 @@ policy).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -146,6 +146,9 @@ class CheckReport(BaseModel):
     """Mean score over every instance."""
     environment_errors: int
     """Instances whose sandbox or verifier broke (not the policy's fault)."""
+    nondeterministic: list[str] = Field(default_factory=list)
+    """Templates whose first instance came out different when generated again from a fresh
+    load of the suite (a generator script that does not draw everything from its seed)."""
 
     @property
     def below_full(self) -> int:
@@ -153,7 +156,13 @@ class CheckReport(BaseModel):
         return sum(t.below_full for t in self.templates)
 
 
-def summarize(suite: Suite, policy: str, results: Iterable[InstanceResult]) -> CheckReport:
+def summarize(
+    suite: Suite,
+    policy: str,
+    results: Iterable[InstanceResult],
+    *,
+    nondeterministic: Iterable[str] = (),
+) -> CheckReport:
     """Group instance results by template, in the suite's template order."""
     grouped: dict[str, list[InstanceResult]] = {}
     for result in results:
@@ -186,7 +195,25 @@ def summarize(suite: Suite, policy: str, results: Iterable[InstanceResult]) -> C
         templates=checks,
         mean_score=_mean([r.score for r in everything]),
         environment_errors=sum(r.verifier_error for r in everything),
+        nondeterministic=list(nondeterministic),
     )
+
+
+def nondeterministic_templates(
+    tasks: Iterable[TaskInstance], regenerate: Callable[[str, int], TaskInstance]
+) -> list[str]:
+    """Templates whose first task in `tasks` differs from `regenerate(template, seed)`.
+
+    `regenerate` should come from a freshly loaded suite, so no cached draft hides a
+    generator that reads the clock or an unseeded random source.
+
+    Raises:
+        SuiteError: from `regenerate` (e.g. a generator that fails on the second run).
+    """
+    first: dict[str, TaskInstance] = {}
+    for task in tasks:
+        first.setdefault(task.template, task)
+    return [name for name, task in first.items() if regenerate(name, task.seed) != task]
 
 
 async def replay_reference(sandbox: Sandbox, task: TaskInstance) -> list[ToolResult]:

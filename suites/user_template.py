@@ -4,7 +4,8 @@ A static task (no `params`, no `generator`) yields the same draft for every seed
 generated task draws its `params` from `random.Random(seed)`, runs its generator (if any)
 in a jail with the seed, and renders `{{ … }}` (see `suites.render`) in the prompt, the
 workspace paths and inline files (and `from` files marked `render: true`), the reference
-calls' string arguments, the reference final text and the verifier's command or argv. The
+calls' string arguments (an argument the tool wants as an integer keeps the type of a
+whole `{{ … }}`), the reference final text and the verifier's command or argv. The
 verifier also gets every value as JSON in `PARAMS_FILE`.
 
 Rendering failures carry the location of the field (`RenderFailure.loc`); the loader turns
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.generator import GeneratedParts, GeneratorJob, run_generator
 from suites.params import draw_params
 from suites.render import RenderError, names_in, render_text, render_value
@@ -118,6 +120,8 @@ class _Renderer:
                 raise RenderFailure(
                     loc, f"workspace path renders as {path!r}: not inside /workspace"
                 )
+            if path in files:
+                raise RenderFailure(loc, f"two workspace paths render as {path!r}")
             if src.text is not None:
                 files[path] = self._text(loc, src.text, values)
             elif src.from_ is not None:
@@ -133,7 +137,13 @@ class _Renderer:
         calls: list[ReferenceCall] = []
         for j, call in enumerate(task.reference_solution):
             loc = (*base, "reference_solution", j)
-            args = {key: self._value(loc, value, values) for key, value in call.args.items()}
+            schema = BUILTIN_TOOLS[call.tool].parameters.get("properties", {})
+            args = {
+                key: self._text(loc, value, values)
+                if isinstance(value, str) and schema.get(key, {}).get("type") == "string"
+                else self._value(loc, value, values)
+                for key, value in call.args.items()
+            }
             problems = tool_args_problems(call.tool, args)
             if problems:
                 raise RenderFailure(loc, "once rendered: " + "; ".join(problems))

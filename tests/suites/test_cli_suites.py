@@ -209,3 +209,24 @@ def test_check_reports_a_failing_generator_with_exit_2(tmp_path, monkeypatch):
         "RuntimeError: no values today"
     ) in result.stderr
     assert 'File "/workspace/gen.py", line 1' in result.stderr
+
+
+def test_check_flags_a_generator_that_ignores_its_seed(tmp_path, monkeypatch):
+    folder = tmp_path / "clock"
+    folder.mkdir()
+    (folder / "suite.yaml").write_text(
+        "name: clock\nversion: 1\ntasks:\n  - name: unseeded\n    difficulty: 1\n"
+        "    generator: {script: gen.py, provides: [x]}\n"
+        "    prompt: x is {{ x }}\n"
+        '    verifier: {command: \'echo "{\\"score\\": 1, \\"reason\\": \\"ok\\"}"\'}\n'
+    )
+    # Unseeded: the OS's random source, so every run differs.
+    (folder / "gen.py").write_text(
+        "import json, random\nprint(json.dumps({'params': {'x': random.random()}}))\n"
+    )
+    monkeypatch.setenv("EPIFLOW_SUITES_PATH", str(tmp_path))
+    result, report = run_check("--suite", "clock", "--instances", "1")
+    assert result.exit_code == 1, result.output
+    assert report["nondeterministic"] == ["unseeded"]
+    assert report["mean_score"] == 1.0
+    assert "template 'unseeded' is not deterministic" in result.stderr

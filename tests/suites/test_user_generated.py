@@ -89,6 +89,8 @@ tasks:
         args:
           command: "mkdir -p out && for i in $(seq {{ n }}); do echo {{ word | shell }}; done > out/{{ word }}.txt"
           timeout: "{{ n | add(10) }}"
+      - tool: write_file
+        args: {path: "{{ n }}", content: "{{ n }}"}
     reference_final: Wrote {{ n }} lines.
     verifier:
       argv: [python3, -I, /tmp/epiflow-verifier/check.py, "out/{{ word }}.txt"]
@@ -132,6 +134,10 @@ def test_params_render_into_every_field(tmp_path):
     call = task.reference_solution[0]
     assert call.args["timeout"] == n + 10  # a whole expression keeps its type
     assert f"seq {n}" in call.args["command"]
+    assert suite.generate("repeat", 3).reference_solution[1].args == {
+        "path": str(n),
+        "content": str(n),
+    }
     assert task.reference_final == f"Wrote {n} lines."
     assert task.verifier.argv[-1] == f"out/{word}.txt"
     assert suite.generate("repeat", 3) == task
@@ -168,7 +174,7 @@ MALFORMED = [
         14,
         "render",
     ),
-    ("files: [check.py]", "files: [params.json]", "tasks[0].verifier.files[0]", 23, "reserved"),
+    ("files: [check.py]", "files: [params.json]", "tasks[0].verifier.files[0]", 25, "reserved"),
     (
         '"{{ n }}\\n"',
         '"{{ extra | upper }}"',
