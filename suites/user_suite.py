@@ -65,45 +65,7 @@ def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> 
             problem found is listed with file, line and field.
     """
     path = folder / SUITE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SuiteFormatError([_issue(path, None, "<file>", f"cannot read: {e}")]) from e
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        issue = _issue(path, mark, "<file>", f"not valid YAML: {e.problem or e}")
-        raise SuiteFormatError([issue]) from e
-    except yaml.YAMLError as e:
-        raise SuiteFormatError([_issue(path, None, "<file>", f"not valid YAML: {e}")]) from e
-    if not isinstance(data, dict) or root is None:
-        found = "an empty file" if data is None else type(data).__name__
-        raise SuiteFormatError(
-            [
-                _issue(
-                    path,
-                    root.start_mark if root else None,
-                    "<file>",
-                    f"expected a mapping with name, version and tasks, got {found}",
-                )
-            ]
-        )
-    try:
-        decl = SuiteDecl.model_validate(data)
-    except ValidationError as e:
-        raise SuiteFormatError(
-            [
-                _issue(
-                    path,
-                    _mark_for(root, tuple(err["loc"])),
-                    _dotted(tuple(err["loc"])),
-                    _message(err),
-                )
-                for err in e.errors()
-            ]
-        ) from e
+    root, decl = _read_decl(path)
     problems = _folder_problems(folder, decl)
     if not problems:
         problems = _template_problems(folder, decl)
@@ -145,6 +107,50 @@ def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> 
     if probe_issues:
         raise SuiteFormatError(probe_issues)
     return suite
+
+
+def _read_decl(path: Path) -> tuple[yaml.Node, SuiteDecl]:
+    """The YAML node tree (for locations) and the validated declaration of `path`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteFormatError([_issue(path, None, "<file>", f"cannot read: {e}")]) from e
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        issue = _issue(path, mark, "<file>", f"not valid YAML: {e.problem or e}")
+        raise SuiteFormatError([issue]) from e
+    except yaml.YAMLError as e:
+        raise SuiteFormatError([_issue(path, None, "<file>", f"not valid YAML: {e}")]) from e
+    if not isinstance(data, dict) or root is None:
+        found = "an empty file" if data is None else type(data).__name__
+        raise SuiteFormatError(
+            [
+                _issue(
+                    path,
+                    root.start_mark if root else None,
+                    "<file>",
+                    f"expected a mapping with name, version and tasks, got {found}",
+                )
+            ]
+        )
+    try:
+        decl = SuiteDecl.model_validate(data)
+    except ValidationError as e:
+        raise SuiteFormatError(
+            [
+                _issue(
+                    path,
+                    _mark_for(root, tuple(err["loc"])),
+                    _dotted(tuple(err["loc"])),
+                    _message(err),
+                )
+                for err in e.errors()
+            ]
+        ) from e
+    return root, decl
 
 
 def _from_texts(folder: Path, task: TaskDecl) -> dict[str, str]:
