@@ -74,11 +74,29 @@ class TaskInstance(BaseModel):
     """How the outcome is checked."""
 
     @property
-    def task_id(self) -> str:
-        """Stable id: suite/template@version#seed plus a short content hash."""
-        digest = hashlib.sha256(
+    def content_digest(self) -> str:
+        """Short hash of what the agent sees (prompt and files): equal digests, same task."""
+        return hashlib.sha256(
             json.dumps(
                 {"prompt": self.prompt, "files": self.files}, sort_keys=True, ensure_ascii=False
             ).encode()
         ).hexdigest()[:10]
-        return f"{self.suite}/{self.template}@{self.template_version}#{self.seed}-{digest}"
+
+    @property
+    def task_id(self) -> str:
+        """Stable id: suite/template@version#seed plus a short content hash."""
+        return (
+            f"{self.suite}/{self.template}@{self.template_version}#{self.seed}"
+            f"-{self.content_digest}"
+        )
+
+
+def is_workspace_relative(path: str) -> bool:
+    """True when `path` names a file inside the workspace: relative, no `.`/`..`/empty parts.
+
+    The same rule the sandbox applies when it writes workspace files, checked early so a
+    suite reports the path with its location instead of failing when an episode starts.
+    """
+    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
+        return False
+    return not any(part in ("", ".", "..") for part in path.split("/"))

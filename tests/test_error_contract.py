@@ -35,6 +35,8 @@ INTERNAL = {
     "agent.loop._EpisodeEnd": "ends the episode loop; caught in run_episode",
     "scoring.grm_prompt.AnswerUnparseable": "an unparseable judge answer; recorded as data",
     "suites.builtin.common.Reject": "a generator rejects a seed's draw and draws again",
+    "suites.render.RenderError": "a template fails; suites turns it into a located SuiteFormatError",
+    "suites.user_template.RenderFailure": "carries the field's location to SuiteFormatError",
     # Runs inside the jail as its own process and imports nothing of epiflow.
     "sandbox.jail_executor.ToolFailure": "in-jail executor; becomes a tool result",
 }
