@@ -57,7 +57,7 @@ def test_collection_through_faulty_s3(
         asyncio.run(collect_in_process(request, engine=migrated_engine, store=stressed))
 
         with migrated_engine.connect() as conn:
-            statuses = dict(
+            statuses: dict[str, int] = dict(
                 conn.execute(text("SELECT status, COUNT(*) FROM episode GROUP BY status")).all()
             )
             keys = set(conn.execute(select(col(Artifact.key))).scalars())
