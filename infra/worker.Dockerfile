@@ -11,4 +11,4 @@ RUN pip install --no-cache-dir -c requirements/lock.txt uv \
  && if echo ",${EXTRAS}," | grep -qE ',(train|all),'; then \
       pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0; \
     fi \
- && uv pip install --system --no-cache -c requirements/lock.txt ".[${EXTRAS}]"
+ && uv pip install --system --no-cache --compile-bytecode -c requirements/lock.txt ".[${EXTRAS}]"

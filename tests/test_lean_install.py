@@ -24,6 +24,18 @@ from tests.services.wheelhouse import repack, requirement_closure
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+_NOT_SOURCE = (
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".epiflow",
+    "tests",
+    "bench",
+)
 HEAVY = ("torch", "transformers", "trl", "datasets", "tokenizers", "accelerate")
 
 _IMPORT_CHECK = """
@@ -71,7 +83,10 @@ def test_fresh_collect_worker_venv(
     wheels.mkdir()
     for dist in requirement_closure("epiflow", ["collect"]).values():
         repack(dist, wheels)
-    # epiflow itself, built from this checkout without touching an index.
+    # epiflow itself, built without an index from a copy of this checkout (an in-tree
+    # build would leave build/ behind in it).
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
     build = subprocess.run(
         [
             sys.executable,
@@ -83,7 +98,7 @@ def test_fresh_collect_worker_venv(
             "--no-index",
             "-w",
             str(wheels),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
