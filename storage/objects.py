@@ -172,6 +172,22 @@ def _temp_beside(dest: Path) -> Path:
     return dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:8]}"
 
 
+def _copy_whole(source: Path, dest: Path) -> None:
+    """Copy through a temp file and a rename: readers of `dest` never see half of it.
+
+    Raises:
+        OSError: reading `source` or writing beside `dest` failed; nothing is left behind.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(dest)
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class LocalObjectStore(ObjectStore):
     """Objects as files under a directory; writes go through a temp file and a rename."""
 
@@ -221,14 +237,7 @@ class LocalObjectStore(ObjectStore):
         target = self._path(key)
         info = _file_info(key, path, content_type)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _temp_beside(target)
-            try:
-                shutil.copyfile(path, tmp)
-                tmp.replace(target)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            _copy_whole(path, target)
         except OSError as e:
             raise ObjectStoreUnavailable(
                 f"cannot write object {key} under {self.root}: {e.strerror}", setting=SETTING
@@ -240,14 +249,7 @@ class LocalObjectStore(ObjectStore):
         if not source.is_file():
             raise ObjectNotFound(f"no object {key} in {self.root}")
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _temp_beside(dest)
-            try:
-                shutil.copyfile(source, tmp)
-                tmp.replace(dest)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            _copy_whole(source, dest)
         except OSError as e:
             raise ObjectStoreError(f"cannot copy object {key} to {dest}: {e.strerror}") from e
         return dest
@@ -285,7 +287,7 @@ class S3ObjectStore(ObjectStore):
 
     Every call retries transient failures (dropped connections, 5xx such as `SlowDown`,
     non-XML 5xx pages from a load balancer) with exponential backoff and jitter, logging
-    each retry (`storage.retry`); after the last attempt it raises `ObjectStoreUnavailable`.
+    each retry (policy in `storage.retry`); after the last attempt it raises `ObjectStoreUnavailable`.
     Credentials, a missing bucket and a missing key are never retried: they need a fix.
     Files move streamed (`fput_object`, multipart past 5 MiB; `fget_object`).
     """
