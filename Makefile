@@ -9,8 +9,8 @@ LOCK := requirements/lock.txt
 # What to install: all,dev for development, the demo and the tests; `collect` alone for a
 # collection/QC worker (no torch, TRL or transformers); `collect,train` for a training one.
 EXTRAS ?= all,dev
-# --compile-bytecode: pip compiles .pyc at install time and uv does not by default; without
-# it the first `epiflow demo` pays for compiling Prefect, GX and torch itself.
+# No --compile-bytecode: compiling all of site-packages (every transformers model file)
+# costs more than the first run compiling the modules it imports.
 # torch first, with pip, pinned to the CPU build: uv does not read pip's configuration (this
 # machine's local CPU wheel), and left to a resolver PyPI's default Linux wheel is a multi-GB
 # CUDA build. uv then finds it installed and keeps it. Elsewhere:
@@ -26,7 +26,7 @@ $(BIN)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c $(LOCK) uv
 	$(if $(NEEDS_TORCH),$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)")
-	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -c $(LOCK) -e '.[$(EXTRAS)]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $@
 
 install: $(BIN)/.installed
