@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlmodel import col
 
-from collection.runner import CollectRequest, collect_in_process, plan_episodes, task_instances
+from collection.runner import CollectRequest, collect_in_process
 from models import Artifact, Episode, Step
 from storage.episodes import list_orphans
 from storage.objects import make_object_store
@@ -53,7 +53,8 @@ def test_collection_through_faulty_s3(
             batch_size=4,
             templates=["csv_to_json", "dir_tree", "log_errors", "jsonl_extract"],
         )
-        planned = len(plan_episodes(request, task_instances(request)))
+        assert request.templates is not None
+        planned = len(request.templates) * request.tasks * request.rollouts
         asyncio.run(collect_in_process(request, engine=migrated_engine, store=stressed))
 
         with migrated_engine.connect() as conn:
