@@ -79,6 +79,13 @@ class ObjectStoreSettings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="S3 secret key (env EPIFLOW_OBJECTS_SECRET_KEY)."
     )
+    anonymous: bool = Field(
+        default=False,
+        description=(
+            "Send unsigned requests to a public bucket (env EPIFLOW_OBJECTS_ANONYMOUS). "
+            "Without it, an s3:// store with no keys is refused with a message."
+        ),
+    )
     secure: bool = Field(
         default=True, description="Use HTTPS to reach the S3 endpoint (env EPIFLOW_OBJECTS_SECURE)."
     )
@@ -86,10 +93,25 @@ class ObjectStoreSettings(BaseSettings):
         default=None, description="S3 region; MinIO ignores it (env EPIFLOW_OBJECTS_REGION)."
     )
     retries: int = Field(
-        default=4, ge=0, description="Retries of a failed upload or download, with backoff."
+        default=4,
+        ge=0,
+        description=(
+            "Retries of an S3 call that failed transiently (dropped connection, timeout, "
+            "5xx such as SlowDown/InternalError) before it fails (env EPIFLOW_OBJECTS_RETRIES)."
+        ),
     )
     backoff_s: float = Field(
-        default=0.2, gt=0, description="First retry delay in seconds; doubles on each retry."
+        default=0.2,
+        gt=0,
+        description=(
+            "Base retry delay in seconds: retry n waits a random time up to "
+            "backoff_s·2^(n-1) (full jitter) (env EPIFLOW_OBJECTS_BACKOFF_S)."
+        ),
+    )
+    backoff_max_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest single retry delay in seconds (env EPIFLOW_OBJECTS_BACKOFF_MAX_S).",
     )
 
     @field_validator("url")

@@ -127,3 +127,14 @@ def test_missing_bucket_writes_nothing(tmp_path: Path, s3_server) -> None:
     assert "missing-bucket" in line and "EPIFLOW_OBJECTS_URL" in line
     assert "very-secret-key" not in result.stderr + result.stdout
     assert not (tmp_path / ".epiflow" / "epiflow.db").exists()
+
+
+def test_s3_without_keys_is_one_line(tmp_path: Path) -> None:
+    env = {
+        "EPIFLOW_OBJECTS_URL": "s3://epiflow",
+        "EPIFLOW_OBJECTS_ENDPOINT": "127.0.0.1:9",
+        "EPIFLOW_OBJECTS_SECURE": "false",
+    }
+    line = one_error_line(run(["demo"], tmp_path, **env))
+    assert "EPIFLOW_OBJECTS_ACCESS_KEY" in line and "EPIFLOW_OBJECTS_ANONYMOUS" in line
+    assert not (tmp_path / ".epiflow" / "epiflow.db").exists()
