@@ -17,7 +17,7 @@ from typing import Any
 
 from sandbox.errors import EpisodeHardTimeout, SandboxCrashed
 from sandbox.faults import FaultInjector, FaultProfile
-from sandbox.host import HostSetup
+from sandbox.host_setup import HostSetup
 from sandbox.interface import Sandbox
 from sandbox.jail import Jail
 from sandbox.results import (

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from sandbox.episode import NsjailSandbox
 from sandbox.faults import FaultProfile
-from sandbox.host import HostSetup, prepare_host
+from sandbox.host import prepare_host
+from sandbox.host_setup import HostSetup
 from sandbox.jail import Jail
 from sandbox.nsjail import executor_argv, jail_env, nsjail_argv
 from sandbox.settings import SandboxSettings

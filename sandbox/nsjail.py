@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandbox.host import JAIL_GID, JAIL_UID, HostSetup
+from sandbox.host_setup import JAIL_GID, JAIL_UID, HostSetup
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
