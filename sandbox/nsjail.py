@@ -158,6 +158,7 @@ def executor_argv(
         "env": dict(env),
         "kill_background": spec.kill_background,
         "max_tracked_files": settings.max_tracked_files,
+        "preload": list(settings.verifier_preload),
     }
     return [settings.python_path, "-I", "-S", "-B", host.executor_in_jail, json.dumps(config)]
 
