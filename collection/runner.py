@@ -8,7 +8,6 @@ database turns a re-run of the same run key into "complete what is missing".
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from agent.trajectory import EpisodeStatus, Trajectory, episode_id_for
 from collection.errors import CollectError
 from models import Artifact, CollectionRun, Episode, run_id_for
 from models import Step as StepRow
-from sandbox import open_sandbox
+from sandbox import pooled_opener
 from sandbox.faults import FaultProfile
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
@@ -254,7 +253,7 @@ async def run_and_persist(
     faults = resolve_faults(request.faults)
     rewards = reward_settings or RewardSettings()
     # Built once per batch, not once per episode (reading the environment costs ~6 ms).
-    opener = functools.partial(open_sandbox, settings=sandbox_settings or SandboxSettings())
+    settings = sandbox_settings or SandboxSettings()
     semaphore = asyncio.Semaphore(request.concurrency)
     total = IngestReport()
     buffer: list[Trajectory] = []
@@ -280,7 +279,7 @@ async def run_and_persist(
                 rollout_index=p.rollout_index,
                 faults=faults,
                 fault_seed=_fault_seed(p.episode_id),
-                open_sandbox=opener,
+                open_sandbox=pool.open_sandbox,
             )
         trajectory.difficulty = p.task.difficulty
         # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
@@ -292,7 +291,11 @@ async def run_and_persist(
             if len(buffer) >= request.batch_size:
                 await flush()
 
-    await asyncio.gather(*(one(p) for p in plan))
+    # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
+    async with pooled_opener(
+        request.spec, concurrency=request.concurrency, settings=settings, episodes=len(plan)
+    ) as pool:
+        await asyncio.gather(*(one(p) for p in plan))
     async with lock:
         await flush()
     return total

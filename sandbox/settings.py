@@ -53,6 +53,9 @@ class SandboxSettings(BaseSettings):
     """Cap on the bytes copied into a workspace when it is populated."""
     pool_max_idle_s: float = Field(default=3600.0, gt=0)
     """A warm jail idle longer than this is retired instead of handed out, seconds."""
+    pool_max_size: int = Field(default=32, ge=0)
+    """Most idle jails a collection's warm pool keeps (one per concurrent episode up to this;
+    each idle jail holds ~20 MiB); 0 turns pooling off (every episode starts a cold jail)."""
     max_tracked_files: int = Field(default=20000, ge=1)
     """Files the change tracker hashes at most per call; past it, changes are marked truncated."""
     verifier_preload: tuple[str, ...] = (
