@@ -1,15 +1,27 @@
-"""Trajectory → SQL row dicts (pure: no session). Text is cleaned for PostgreSQL on the way."""
+"""Trajectory → SQL row dicts (pure: no session). Text is cleaned for PostgreSQL on the way.
+
+JSON columns go through a `json` finisher: `clean_json` (the default) keeps them Python
+values with their text cleaned, for SQLAlchemy and exports; the PostgreSQL COPY path
+passes `json_text`, which cleans and serializes them in one step (`storage.sanitize`).
+"""
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from agent.trajectory import Step as StepData
 from models import run_id_for
 from storage.sanitize import clean_json, clean_text
+
+JsonFinisher = Callable[[Any], Any]
+"""Turns a JSON column's value into what the writer takes (`clean_json` or `json_text`)."""
+
+#: A uuid5 (sha1) per row adds up over a batch; a run's episodes share one key.
+run_id_of = functools.lru_cache(maxsize=1024)(run_id_for)
 
 
 def policy_kind(spec: str) -> str:
@@ -31,25 +43,25 @@ def task_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def policy_row(t: Trajectory) -> dict[str, Any]:
+def policy_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
     return {
         "id": t.policy,
         "kind": policy_kind(t.policy),
-        "config": {},
+        "config": json({}),
         "checkpoint_id": None,
         "created_at": t.started_at,
     }
 
 
-def run_row(t: Trajectory) -> dict[str, Any]:
+def run_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
     return {
-        "id": run_id_for(t.run_key),
+        "id": run_id_of(t.run_key),
         "run_key": t.run_key,
         "suite": t.suite,
         "policy_id": t.policy,
-        "parameters": {},
-        "sandbox_spec": {},
-        "fault_profile": clean_json(t.fault_profile),
+        "parameters": json({}),
+        "sandbox_spec": json({}),
+        "fault_profile": json(t.fault_profile),
         "status": "running",
         "prefect_flow_run_id": None,
         "started_at": t.started_at,
@@ -66,10 +78,12 @@ def _tool_failed(s: StepData) -> bool:
     )
 
 
-def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
+def episode_row(
+    t: Trajectory, *, trajectory_key: str | None, json: JsonFinisher = clean_json
+) -> dict[str, Any]:
     return {
         "id": t.episode_id,
-        "run_id": run_id_for(t.run_key),
+        "run_id": run_id_of(t.run_key),
         "task_id": t.task_id,
         "rollout_index": t.rollout_index,
         "suite": t.suite,
@@ -80,9 +94,9 @@ def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
         "policy_id": t.policy,
         "policy_seed": t.policy_seed,
         "protocol_version": t.protocol_version,
-        "tool_versions": clean_json(t.tool_versions),
+        "tool_versions": json(t.tool_versions),
         "sandbox_spec_hash": t.sandbox_spec_hash,
-        "fault_profile": clean_json(t.fault_profile),
+        "fault_profile": json(t.fault_profile),
         "fault_seed": t.fault_seed,
         "started_at": t.started_at,
         "ended_at": t.ended_at,
@@ -108,7 +122,11 @@ def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
 
 
 def step_row(
-    episode_id: uuid.UUID, s: StepData, *, output_keys: Mapping[str, str] | None = None
+    episode_id: uuid.UUID,
+    s: StepData,
+    *,
+    output_keys: Mapping[str, str] | None = None,
+    json: JsonFinisher = clean_json,
 ) -> dict[str, Any]:
     keys = output_keys or {}
     fault = s.injected_fault
@@ -122,16 +140,14 @@ def step_row(
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "generation_latency_ms": s.generation_latency_ms,
-        "native_tool_calls": clean_json(s.native_tool_calls)
-        if s.native_tool_calls is not None
-        else None,
+        "native_tool_calls": json(s.native_tool_calls) if s.native_tool_calls is not None else None,
         "parse_kind": str(s.parse_kind),
         "parse_error": clean_text(s.parse_error) if s.parse_error else None,
-        "parse_tolerances": clean_json(list(s.parse_tolerances)),
+        "parse_tolerances": json(s.parse_tolerances),
         "parse_latency_ms": s.parse_latency_ms,
         "call_id": clean_text(s.call_id) if s.call_id else None,
         "tool": clean_text(s.tool) if s.tool else None,
-        "args": clean_json(s.args) if s.args is not None else None,
+        "args": json(s.args) if s.args is not None else None,
         "final_answer": clean_text(s.final_answer) if s.final_answer is not None else None,
         "parse_error_code": s.parse_error_code,
         "finish_reason": s.finish_reason,
@@ -151,9 +167,9 @@ def step_row(
         "duration_ms": s.duration_ms,
         "cpu_ms": s.resources.cpu_ms if s.resources else None,
         "max_rss_kib": s.resources.max_rss_kib if s.resources else None,
-        "files_changed": clean_json([f.model_dump() for f in s.files_changed]),
+        "files_changed": json([f.model_dump() for f in s.files_changed]),
         "injected_fault_kind": fault.kind if fault else None,
-        "injected_fault": clean_json(fault.detail) if fault else None,
+        "injected_fault": json(fault.detail) if fault else None,
         "soft_timeout_warning": s.soft_timeout_warning,
         "immediate_reward": s.immediate_reward,
         "discounted_return": s.return_,

@@ -189,3 +189,24 @@ def test_views_answer_on_ingested_data(migrated_engine: Engine, store: LocalObje
         ("execute_shell", "latency", 2, 2, 1.0),
         ("execute_shell", "none", 2, 0, 0.0),
     ]
+
+
+def test_json_columns_are_cleaned_on_both_databases(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    # What jsonb cannot take as it is: NULs, in values and in keys, nested; and a parent
+    # row (the task) with a NUL in its prompt. (Lone surrogates cannot reach a row: the
+    # trajectory object written first refuses them; `json_text` is tested on them alone.)
+    t = make_trajectory(task="odd-json")
+    t.prompt = "do\x00 it"
+    t.steps[0].args = {"command": "x\x00y", "k\x00": 1, "nested": [{"v": "a\x00"}]}
+    t.steps[0].native_tool_calls = [{"id": 1, "function": {"name": "n\x00"}}]
+    persist_episodes(migrated_engine, store, [t])
+    with migrated_engine.connect() as conn:
+        step = conn.execute(
+            select(Step).where(col(Step.episode_id) == t.episode_id, col(Step.step_index) == 0)
+        ).one()
+        prompt = conn.execute(text("SELECT prompt FROM task WHERE id = :id"), {"id": t.task_id})
+        assert prompt.scalar_one() == "do it"
+    assert step.args == {"command": "xy", "k": 1, "nested": [{"v": "a"}]}
+    assert step.native_tool_calls == [{"id": 1, "function": {"name": "n"}}]
