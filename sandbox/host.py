@@ -209,9 +209,15 @@ async def _probe(argv: list[str]) -> tuple[bool, str]:
 _cache: dict[SandboxSettings, HostSetup] = {}
 
 
-def _still_there(setup: HostSetup) -> bool:
-    # A temp cleaner may have removed the shared files since they were made.
-    return setup.executor.is_file() and setup.etc_dir.is_dir()
+def _still_there(setup: HostSetup, settings: SandboxSettings) -> bool:
+    # A temp cleaner may have removed the shared files since they were made, and the
+    # cgroup parents can be removed too (nsjail then cannot start a jail at all).
+    if not (setup.executor.is_file() and setup.etc_dir.is_dir()):
+        return False
+    if setup.limit_mode == "cgroup_v1":
+        root, parent = settings.cgroup_root, settings.cgroup_parent
+        return all((root / c / parent).is_dir() for c in _CGROUP_V1_CONTROLLERS)
+    return True
 
 
 async def prepare_host(settings: SandboxSettings) -> HostSetup:
@@ -222,7 +228,7 @@ async def prepare_host(settings: SandboxSettings) -> HostSetup:
             namespaces), or cgroups are `required` but unusable.
     """
     cached = _cache.get(settings)
-    if cached is not None and not _still_there(cached):
+    if cached is not None and not _still_there(cached, settings):
         cached = None
     if cached is None:
         # Two first callers may both probe; the results are equal, so no lock (an asyncio

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,27 @@ def nsjail_children() -> list[int]:
     return found
 
 
-def jail_cgroups() -> set[str]:
-    root = Path("/sys/fs/cgroup/memory/NSJAIL")
-    return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+@pytest.fixture
+def own_cgroups(jails: Jails) -> Iterator[SandboxSettings]:
+    """Settings whose jails put their cgroups under a parent of this test alone (other
+    processes on the host start jails too, under the shared default parent); after the
+    test that parent must be empty, and is removed."""
+    parent = f"NSJAIL-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    settings = jails.settings.model_copy(update={"cgroup_parent": parent})
+    asyncio.run(prepare_host(settings))
+    jails.settings = settings
+    yield settings
+    for controller in ("memory", "pids"):
+        folder = settings.cgroup_root / controller / parent
+        if folder.is_dir():
+            assert [p.name for p in folder.iterdir() if p.is_dir()] == [], "a cgroup leaked"
+            folder.rmdir()
+
+
+def jail_cgroups(settings: SandboxSettings) -> list[str]:
+    """The jail cgroups under `settings`' parent (nsjail names them NSJAIL.<pid>)."""
+    root = settings.cgroup_root / "memory" / settings.cgroup_parent
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
 async def faults_seen(box: NsjailSandbox) -> list[str | None]:
@@ -54,9 +74,10 @@ async def faults_seen(box: NsjailSandbox) -> list[str | None]:
     return kinds
 
 
-def test_pooled_opener_gives_each_episode_its_own_jail(jails: Jails) -> None:
+def test_pooled_opener_gives_each_episode_its_own_jail(
+    jails: Jails, own_cgroups: SandboxSettings
+) -> None:
     async def body() -> None:
-        cgroups_before = jail_cgroups()
         async with pooled_opener(SMALL, concurrency=3, settings=jails.settings, episodes=4) as pool:
             assert pool.size == 3
             await pool.wait_idle(3)
@@ -90,7 +111,7 @@ def test_pooled_opener_gives_each_episode_its_own_jail(jails: Jails) -> None:
             assert odd.spec == other
             await odd.close()
         assert nsjail_children() == []
-        assert jail_cgroups() <= cgroups_before
+        assert jail_cgroups(own_cgroups) == []
 
     asyncio.run(body())
 
@@ -111,9 +132,10 @@ def test_an_acquire_waits_for_a_start_in_flight_instead_of_a_second_jail(jails: 
     asyncio.run(body())
 
 
-def test_closing_or_cancelling_mid_start_leaves_nothing_behind(jails: Jails) -> None:
+def test_closing_or_cancelling_mid_start_leaves_nothing_behind(
+    jails: Jails, own_cgroups: SandboxSettings
+) -> None:
     async def body() -> None:
-        cgroups_before = jail_cgroups()
         host = await prepare_host(jails.settings)
         # A jail start cancelled before the executor answered kills what it started.
         for delay in (0.0, 0.002, 0.005, 0.01):
@@ -141,12 +163,8 @@ def test_closing_or_cancelling_mid_start_leaves_nothing_behind(jails: Jails) -> 
             await box.close()
         await pool.close()
         assert pool.idle == 0
-        for _ in range(50):  # nsjail removes its cgroups as it exits
-            if not nsjail_children() and jail_cgroups() <= cgroups_before:
-                break
-            await asyncio.sleep(0.05)
         assert nsjail_children() == []
-        assert jail_cgroups() <= cgroups_before
+        assert jail_cgroups(own_cgroups) == []
 
     asyncio.run(body())
 
