@@ -3,8 +3,10 @@
 PostgreSQL gets `COPY … FROM STDIN` for episodes, steps and artifacts, streamed: each row
 is built from its trajectory as it is written, so the server stores earlier rows while
 later ones are being built (the COPY is server-bound; building every row first and
-copying afterwards made the two wait for each other). JSON columns are serialized once,
-with orjson. SQLite gets `executemany`. One transaction per batch: a failure leaves
+copying afterwards made the two wait for each other). Rows are built once: step rows
+straight as COPY values (`storage.rows.step_values`), JSON columns cleaned and
+serialized in one step (`storage.sanitize.json_text`, orjson). Parents (task, policy,
+run) go in with one statement per table. SQLite gets `executemany`. One transaction per batch: a failure leaves
 nothing of the batch behind. Episodes already present are skipped and reported, so a
 second ingest changes nothing.
 """
@@ -28,12 +30,13 @@ from models import Artifact, CollectionRun, Episode, Policy, Step, Task
 from storage.errors import IngestError
 from storage.objects import ObjectInfo
 from storage.rows import (
+    STEP_COLUMNS,
     JsonFinisher,
     episode_row,
     policy_row,
     run_id_of,
     run_row,
-    step_row,
+    step_values,
     task_row,
 )
 from storage.sanitize import clean_json, json_text
@@ -116,15 +119,14 @@ def ingest_episodes(engine: Engine, bundles: Sequence[EpisodeBundle]) -> IngestR
             _insert_missing(conn, CollectionRun.__table__, [run_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
             if conn.dialect.name == "postgresql":
                 copy_rows(conn, Episode.__table__, _episode_rows(todo, json_text), json_ready=True)  # type: ignore[attr-defined]
-                report.steps = copy_rows(
-                    conn,
-                    Step.__table__,  # type: ignore[attr-defined]
-                    _step_rows(todo, json_text),
-                    json_ready=True,
+                report.steps = copy_values(
+                    conn, Step.__tablename__, STEP_COLUMNS, _step_values(todo, json_text)
                 )
                 copy_rows(conn, Artifact.__table__, _artifact_rows(todo))  # type: ignore[attr-defined]
             else:
-                steps = list(_step_rows(todo, clean_json))
+                steps = [
+                    dict(zip(STEP_COLUMNS, v, strict=True)) for v in _step_values(todo, clean_json)
+                ]
                 _insert_rows(conn, Episode.__table__, list(_episode_rows(todo, clean_json)))  # type: ignore[attr-defined]
                 _insert_rows(conn, Step.__table__, steps)  # type: ignore[attr-defined]
                 _insert_rows(conn, Artifact.__table__, list(_artifact_rows(todo)))  # type: ignore[attr-defined]
@@ -156,19 +158,15 @@ def _episode_rows(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Itera
         yield episode_row(b.trajectory, trajectory_key=_trajectory_key(b), json=json)
 
 
-def _step_rows(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[dict[str, Any]]:
+def _step_values(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[tuple[Any, ...]]:
     for b in bundles:
         t = b.trajectory
         outputs: dict[int, dict[str, str]] = {}
         for a in b.artifacts:
             if a.step_index is not None:
                 outputs.setdefault(a.step_index, {})[a.kind] = a.info.key
-        if not outputs:
-            for s in t.steps:
-                yield step_row(t.episode_id, s, json=json)
-            continue
         for s in t.steps:
-            yield step_row(t.episode_id, s, output_keys=outputs.get(s.index), json=json)
+            yield step_values(t.episode_id, s, output_keys=outputs.get(s.index), json=json)
 
 
 def _artifact_rows(bundles: Sequence[EpisodeBundle]) -> Iterator[dict[str, Any]]:
@@ -230,14 +228,9 @@ def copy_rows(
     *,
     json_ready: bool = False,
 ) -> int:
-    """COPY `rows` into `table` through the connection's psycopg cursor, in the same
-    transaction; returns how many.
-
-    `rows` may be a generator: each row is turned into COPY values as it is written, so
-    the server stores rows while the client is still making the next ones. Every row must have the keys of the first, in
-    the same order (rows from one builder do). With `json_ready`, JSON columns already
-    hold their text (rows built with `json=json_text`).
-    """
+    """COPY `rows` (dicts: column → value) into `table`; see `copy_values`. Every row must
+    have the keys of the first, in the same order (rows from one builder do). With
+    `json_ready`, JSON columns already hold their text (rows built with `json=json_text`)."""
     iterator = iter(rows)
     first = next(iterator, None)
     if first is None:
@@ -245,20 +238,37 @@ def copy_rows(
     columns = list(first.keys())
     json_names = {c.name for c in table.columns if _is_json(c)}
     json_positions = [] if json_ready else [i for i, c in enumerate(columns) if c in json_names]
+
+    def values() -> Iterator[Sequence[Any]]:
+        for row in itertools.chain((first,), iterator):
+            if json_positions:
+                items = list(row.values())
+                for i in json_positions:
+                    if items[i] is not None:
+                        items[i] = json_text(items[i])
+                yield items
+            else:
+                yield tuple(row.values())
+
+    return copy_values(conn, table.name, columns, values())
+
+
+def copy_values(
+    conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> int:
+    """COPY `rows` (values in `columns` order, JSON columns as text) into `table` through
+    the connection's psycopg cursor, in the same transaction; returns how many.
+
+    `rows` may be a generator: each row is written as it is built, so the server stores
+    rows while the client is still making the next ones (the COPY is server-bound).
+    """
     raw = conn.connection.driver_connection
-    sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+    sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
     count = 0
     with raw.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
         write_row = copy.write_row
-        for row in itertools.chain((first,), iterator):
-            if json_positions:
-                values = list(row.values())
-                for i in json_positions:
-                    if values[i] is not None:
-                        values[i] = json_text(values[i])
-                write_row(values)
-            else:
-                write_row(tuple(row.values()))
+        for row in rows:
+            write_row(row)
             count += 1
     return count
 

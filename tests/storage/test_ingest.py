@@ -15,6 +15,7 @@ from storage.episodes import list_orphans, load_trajectory, persist_episodes
 from storage.errors import IngestError, ObjectStoreError
 from storage.ingest import EpisodeBundle, ingest_episodes
 from storage.objects import LocalObjectStore, ObjectInfo, ObjectStore
+from storage.rows import STEP_COLUMNS, step_row
 from tests.storage.builders import make_trajectory
 
 
@@ -210,3 +211,13 @@ def test_json_columns_are_cleaned_on_both_databases(
         assert prompt.scalar_one() == "do it"
     assert step.args == {"command": "xy", "k": 1, "nested": [{"v": "a"}]}
     assert step.native_tool_calls == [{"id": 1, "function": {"name": "n"}}]
+
+
+def test_step_values_cover_the_step_table() -> None:
+    # COPY names the columns of `STEP_COLUMNS`; a column added to the model but not to the
+    # builder would be left to its default silently, so the two must match exactly.
+    assert sorted(STEP_COLUMNS) == sorted(c.name for c in Step.__table__.columns)  # type: ignore[attr-defined]
+    t = make_trajectory(n_steps=2)
+    row = step_row(t.episode_id, t.steps[1], output_keys={"stdout": "k1"})
+    assert row["step_index"] == 1 and row["stdout_key"] == "k1" and row["stderr_key"] is None
+    assert row["discounted_return"] == t.steps[1].return_
