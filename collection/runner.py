@@ -16,7 +16,6 @@ around each batch. Nothing here imports Prefect.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
 from collection.request import CollectRequest, CollectResult
 from config.settings import Settings
 from models import run_id_for
-from sandbox import open_sandbox
+from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
 from storage.episodes import persist_episodes
 from storage.ingest import IngestReport
@@ -157,7 +156,6 @@ async def run_episodes(
     flight and the batch being written."""
     request = collection.request
     settings = collection.settings
-    opener = functools.partial(open_sandbox, settings=settings.sandbox)
     semaphore = asyncio.Semaphore(request.concurrency)
     report = IngestReport()
     buffer: list[Trajectory] = []
@@ -186,7 +184,7 @@ async def run_episodes(
                 rollout_index=p.rollout_index,
                 faults=collection.plan.faults,
                 fault_seed=fault_seed(p.episode_id),
-                open_sandbox=opener,
+                open_sandbox=pool.open_sandbox,
             )
         trajectory.difficulty = p.task.difficulty
         # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
@@ -198,7 +196,14 @@ async def run_episodes(
             if len(buffer) >= request.batch_size:
                 await flush()
 
-    await asyncio.gather(*(one(p) for p in episodes))
+    # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
+    async with pooled_opener(
+        request.sandbox_spec,
+        concurrency=request.concurrency,
+        settings=settings.sandbox,
+        episodes=len(episodes),
+    ) as pool:
+        await asyncio.gather(*(one(p) for p in episodes))
     async with lock:
         await flush()
     return report

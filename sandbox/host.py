@@ -16,18 +16,13 @@ import os
 import shutil
 import subprocess
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from sandbox.errors import SandboxUnavailable
+from sandbox.host_setup import JAIL_GID, JAIL_UID, HostSetup, LimitMode
+from sandbox.nsjail import probe_argv
 from sandbox.settings import SandboxSettings
 
-LimitMode = Literal["cgroup_v1", "cgroup_v2", "rlimit"]
-
-JAIL_UID = 1000
-JAIL_GID = 1000
-EXECUTOR_DIR_IN_JAIL = "/.epiflow"
 EXECUTOR_SOURCE = Path(__file__).with_name("jail_executor.py")
 _CGROUP_V1_CONTROLLERS = ("memory", "pids")
 
@@ -45,27 +40,6 @@ _ETC_FILES: dict[str, str] = {
 }
 #: Host files copied into the synthetic /etc because the toolchain needs them; none is secret.
 _ETC_COPIED = ("ld.so.cache", "ld.so.conf")
-
-
-@dataclass(frozen=True)
-class HostSetup:
-    """What every jail of this process is built from."""
-
-    nsjail: Path
-    """The nsjail binary in use."""
-    etc_dir: Path
-    """The synthetic `/etc`, mounted read-only."""
-    executor: Path
-    """The executor (compiled by the jail's own interpreter when possible), mounted read-only."""
-    limit_mode: LimitMode
-    """How memory and pids are limited: cgroups where the host allows it, rlimits otherwise."""
-    cgroup_note: str
-    """Why the limit mode is what it is (for logs and the sandbox's description)."""
-
-    @property
-    def executor_in_jail(self) -> str:
-        """Where the executor appears inside the jail."""
-        return f"{EXECUTOR_DIR_IN_JAIL}/executor{self.executor.suffix}"
 
 
 def find_nsjail(settings: SandboxSettings) -> Path:
@@ -235,9 +209,15 @@ async def _probe(argv: list[str]) -> tuple[bool, str]:
 _cache: dict[SandboxSettings, HostSetup] = {}
 
 
-def _still_there(setup: HostSetup) -> bool:
-    # A temp cleaner may have removed the shared files since they were made.
-    return setup.executor.is_file() and setup.etc_dir.is_dir()
+def _still_there(setup: HostSetup, settings: SandboxSettings) -> bool:
+    # A temp cleaner may have removed the shared files since they were made, and the
+    # cgroup parents can be removed too (nsjail then cannot start a jail at all).
+    if not (setup.executor.is_file() and setup.etc_dir.is_dir()):
+        return False
+    if setup.limit_mode == "cgroup_v1":
+        root, parent = settings.cgroup_root, settings.cgroup_parent
+        return all((root / c / parent).is_dir() for c in _CGROUP_V1_CONTROLLERS)
+    return True
 
 
 async def prepare_host(settings: SandboxSettings) -> HostSetup:
@@ -248,7 +228,7 @@ async def prepare_host(settings: SandboxSettings) -> HostSetup:
             namespaces), or cgroups are `required` but unusable.
     """
     cached = _cache.get(settings)
-    if cached is not None and not _still_there(cached):
+    if cached is not None and not _still_there(cached, settings):
         cached = None
     if cached is None:
         # Two first callers may both probe; the results are equal, so no lock (an asyncio
@@ -273,8 +253,6 @@ def _limit_candidates(settings: SandboxSettings) -> list[tuple[LimitMode, str]]:
 
 
 async def _prepare(settings: SandboxSettings) -> HostSetup:
-    from sandbox.nsjail import probe_argv  # the argv builder needs a HostSetup to exist
-
     binary, etc_dir, executor = await asyncio.to_thread(_host_files, settings)
     candidates = await asyncio.to_thread(_limit_candidates, settings)
     if settings.cgroups == "required" and candidates[0][0] == "rlimit":
