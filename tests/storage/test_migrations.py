@@ -115,7 +115,7 @@ def test_0003_keeps_every_row_and_unreported_tokens_become_null(db_url: str) -> 
     def state() -> tuple[int, dict[str, int | None]]:
         with engine.connect() as conn:
             steps = conn.execute(select(func.count()).select_from(Step)).scalar_one()
-            tokens = dict(
+            tokens: dict[str, int | None] = dict(
                 conn.execute(
                     text("SELECT task_id, prompt_tokens FROM episode ORDER BY task_id")
                 ).all()
