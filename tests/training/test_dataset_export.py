@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
@@ -28,7 +29,7 @@ EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 
 
 @pytest.fixture
-def snapshot(tmp_path: Path) -> tuple[Engine, LocalObjectStore, DatasetInfo]:
+def snapshot(tmp_path: Path) -> Iterator[tuple[Engine, LocalObjectStore, DatasetInfo]]:
     engine = make_engine(DatabaseSettings(url=f"sqlite:///{tmp_path / 'ds.db'}"))
     migrate.upgrade(engine)
     store = LocalObjectStore(tmp_path / "objects")
