@@ -129,7 +129,11 @@ def _meta(entry: EpisodeEntry) -> str:
             ),
             (
                 "tokens",
-                f"{t.prompt_tokens} prompt, {t.completion_tokens} completion",
+                f"{t.prompt_tokens} prompt, {t.completion_tokens} completion"
+                if any(
+                    s.prompt_tokens is not None or s.completion_tokens is not None for s in t.steps
+                )
+                else "not reported by the policy",
             ),
         ]
     cells = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in rows)
