@@ -53,6 +53,7 @@ __all__ = [
     "AGENT_VERSION",
     "ATIF_IMPORT_RUN_KEY",
     "from_atif",
+    "parsed_step",
     "to_atif",
 ]
 
@@ -348,7 +349,9 @@ def _policy_of(agent: AgentIdentity) -> str:
     return spec + (f"#{agent.model_name}" if agent.model_name else "")
 
 
-def _parsed_step(index: int, text: str, history: str, tools: Mapping[str, ToolSpec]) -> Step:
+def parsed_step(index: int, text: str, history: str, tools: Mapping[str, ToolSpec]) -> Step:
+    """A step from an assistant message without structured calls, parsed with the protocol
+    parser (`history`: the step's `history_hash`)."""
     step = Step(index=index, history_hash=history, raw_output=text)
     try:
         parsed = parse_message(text, tools)
@@ -414,7 +417,7 @@ def _derive(
                     f"{len(calls)} tool calls in one ATIF step; epiflow's fields hold the first"
                 )
         else:
-            step = _parsed_step(index, atif_step.message, history.digest(), tools)
+            step = parsed_step(index, atif_step.message, history.digest(), tools)
         step.reasoning_content = atif_step.reasoning_content
         metrics = atif_step.metrics
         if metrics is not None:

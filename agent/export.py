@@ -19,11 +19,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from agent.atif import ATIF_SCHEMA_VERSION, AtifTrajectory
-from agent.atif_convert import from_atif, to_atif
+from agent.atif_convert import from_atif, parsed_step, to_atif
 from agent.errors import ProtocolError
 from agent.native_calls import parse_native_tool_calls
 from agent.prompt import render_system_prompt
-from agent.protocol import parse_message
 from agent.recording import observation_messages
 from agent.trajectory import EPISODE_NAMESPACE, ParseKind, Step, Trajectory, history_hash
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
@@ -45,27 +44,7 @@ def _tools_of(traj: Trajectory) -> list[ToolSpec]:
 def _step_from_text(
     index: int, text: str, messages: list[dict[str, Any]], tools: Mapping[str, ToolSpec]
 ) -> Step:
-    step = Step(index=index, history_hash=history_hash(messages), raw_output=text)
-    try:
-        parsed = parse_message(text, tools)
-    except ProtocolError as e:
-        step.parse_kind, step.parse_error, step.parse_error_code = (
-            ParseKind.ERROR,
-            e.message,
-            e.code,
-        )
-        step.tool, step.call_id = e.tool, e.call_id
-        return step
-    step.parse_kind = parsed.kind
-    step.parse_tolerances = list(parsed.tolerances)
-    if parsed.call is not None:
-        step.call_id, step.tool, step.args = (
-            parsed.call.call_id,
-            parsed.call.tool,
-            dict(parsed.call.args),
-        )
-    step.final_answer = parsed.final
-    return step
+    return parsed_step(index, text, history_hash(messages), tools)
 
 
 def _native_call(step: Step) -> dict[str, Any]:
