@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cli import collect as _cli_collect
+from cli import dataset as _cli_dataset
 from cli import ops as _cli_ops
 from cli import protocol as _cli_protocol
 from cli import report as _cli_report
@@ -37,6 +38,7 @@ _cli_collect.register(app)
 _cli_ops.register(app)
 _cli_report.register(app)
 app.add_typer(_cli_suites.app, name="suites")
+app.add_typer(_cli_dataset.app, name="dataset")
 app.add_typer(_cli_protocol.app, name="protocol")
 app.add_typer(_cli_sandbox.app, name="sandbox")
 db_app = typer.Typer(

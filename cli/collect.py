@@ -121,13 +121,21 @@ def collect(
 
 def show(
     episode_id: Annotated[str, typer.Argument(help="Episode id (uuid).")],
-    full: Annotated[bool, typer.Option(help="Do not shorten long outputs.")] = False,
+    full: Annotated[
+        bool, typer.Option(help="Do not shorten long outputs (long lines are folded).")
+    ] = False,
+    raw: Annotated[
+        bool, typer.Option(help="Print the stored trajectory object (JSON) unchanged.")
+    ] = False,
 ) -> None:
     """Render one episode's trajectory readably in the terminal."""
     from cli.show import render_trajectory
-    from storage.episodes import load_trajectory
+    from storage.episodes import load_trajectory, trajectory_bytes
 
     with stores(load_settings()) as (engine, store):
+        if raw:
+            sys.stdout.buffer.write(trajectory_bytes(engine, store, _uuid(episode_id)) + b"\n")
+            return
         trajectory = load_trajectory(engine, store, _uuid(episode_id))
     render_trajectory(trajectory, out, max_chars=None if full else 1200)
 
@@ -162,21 +170,26 @@ def import_(
     ],
     fmt: Annotated[str, typer.Option("--format", help="atif or openai.")] = "atif",
     run_key: Annotated[
-        str, typer.Option(help="Run key the imported episodes belong to.")
-    ] = "imported",
+        str | None,
+        typer.Option(
+            help="Run the imported episodes join (default: an epiflow export's own run; "
+            "import:atif or import:openai for foreign files)."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Import trajectories (ATIF or OpenAI chat messages) into the database and object store."""
-    from storage.exchange import import_file
+    """Import trajectories (ATIF v1.0-v1.5 or OpenAI chat messages) into the database and
+    object store. Every document is validated first; a file imported again changes nothing."""
+    from storage.exchange import IMPORT_FORMATS, import_file
 
-    if fmt not in ("atif", "openai"):
+    if fmt not in IMPORT_FORMATS:
         raise typer.BadParameter("use atif or openai", param_hint="--format")
     with stores(load_settings(), check_objects=True) as (engine, store):
         report = import_file(engine, store, file, fmt, run_key=run_key)
     if as_json:
         typer.echo(report.model_dump_json())
     else:
-        out.print(report.summary())
+        out.print(report.summary(), markup=False, highlight=False)
 
 
 def replay(

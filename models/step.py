@@ -34,8 +34,17 @@ class Step(SQLModel, table=True):
     raw_output_truncated: bool = doc(
         "True when the model's answer exceeded the output cap.", default=False
     )
-    prompt_tokens: int | None = doc("Prompt tokens reported by the policy.", default=None)
+    prompt_tokens: int | None = doc(
+        "Prompt tokens reported by the policy; NULL when it reports none.", default=None
+    )
     completion_tokens: int | None = doc("Completion tokens reported by the policy.", default=None)
+    cached_tokens: int | None = doc("Cached subset of prompt_tokens, when reported.", default=None)
+    cost_usd: float | None = doc("Cost of the turn in USD, when reported.", default=None)
+    reasoning_content: str | None = text_col(
+        "The model's explicit reasoning for the turn, when returned apart from its answer "
+        "(ATIF reasoning_content).",
+        nullable=True,
+    )
     generation_latency_ms: float | None = doc("Wall time of the policy request, ms.", default=None)
     native_tool_calls: list[Any] | None = json_col(
         "Raw OpenAI tool_calls JSON when the endpoint used native tool calling.", nullable=True
@@ -75,7 +84,9 @@ class Step(SQLModel, table=True):
     signal: int | None = doc("Signal that killed the command, if any.", default=None)
     timed_out: bool = doc("True when the per-call timeout killed the command.", default=False)
     error_type: str | None = doc(
-        "Typed tool failure (not_found, permission_denied, timeout, …).", default=None
+        "Typed tool failure (nonzero_exit, not_found, timeout, …; every value is listed in "
+        "docs/trajectory-schema.md); NULL when the call succeeded or did not run.",
+        default=None,
     )
     stdout: str = text_col(
         "Standard output, decoded, NUL-free, truncated; full bytes in the object store."

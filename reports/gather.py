@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -30,15 +32,20 @@ from reports.model import (
     ToolStats,
 )
 from storage.errors import ObjectStoreError
-from storage.objects import ObjectStore
+from storage.objects import LocalObjectStore, ObjectStore
 from storage.run_rows import read_run_rows
 
 RUBRIC_ORDER = ("completion", "tool_correctness", "reliability", "cost", "safety")
 """Column order of the judge scores (the rubric's dimension order)."""
 
 
-def gather_report(engine: Engine, store: ObjectStore, run: str) -> RunReport:
+def gather_report(
+    engine: Engine, store: ObjectStore, run: str, *, trajectories: bool = True
+) -> RunReport:
     """Everything the report shows about run `run` (key or id).
+
+    `trajectories=False` leaves each entry's trajectory unread, for a paged report that
+    reads one page's trajectories at a time (`load_trajectories`).
 
     Raises:
         RunNotFound: no collection run has that key or id.
@@ -69,7 +76,7 @@ def gather_report(engine: Engine, store: ObjectStore, run: str) -> RunReport:
     episodes = rows.episodes
     entries = []
     for e in episodes:
-        trajectory, error = _load(store, e.trajectory_key)
+        trajectory, error = _load(store, e.trajectory_key) if trajectories else (None, None)
         entries.append(
             EpisodeEntry(
                 episode_id=e.id,
@@ -85,6 +92,7 @@ def gather_report(engine: Engine, store: ObjectStore, run: str) -> RunReport:
                 duration_ms=e.duration_ms,
                 trajectory=trajectory,
                 trajectory_error=error,
+                trajectory_key=e.trajectory_key,
                 qc=verdicts.get(e.id),
                 judgements=[_judgement(j) for j in rows.judgements.get(e.id, [])],
             )
@@ -113,6 +121,23 @@ def gather_report(engine: Engine, store: ObjectStore, run: str) -> RunReport:
         qc=_qc_run(rows.qc_run) if rows.qc_run is not None else None,
         episodes=entries,
     )
+
+
+def load_trajectories(
+    store: ObjectStore, entries: Sequence[EpisodeEntry], *, workers: int = 8
+) -> list[EpisodeEntry]:
+    """`entries` with their trajectories read (concurrently: an S3 store answers each
+    read over the network); a trajectory that cannot be read becomes the entry's error."""
+
+    def one(entry: EpisodeEntry) -> EpisodeEntry:
+        trajectory, error = _load(store, entry.trajectory_key)
+        return entry.model_copy(update={"trajectory": trajectory, "trajectory_error": error})
+
+    if len(entries) <= 1 or workers <= 1 or isinstance(store, LocalObjectStore):
+        # A local directory answers at once: threads would only contend for the GIL.
+        return [one(e) for e in entries]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, entries))
 
 
 def default_report_path(run_key: str) -> Path:

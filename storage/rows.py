@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from agent.atif_convert import AGENT_NAME, AGENT_VERSION
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from agent.trajectory import Step as StepData
 from models import run_id_for
@@ -25,8 +26,15 @@ run_id_of = functools.lru_cache(maxsize=1024)(run_id_for)
 
 
 def policy_kind(spec: str) -> str:
-    """`scripted:oracle` → `scripted`."""
+    """`scripted:oracle` → `scripted`; `atif:openhands@1.0.0` → `atif`; a spec without a
+    family prefix (an OpenAI-messages import's `imported`) is its own kind."""
     return spec.split(":", 1)[0] if ":" in spec else spec
+
+
+def reported_total(values: Iterable[int | float | None]) -> Any:
+    """Sum of the values reported; None when none was (not 0: 0 is a report)."""
+    reported = [v for v in values if v is not None]
+    return sum(reported) if reported else None
 
 
 def task_row(t: Trajectory) -> dict[str, Any]:
@@ -44,10 +52,17 @@ def task_row(t: Trajectory) -> dict[str, Any]:
 
 
 def policy_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if t.agent is not None:
+        config = {
+            "agent_name": t.agent.name,
+            "agent_version": t.agent.version,
+            "model_name": t.agent.model_name,
+        }
     return {
         "id": t.policy,
         "kind": policy_kind(t.policy),
-        "config": json({}),
+        "config": json(config),
         "checkpoint_id": None,
         "created_at": t.started_at,
     }
@@ -105,8 +120,11 @@ def episode_row(
         "n_parse_errors": sum(1 for s in t.steps if s.parse_kind == ParseKind.ERROR),
         "n_tool_errors": sum(1 for s in t.steps if s.tool_failed),
         "n_injected_faults": sum(1 for s in t.steps if s.injected_fault is not None),
-        "prompt_tokens": t.prompt_tokens,
-        "completion_tokens": t.completion_tokens,
+        "prompt_tokens": reported_total(s.prompt_tokens for s in t.steps),
+        "completion_tokens": reported_total(s.completion_tokens for s in t.steps),
+        "cost_usd": reported_total(s.cost_usd for s in t.steps),
+        "agent_name": clean_text(t.agent.name) if t.agent is not None else AGENT_NAME,
+        "agent_version": clean_text(t.agent.version) if t.agent is not None else AGENT_VERSION,
         "trajectory_key": trajectory_key,
         "created_at": t.ended_at or t.started_at,
     }
@@ -115,7 +133,8 @@ def episode_row(
 #: The columns of a step row, in the order `step_values` gives them.
 STEP_COLUMNS: tuple[str, ...] = (
     "episode_id", "step_index", "history_hash", "started_at", "raw_output",
-    "raw_output_truncated", "prompt_tokens", "completion_tokens", "generation_latency_ms",
+    "raw_output_truncated", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd",
+    "reasoning_content", "generation_latency_ms",
     "native_tool_calls", "parse_kind", "parse_error", "parse_tolerances", "parse_latency_ms",
     "call_id", "tool", "args", "final_answer", "parse_error_code", "finish_reason",
     "repetition_warning", "policy_perturbation", "observation", "exit_code", "signal",
@@ -150,6 +169,9 @@ def step_values(
         s.raw_output_truncated,
         s.prompt_tokens,
         s.completion_tokens,
+        s.cached_tokens,
+        s.cost_usd,
+        clean_text(s.reasoning_content) if s.reasoning_content is not None else None,
         s.generation_latency_ms,
         json(s.native_tool_calls) if s.native_tool_calls is not None else None,
         str(s.parse_kind),

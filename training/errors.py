@@ -7,7 +7,8 @@ TrainingError
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
 ├── RegistryError          checkpoint / training-run bookkeeping failed
 │   └── CheckpointNotFound no checkpoint (or no files) under that id
-└── DatasetSelectionError  the train parameters select nothing to train on
+├── DatasetSelectionError  the train parameters select nothing to train on
+└── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
 """
 
 from __future__ import annotations
@@ -46,3 +47,8 @@ class CheckpointNotFound(RegistryError):
 class DatasetSelectionError(TrainingError):
     """The train parameters do not select a dataset (none, or more than one, of dataset,
     run and QC run; an unknown QC run)."""
+
+
+class DatasetExportError(TrainingError):
+    """A snapshot cannot be exported as asked: an unknown format, or an output directory
+    that is a file, not empty, or cannot be created."""

@@ -183,16 +183,25 @@ def parse(page: str) -> _Page:
     return parser
 
 
-def assert_inert(page: str) -> _Page:
-    """No element outside the allowed set, no event handler, nothing fetched from anywhere."""
+def assert_inert(page: str, *, sibling_pages: frozenset[str] = frozenset()) -> _Page:
+    """No element outside the allowed set, no event handler, nothing fetched from anywhere;
+    links go to anchors of this page or, for a paged report, to `sibling_pages` (files in
+    the same directory) and their anchors."""
     parsed = parse(page)
     assert parsed.tags <= ALLOWED_TAGS, parsed.tags - ALLOWED_TAGS
     handlers = [a for a, _ in parsed.attrs if a.startswith("on")]
     assert not handlers, handlers
-    links = [v for a, v in parsed.attrs if a in ("href", "src") and v and not v.startswith("#")]
+    links = [
+        v
+        for a, v in parsed.attrs
+        if a in ("href", "src") and v and not v.startswith("#")
+        if a == "src" or v.split("#", 1)[0] not in sibling_pages
+    ]
     assert not links, links
     ids = {v for a, v in parsed.attrs if a == "id"}
-    dangling = {v for a, v in parsed.attrs if a == "href" and v and v[1:] not in ids}
+    dangling = {
+        v for a, v in parsed.attrs if a == "href" and v and v.startswith("#") and v[1:] not in ids
+    }
     assert not dangling, dangling
     lowered = page.lower()
     assert "<script" not in lowered
