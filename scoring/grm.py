@@ -125,9 +125,7 @@ class GrmJudge:
                     timeout=self._settings.timeout_s,
                 )
         except httpx.HTTPError as e:
-            raise _Retryable(
-                JudgeUnavailable(f"judge endpoint {url} unreachable: {e!r}")
-            ) from e
+            raise _Retryable(JudgeUnavailable(f"judge endpoint {url} unreachable: {e!r}")) from e
         if response.status_code // 100 != 2:
             error = JudgeUnavailable(
                 f"judge endpoint {url} answered HTTP {response.status_code}: {response.text[:200]}"
@@ -247,7 +245,9 @@ class GrmJudge:
                     )
                     return self._unscored(trajectory, str(e))
                 except Exception as e:  # a bug must not sink the gate either; it is logged
-                    logger.exception("GRM judge, episode %s: unexpected error", trajectory.episode_id)
+                    logger.exception(
+                        "GRM judge, episode %s: unexpected error", trajectory.episode_id
+                    )
                     return self._unscored(trajectory, f"{type(e).__name__}: {e}")
 
         async def run(client: httpx.AsyncClient) -> list[Judgement]:
