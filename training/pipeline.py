@@ -21,7 +21,8 @@ from storage.objects import ObjectStore
 from training.artifact import build_config_artifact
 from training.base_model import build_base_model
 from training.builders import DatasetKind
-from training.errors import TrainerError, TrainingError
+from training.callbacks import MetricsHook
+from training.errors import TrainerError
 from training.registry import (
     fail_training_run,
     fetch_checkpoint,
@@ -105,11 +106,14 @@ def train_checkpoint(
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     tools: Sequence[ToolSpec] | None = None,
     prefect_flow_run_id: str | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainingOutcome:
     """Train on snapshot `dataset_id` from a base checkpoint (or a local HF directory).
 
     Exactly one of `base_checkpoint_id` / `base_model_dir` is given. The training run is
-    recorded as failed (with the reason) when training raises.
+    recorded as failed (with the reason) when training raises — or is cancelled or
+    interrupted: no `training_run` row stays `running`. `on_metrics(step, max_steps, logs)`
+    gets every TRL log event (`training.callbacks`).
 
     Raises:
         TrainerError: bad algorithm/kind combination, or the trainer failed.
@@ -150,6 +154,7 @@ def train_checkpoint(
             output_dir=work_dir / "model",
             settings=settings,
             reward_fn=reward_fn,
+            on_metrics=on_metrics,
         )
         config = build_config_artifact(
             result.output_dir,
@@ -171,7 +176,7 @@ def train_checkpoint(
             parent_checkpoint_id=base_checkpoint_id,
             metrics=metrics,
         )
-    except TrainingError as e:
+    except BaseException as e:  # cancelled or interrupted runs are closed too
         fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")
         raise
     finish_training_run(engine, run_id, metrics=metrics)
