@@ -16,7 +16,6 @@ around each batch. Nothing here imports Prefect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import time

@@ -153,7 +153,7 @@ class GrmJudge:
         """Exponential backoff with jitter, at least the server's `Retry-After`, capped."""
         s = self._settings
         base = min(s.max_backoff_s, s.backoff_s * 2 ** (state.attempt_number - 1))
-        delay = base + random.uniform(0.0, base)  # noqa: S311 - jitter, not a secret
+        delay = base + random.uniform(0.0, base)
         error = state.outcome.exception() if state.outcome is not None else None
         if isinstance(error, _Retryable) and error.retry_after is not None:
             delay = max(delay, error.retry_after)

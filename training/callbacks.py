@@ -35,8 +35,8 @@ class TrainingHooks:
     """Wall-time budget of `trainer.train()`, seconds; None: no limit."""
 
 
-_hooks: contextvars.ContextVar[TrainingHooks] = contextvars.ContextVar(
-    "epiflow_training_hooks", default=TrainingHooks()
+_hooks: contextvars.ContextVar[TrainingHooks | None] = contextvars.ContextVar(
+    "epiflow_training_hooks", default=None
 )
 
 
@@ -106,6 +106,6 @@ def attach(trainer: Any) -> Any:
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    callback = _callback_class()(_hooks.get())
+    callback = _callback_class()(_hooks.get() or TrainingHooks())
     trainer.add_callback(callback)
     return callback

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.training.test_trainers import _frame
 from training.builders import DatasetKind
 from training.trainers import run_training
-from tests.training.test_trainers import _frame
 
 
 def test_hook_sees_every_log_event_and_nothing_is_printed(
