@@ -85,8 +85,8 @@ class CollectRequest(BaseModel):
     suite: str = "builtin"
     """Suite name (built-in or a user suite on EPIFLOW_SUITES_PATH)."""
     policy: PolicyPreset | str = PolicyPreset.ORACLE
-    """Policy: a preset (scripted:oracle, scripted:noisy, scripted:idle) or a spec —
-    scripted:noisy?malformed=0.3, openai:<url>#<model>, hf:<checkpoint dir or checkpoint/<id>>."""
+    """Policy: a preset, or a spec such as scripted:noisy?malformed=0.3,
+    openai:URL#MODEL (an OpenAI-compatible endpoint), hf:DIR or hf:checkpoint/ID."""
     tasks: int = Field(default=1, ge=1)
     """Task instances per template."""
     rollouts: int = Field(default=1, ge=1)

@@ -12,6 +12,7 @@ flow follows as a subflow and the training artifact links it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import tempfile
 import threading
 import time
@@ -163,7 +164,7 @@ class _TrainingMonitor:
         self._last_progress = 0.0
         self._last_table = time.monotonic()
         self._lock = threading.Lock()
-        self._pending: list[asyncio.Future[Any]] = []
+        self._pending: list[concurrent.futures.Future[Any]] = []
 
     def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
         with self._lock:

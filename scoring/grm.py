@@ -157,7 +157,7 @@ class GrmJudge:
         error = state.outcome.exception() if state.outcome is not None else None
         if isinstance(error, _Retryable) and error.retry_after is not None:
             delay = max(delay, error.retry_after)
-        return min(delay, s.max_backoff_s)
+        return float(min(delay, s.max_backoff_s))
 
     async def _complete(
         self, client: httpx.AsyncClient, messages: list[dict[str, str]], episode: str

@@ -61,7 +61,7 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
 def _callback_class() -> type[Any]:
     from transformers import TrainerCallback
 
-    class HooksCallback(TrainerCallback):  # type: ignore[misc]
+    class HooksCallback(TrainerCallback):
         """Forwards log events to the hook; stops at the wall-time budget."""
 
         def __init__(self, hooks: TrainingHooks) -> None:

@@ -56,7 +56,9 @@ def test_groups_are_persisted_as_they_fill(tmp_path: Path) -> None:
         )
     finally:
         asyncio.run(collection.aclose())
-    assert len(report.inserted) == 6 == _stored(engine)
+    stored = _stored(engine)
+    engine.dispose()
+    assert len(report.inserted) == 6 == stored
     assert [g.episodes for g, _ in groups] == [2, 2, 2]
     assert sum(g.by_status.get("success", 0) for g, _ in groups) == 6
     # each group was in the database when the hook saw it
@@ -86,6 +88,7 @@ def test_the_flush_interval_persists_a_partial_group(tmp_path: Path) -> None:
         )
     finally:
         asyncio.run(collection.aclose())
+        engine.dispose()
     # batch_size 100 is never reached: the interval (and the final flush) wrote them
     assert sum(seen) == 4 and len(seen) >= 2
 
@@ -120,5 +123,7 @@ def test_cancellation_persists_every_finished_episode(tmp_path: Path) -> None:
         asyncio.run(main())
     finally:
         asyncio.run(collection.aclose())
+    stored = _stored(engine)
+    engine.dispose()
     assert 3 <= len(finished) < 12
-    assert _stored(engine) == len(finished)  # nothing finished was lost, nothing half-written
+    assert stored == len(finished)  # nothing finished was lost, nothing half-written
