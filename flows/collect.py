@@ -81,10 +81,16 @@ async def open_run_task(plan: Plan, settings: Settings) -> Collection:
     """Build the policy, engine and object store (checked) and create or resume the run row."""
     collection = await asyncio.to_thread(open_collection, plan, settings)
     try:
-        await asyncio.to_thread(start_run, collection.engine, collection.request)
+        run_id = await asyncio.to_thread(start_run, collection.engine, collection.request)
     except BaseException:
         await collection.aclose()
         raise
+    get_run_logger().info(
+        "open-run: run %s (%s), policy %s, database and object store checked",
+        plan.run_key,
+        run_id,
+        plan.request.policy,
+    )
     return collection
 
 
@@ -111,7 +117,8 @@ async def run_episodes_task(collection: Collection) -> int:
     async def on_persisted(group: PersistedGroup) -> None:
         nonlocal done
         done += group.episodes
-        by_status.update(group.by_status)
+        for status, count in group.by_status.items():
+            by_status[status] += count
         try:
             await aupdate_progress_artifact(
                 progress,

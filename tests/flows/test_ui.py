@@ -339,6 +339,9 @@ def test_logs_are_readable(story: Story) -> None:
     for flow_name in STAGES:
         for run in story.api.flow_runs(flow_name):
             lines = story.api.logs(run["id"])
+            print(
+                f"{flow_name} {run['name']}: {len(lines)} log lines"
+            )  # the closing note's figures
             assert lines, flow_name
             assert len(lines) <= LOG_BUDGET, (flow_name, len(lines), lines[:40])
             noisy = [line for line in lines if DISASSEMBLY.search(line)]
