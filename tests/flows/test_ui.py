@@ -73,15 +73,27 @@ class Api:
     url: str
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
 
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One API call; a loaded server's 5xx (its database busy) or a dropped connection
+        is asked again until a deadline."""
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                response = self.client.request(method, self.url + path, json=body)
+                if response.status_code < 500:
+                    response.raise_for_status()
+                    return response.json()
+                problem = f"HTTP {response.status_code}: {response.text[:200]}"
+            except httpx.TransportError as e:
+                problem = repr(e)
+            assert time.monotonic() < deadline, f"{method} {path}: {problem}"
+            time.sleep(1)
+
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        response = self.client.post(self.url + path, json=body)
-        response.raise_for_status()
-        return response.json()
+        return self._call("POST", path, body)
 
     def get(self, path: str) -> Any:
-        response = self.client.get(self.url + path)
-        response.raise_for_status()
-        return response.json()
+        return self._call("GET", path)
 
     def wait_for(self, flow_run_id: str, deadline: float) -> dict[str, Any]:
         """Poll a flow run until it reaches a terminal state (or the deadline)."""
