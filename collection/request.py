@@ -11,7 +11,7 @@ import json
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -84,7 +84,9 @@ class CollectRequest(BaseModel):
 
     suite: str = "builtin"
     """Suite name (built-in or a user suite on EPIFLOW_SUITES_PATH)."""
-    policy: PolicyPreset | str = PolicyPreset.ORACLE
+    policy: Annotated[PolicyPreset, Field(title="preset")] | Annotated[str, Field(title="spec")] = (
+        PolicyPreset.ORACLE
+    )
     """Policy: a preset, or a spec such as scripted:noisy?malformed=0.3,
     openai:URL#MODEL (an OpenAI-compatible endpoint), hf:DIR or hf:checkpoint/ID."""
     tasks: int = Field(default=1, ge=1)
@@ -93,7 +95,11 @@ class CollectRequest(BaseModel):
     """Rollouts per task instance."""
     concurrency: int = Field(default=4, ge=1, le=512)
     """Episodes running at once."""
-    faults: FaultPreset | FaultProfile | None = None
+    faults: (
+        Annotated[FaultPreset, Field(title="preset")]
+        | Annotated[FaultProfile, Field(title="probabilities")]
+        | None
+    ) = None
     """Fault injection: a preset (none, light, heavy) or probabilities per fault; empty is off."""
     sandbox_spec: SandboxSpec = Field(default_factory=SandboxSpec)
     """Sandbox of every episode (limits, network, timeouts)."""
