@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import time
 import uuid
 from collections import Counter
@@ -43,6 +44,8 @@ from storage.ingest import IngestReport
 from storage.migrate import ensure_current
 from storage.objects import ObjectStore
 from storage.runs import close_run, open_run, remaining_episodes, run_counts
+
+logger = logging.getLogger(__name__)
 
 
 def make_run_policy(spec: str, settings: Settings) -> Policy:
@@ -201,6 +204,13 @@ async def run_episodes(
         written = await asyncio.shield(
             asyncio.to_thread(persist_episodes, collection.engine, collection.store, batch)
         )
+        logger.debug(
+            "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
+            collection.plan.run_key,
+            len(written.inserted),
+            written.steps,
+            len(written.skipped_existing),
+        )
         for target in (report, collection.written):
             target.inserted.extend(written.inserted)
             target.skipped_existing.extend(written.skipped_existing)
@@ -260,6 +270,15 @@ async def run_episodes(
             (e for e in failed.exceptions if not isinstance(e, asyncio.CancelledError)),
             failed.exceptions[0],
         ) from None
+    except BaseException as stopped:
+        if buffer:
+            logger.warning(
+                "run %s %s: persisting %d finished episode(s) before stopping",
+                collection.plan.run_key,
+                "cancelled" if isinstance(stopped, asyncio.CancelledError) else "interrupted",
+                len(buffer),
+            )
+        raise
     finally:
         async with lock:
             await flush()

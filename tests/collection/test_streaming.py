@@ -94,7 +94,9 @@ def test_the_flush_interval_persists_a_partial_group(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cancellation_persists_every_finished_episode(tmp_path: Path) -> None:
+def test_cancellation_persists_every_finished_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     request = CollectRequest(
         run_key="stream-cancel",
         tasks=4,
@@ -126,4 +128,7 @@ def test_cancellation_persists_every_finished_episode(tmp_path: Path) -> None:
     stored = _stored(engine)
     engine.dispose()
     assert 3 <= len(finished) < 12
-    assert stored == len(finished)  # nothing finished was lost, nothing half-written
+    assert stored == len(finished)
+    assert any(
+        "stream-cancel cancelled: persisting" in r.getMessage() for r in caplog.records
+    )  # nothing finished was lost, nothing half-written
