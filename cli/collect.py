@@ -81,6 +81,7 @@ def collect(
     asyncio.run(preflight.policy.aclose())
 
     from flows.collect import collect_episodes
+    from flows.qc import GateOptions
 
     try:
         with episode_progress(
@@ -92,7 +93,7 @@ def collect(
                     shards=shards,
                     shard_deployment=shard_deployment,
                     gate=gate,
-                    gate_trigger="none",
+                    gate_options=GateOptions(trigger="none"),
                 )
             )
     finally:

@@ -54,7 +54,7 @@ DEMO_TRAIN_STEPS = 30
 
 async def _chain(key: str) -> tuple[CollectFlowResult, QcGateResult, EvaluationResult | None]:
     from flows.collect import collect_episodes
-    from flows.evaluate import evaluate
+    from flows.evaluate import EvaluationOptions
     from flows.qc import qc_gate
 
     collected = await collect_episodes(
@@ -74,17 +74,13 @@ async def _chain(key: str) -> tuple[CollectFlowResult, QcGateResult, EvaluationR
         trigger="inline",
         training_threshold=DEMO_THRESHOLD,
         train_max_steps=DEMO_TRAIN_STEPS,
+        # The triggered training is evaluated against its base on held-out instances.
+        evaluation=EvaluationOptions(
+            instances=1, templates=DEMO_TEMPLATES[:3], max_steps=3, max_new_tokens=96
+        ),
     )
-    evaluation = None
     trained = gated.training.result if gated.training else None
-    if trained is not None:
-        evaluation = await evaluate(
-            checkpoint=str(trained.checkpoint_id),
-            instances=1,
-            templates=DEMO_TEMPLATES[:3],
-            max_steps=3,
-            max_new_tokens=96,
-        )
+    evaluation = trained.evaluation if trained is not None else None
     return collected, gated, evaluation
 
 

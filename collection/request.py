@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -30,16 +31,34 @@ FAULT_PROFILES: dict[str, FaultProfile] = {
 }
 """Named fault profiles for `faults`; a JSON object with `FaultProfile` fields works too."""
 
+FaultPreset = Literal["none", "light", "heavy"]
+"""The names of `FAULT_PROFILES` (a dropdown in the Prefect run form)."""
+assert set(get_args(FaultPreset)) == set(FAULT_PROFILES)
 
-def fault_profile_of(value: str | None) -> FaultProfile | None:
-    """The profile `value` names (`none`, `light`, `heavy`) or spells as JSON; None when off.
+
+class PolicyPreset(StrEnum):
+    """Policies that need no endpoint or checkpoint (the run form's dropdown)."""
+
+    ORACLE = "scripted:oracle"
+    """Solves every task (the verifier's reference actions)."""
+    NOISY = "scripted:noisy"
+    """The oracle with protocol errors, fabricated claims and repeated commands mixed in."""
+    IDLE = "scripted:idle"
+    """Answers without calling tools (a negative control)."""
+
+
+def fault_profile_of(value: str | FaultProfile | None) -> FaultProfile | None:
+    """The profile `value` names (`none`, `light`, `heavy`), spells as JSON or is; None
+    when off.
 
     Raises:
         ValueError: an unknown name or invalid JSON (the message says which).
     """
     if value is None:
         return None
-    if value.strip().startswith("{"):
+    if isinstance(value, FaultProfile):
+        profile = value
+    elif value.strip().startswith("{"):
         try:
             profile = FaultProfile.model_validate_json(value)
         except ValidationError as e:
@@ -60,21 +79,28 @@ class CollectRequest(BaseModel):
     """What to collect. Validated once, where it is built; every field is documented for
     the Prefect run form."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become the JSON schema's descriptions: the run form's help text.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     suite: str = "builtin"
     """Suite name (built-in or a user suite on EPIFLOW_SUITES_PATH)."""
-    policy: str = "scripted:oracle"
-    """Policy spec: scripted:oracle|noisy|idle, openai:<url>#<model>, hf:<checkpoint dir>."""
+    policy: Annotated[PolicyPreset, Field(title="preset")] | Annotated[str, Field(title="spec")] = (
+        PolicyPreset.ORACLE
+    )
+    """Policy: a preset, or a spec such as scripted:noisy?malformed=0.3,
+    openai:URL#MODEL (an OpenAI-compatible endpoint), hf:DIR or hf:checkpoint/ID."""
     tasks: int = Field(default=1, ge=1)
     """Task instances per template."""
     rollouts: int = Field(default=1, ge=1)
     """Rollouts per task instance."""
     concurrency: int = Field(default=4, ge=1, le=512)
     """Episodes running at once."""
-    faults: str | None = None
-    """Fault profile: a name (none, light, heavy) or a JSON object of `FaultProfile` fields;
-    empty is off."""
+    faults: (
+        Annotated[FaultPreset, Field(title="preset")]
+        | Annotated[FaultProfile, Field(title="probabilities")]
+        | None
+    ) = None
+    """Fault injection: a preset (none, light, heavy) or probabilities per fault; empty is off."""
     sandbox_spec: SandboxSpec = Field(default_factory=SandboxSpec)
     """Sandbox of every episode (limits, network, timeouts)."""
     run_key: str | None = None
@@ -89,10 +115,21 @@ class CollectRequest(BaseModel):
     heldout: bool = False
     """Use the suite's held-out seeds (evaluation) instead of training seeds."""
 
-    @field_validator("faults")
+    @field_validator("faults", mode="before")
     @classmethod
-    def _known_faults(cls, value: str | None) -> str | None:
-        fault_profile_of(value)
+    def _known_faults(cls, value: Any) -> Any:
+        """A name is checked, a JSON string (the CLI's `--faults '{...}'`) parsed."""
+        if isinstance(value, str):
+            if value.strip().startswith("{"):
+                return fault_profile_of(value) or FaultProfile()
+            fault_profile_of(value)
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_spec(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
         return value
 
     @field_validator("run_key")

@@ -16,9 +16,12 @@ around each batch. Nothing here imports Prefect.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
@@ -40,6 +43,8 @@ from storage.ingest import IngestReport
 from storage.migrate import ensure_current
 from storage.objects import ObjectStore
 from storage.runs import close_run, open_run, remaining_episodes, run_counts
+
+logger = logging.getLogger(__name__)
 
 
 def make_run_policy(spec: str, settings: Settings) -> Policy:
@@ -144,48 +149,90 @@ def remaining(collection: Collection) -> list[PlannedEpisode]:
     return [p for p in episodes if p.episode_id in todo]
 
 
+@dataclass(frozen=True)
+class PersistedGroup:
+    """One group of finished episodes just persisted (what `on_persisted` receives)."""
+
+    written: IngestReport
+    """What the group's transaction wrote."""
+    by_status: dict[str, int]
+    """The group's episodes by status."""
+
+    @property
+    def episodes(self) -> int:
+        """Episodes in the group."""
+        return sum(self.by_status.values())
+
+
+FLUSH_INTERVAL_S = 5.0
+"""Longest a finished episode waits in memory before it is persisted, seconds."""
+
+
 async def run_episodes(
     collection: Collection,
     episodes: Sequence[PlannedEpisode],
     *,
     on_episode: Callable[[Trajectory], None] | None = None,
+    on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
+    flush_interval_s: float = FLUSH_INTERVAL_S,
 ) -> IngestReport:
-    """Run `episodes` with at most `concurrency` at once; persist every `batch_size`
-    finished episodes (objects first, then one transaction of rows), with immediate rewards
-    and discounted returns computed on the way, so a crash loses at most the episodes in
-    flight and the batch being written."""
+    """Run `episodes` as one stream, at most `concurrency` at once (a finished episode frees
+    its slot for the next: no barrier between groups), and persist finished episodes in
+    groups of `batch_size` — or after `flush_interval_s` when fewer finished — objects
+    first, then one transaction of rows, with immediate rewards and discounted returns
+    computed on the way. `on_persisted` gets each group after it is written (progress; it
+    may be a coroutine function).
+
+    A crash loses at most the episodes in flight; when the run is cancelled (Ctrl-C, the
+    UI) or an episode raises, every finished episode is persisted before the error
+    propagates."""
     request = collection.request
     settings = collection.settings
-    semaphore = asyncio.Semaphore(request.concurrency)
     report = IngestReport()
     buffer: list[Trajectory] = []
     lock = asyncio.Lock()
+    pending = iter(episodes)
 
     async def flush() -> None:
         batch = list(buffer)
         buffer.clear()
-        if batch:
-            written = await asyncio.to_thread(
-                persist_episodes, collection.engine, collection.store, batch
+        if not batch:
+            return
+        # Shielded: a cancellation while the rows are written waits for the write to end.
+        written = await asyncio.shield(
+            asyncio.to_thread(persist_episodes, collection.engine, collection.store, batch)
+        )
+        logger.debug(
+            "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
+            collection.plan.run_key,
+            len(written.inserted),
+            written.steps,
+            len(written.skipped_existing),
+        )
+        for target in (report, collection.written):
+            target.inserted.extend(written.inserted)
+            target.skipped_existing.extend(written.skipped_existing)
+            target.steps += written.steps
+        if on_persisted is not None:
+            group = PersistedGroup(
+                written=written, by_status=dict(Counter(t.status.value for t in batch))
             )
-            for target in (report, collection.written):
-                target.inserted.extend(written.inserted)
-                target.skipped_existing.extend(written.skipped_existing)
-                target.steps += written.steps
+            notified = on_persisted(group)
+            if inspect.isawaitable(notified):
+                await notified
 
     async def one(p: PlannedEpisode) -> None:
-        async with semaphore:
-            trajectory = await run_episode(
-                p.task,
-                collection.policy,
-                spec=request.sandbox_spec,
-                run_key=collection.plan.run_key,
-                settings=settings.loop,
-                rollout_index=p.rollout_index,
-                faults=collection.plan.faults,
-                fault_seed=fault_seed(p.episode_id),
-                open_sandbox=pool.open_sandbox,
-            )
+        trajectory = await run_episode(
+            p.task,
+            collection.policy,
+            spec=request.sandbox_spec,
+            run_key=collection.plan.run_key,
+            settings=settings.loop,
+            rollout_index=p.rollout_index,
+            faults=collection.plan.faults,
+            fault_seed=fault_seed(p.episode_id),
+            open_sandbox=pool.open_sandbox,
+        )
         trajectory.difficulty = p.task.difficulty
         # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
         trajectory = apply_rewards(trajectory, settings.rewards)
@@ -196,16 +243,52 @@ async def run_episodes(
             if len(buffer) >= request.batch_size:
                 await flush()
 
-    # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
-    async with pooled_opener(
-        request.sandbox_spec,
-        concurrency=request.concurrency,
-        settings=settings.sandbox,
-        episodes=len(episodes),
-    ) as pool:
-        await asyncio.gather(*(one(p) for p in episodes))
-    async with lock:
-        await flush()
+    async def worker() -> None:
+        for p in pending:  # one shared iterator: each worker takes the next planned episode
+            await one(p)
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(flush_interval_s)
+            async with lock:
+                await flush()
+
+    try:
+        # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
+        async with (
+            pooled_opener(
+                request.sandbox_spec,
+                concurrency=request.concurrency,
+                settings=settings.sandbox,
+                episodes=len(episodes),
+            ) as pool,
+            asyncio.TaskGroup() as group,
+        ):
+            workers = [
+                group.create_task(worker()) for _ in range(min(request.concurrency, len(episodes)))
+            ]
+            tick = group.create_task(ticker())
+            if workers:
+                await asyncio.wait(workers)
+            tick.cancel()
+    except BaseExceptionGroup as failed:
+        # The first real error, as a plain gather would have raised it (the CLI maps types).
+        raise next(
+            (e for e in failed.exceptions if not isinstance(e, asyncio.CancelledError)),
+            failed.exceptions[0],
+        ) from None
+    except BaseException as stopped:
+        if buffer:
+            logger.warning(
+                "run %s %s: persisting %d finished episode(s) before stopping",
+                collection.plan.run_key,
+                "cancelled" if isinstance(stopped, asyncio.CancelledError) else "interrupted",
+                len(buffer),
+            )
+        raise
+    finally:
+        async with lock:
+            await flush()
     return report
 
 

@@ -41,6 +41,7 @@ from scoring.rule_judge import rule_judgement
 __all__ = [
     "GateEngine",
     "evaluate_features",
+    "gate_features",
     "judge_rows",
     "judgement_findings",
     "load_suites",
@@ -242,6 +243,36 @@ def evaluate_features(
     )
 
 
+def gate_features(
+    trajectories: Sequence[Trajectory],
+    *,
+    config: QcConfig,
+    rule_judgements: Sequence[Judgement] | None = None,
+    judgements: Mapping[str, Judgement] | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The episode feature frame the suites run on, and the step frame (the first half of
+    `run_gate`; `evaluate_features` is the second). Arguments as `run_gate`."""
+    frames: QcFrames = build_frames(trajectories)
+    rules = (
+        rule_judgements
+        if rule_judgements is not None
+        else [rule_judgement(t, config.judge) for t in trajectories]
+    )
+    judged = judge_frame(judgement_findings(rules))
+    if judgements:
+        overrides = pl.DataFrame(
+            judgement_rows(judgements.values()),
+            schema={"episode_id": pl.String, "rubric_mean": pl.Float64},
+        )
+        judged = (
+            judged.join(overrides, on="episode_id", how="left", suffix="_override")
+            .with_columns(pl.coalesce("rubric_mean_override", "rubric_mean").alias("rubric_mean"))
+            .drop("rubric_mean_override")
+        )
+    features = compute_features(frames, judged, gate=config.gate, rewards=config.rewards)
+    return features, frames.steps
+
+
 def run_gate(
     trajectories: Sequence[Trajectory],
     *,
@@ -263,24 +294,7 @@ def run_gate(
         SuiteError: a suite file is missing or invalid.
         SuiteExecutionError: GX raised while evaluating an expectation.
     """
-    frames: QcFrames = build_frames(trajectories)
-    rules = (
-        rule_judgements
-        if rule_judgements is not None
-        else [rule_judgement(t, config.judge) for t in trajectories]
+    features, steps = gate_features(
+        trajectories, config=config, rule_judgements=rule_judgements, judgements=judgements
     )
-    judged = judge_frame(judgement_findings(rules))
-    if judgements:
-        overrides = pl.DataFrame(
-            judgement_rows(judgements.values()),
-            schema={"episode_id": pl.String, "rubric_mean": pl.Float64},
-        )
-        judged = (
-            judged.join(overrides, on="episode_id", how="left", suffix="_override")
-            .with_columns(pl.coalesce("rubric_mean_override", "rubric_mean").alias("rubric_mean"))
-            .drop("rubric_mean_override")
-        )
-    features = compute_features(frames, judged, gate=config.gate, rewards=config.rewards)
-    return evaluate_features(
-        features, config=config, engine=engine, steps=frames.steps, docs_dir=docs_dir
-    )
+    return evaluate_features(features, config=config, engine=engine, steps=steps, docs_dir=docs_dir)

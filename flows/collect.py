@@ -1,25 +1,35 @@
 """The `collect-episodes` flow: one collection run, on this machine or fanned out to shards.
 
-Thin: the request is planned and opened once (`collection.runner`), each batch of
-episodes runs as a Prefect task (asyncio concurrency inside, never a task per step), the
-totals come from SQL, and two artifacts summarise the run for the Prefect UI.
+Stages are Prefect tasks, named for the UI: `plan-collection` (suite, templates, episode
+ids), `open-run` (policy, database, object store; the `collection_run` row),
+`run-episodes` (the whole plan as one stream, asyncio concurrency inside, never a task
+per step; finished episodes persisted in groups as they complete, a progress artifact
+updated after each group), `finish-run` (status, totals from SQL) and `publish-summary`
+(two artifacts). With `gate`, the `qc-gate` flow follows as a subflow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.artifacts import (
+    acreate_markdown_artifact,
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
+)
 from prefect.cache_policies import NONE
 from prefect.runtime import deployment, flow_run
 
 from collection.errors import CollectError
-from collection.plan import PlannedEpisode, Shard, plan_collection
+from collection.plan import Plan, Shard, plan_collection
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import (
     Collection,
+    PersistedGroup,
     collection_result,
     finish_run,
     open_collection,
@@ -28,13 +38,10 @@ from collection.runner import (
     start_run,
 )
 from config.settings import Settings, load_settings
-from flows.qc import QcGateResult, TriggerMode, qc_gate
+from flows import route_library_logs
+from flows.qc import GateOptions, QcGateResult, qc_gate
 from storage.run_summary import summarize_run, summary_markdown, summary_table
 from storage.runs import run_totals
-
-CHUNK = 64
-"""Episodes per Prefect task: big enough that orchestration is noise, small enough to
-show progress in the UI and bound what a crash can lose."""
 
 
 class CollectFlowResult(CollectResult):
@@ -44,51 +51,149 @@ class CollectFlowResult(CollectResult):
     """The gate's result (with `gate`), else None."""
 
 
-@task(name="run-episode-batch", cache_policy=NONE, retries=0)
-async def run_episode_batch(collection: Collection, batch: list[PlannedEpisode]) -> int:
-    """Run one batch of the plan concurrently and persist it; returns episodes written."""
-    report = await run_episodes(collection, batch)
+def artifact_key(prefix: str, name: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from `prefix` and `name`."""
+    return prefix + "-" + "".join(c if c.isalnum() else "-" for c in name.lower())[:60]
+
+
+def _progress_line(done: int, planned: int, by_status: Counter[str], started: float) -> str:
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none yet"
+    return f"{done} / {planned} episodes ({statuses}); {time.monotonic() - started:.0f} s elapsed"
+
+
+@task(name="plan-collection", cache_policy=NONE, retries=0)
+def plan_task(request: CollectRequest, settings: Settings, shard: Shard) -> Plan:
+    """Resolve the request against its suite: task instances and episode ids."""
+    plan = plan_collection(request, settings.suites, shard=shard)
+    get_run_logger().info(
+        "run %s shard %d/%d: %d episodes planned (%d in the whole run)",
+        plan.run_key,
+        shard.index + 1,
+        shard.count,
+        len(plan.episodes),
+        plan.total,
+    )
+    return plan
+
+
+@task(name="open-run", cache_policy=NONE, retries=0)
+async def open_run_task(plan: Plan, settings: Settings) -> Collection:
+    """Build the policy, engine and object store (checked) and create or resume the run row."""
+    collection = await asyncio.to_thread(open_collection, plan, settings)
+    try:
+        run_id = await asyncio.to_thread(start_run, collection.engine, collection.request)
+    except BaseException:
+        await collection.aclose()
+        raise
+    get_run_logger().info(
+        "open-run: run %s (%s), policy %s, database and object store checked",
+        plan.run_key,
+        run_id,
+        plan.request.policy,
+    )
+    return collection
+
+
+# Idempotent: episode ids are deterministic and `remaining` skips what is stored, so a
+# retry runs only what the failed attempt did not persist.
+@task(name="run-episodes", cache_policy=NONE, retries=1, retry_delay_seconds=5)
+async def run_episodes_task(collection: Collection) -> int:
+    """Run what is not stored yet as one stream; persist groups as they finish; keep a
+    progress artifact (episodes done / planned, by status) current. Returns episodes run."""
+    logger = get_run_logger()
+    started = time.monotonic()
+    todo = remaining(collection)
+    planned = len(collection.plan.episodes)
+    done = planned - len(todo)
+    if done:
+        logger.info("%d of %d episodes already stored: skipped (resumed run)", done, planned)
+    by_status: Counter[str] = Counter()
+    progress = await acreate_progress_artifact(
+        progress=100.0 * done / planned if planned else 100.0,
+        key=artifact_key("collect-progress", collection.plan.run_key),
+        description=_progress_line(done, planned, by_status, started),
+    )
+
+    async def on_persisted(group: PersistedGroup) -> None:
+        nonlocal done
+        done += group.episodes
+        for status, count in group.by_status.items():
+            by_status[status] += count
+        try:
+            await aupdate_progress_artifact(
+                progress,
+                progress=100.0 * done / planned,
+                description=_progress_line(done, planned, by_status, started),
+            )
+        except Exception as e:  # progress is for the eyes; the collection goes on
+            logger.warning("progress artifact not updated: %r", e)
+
+    report = await run_episodes(collection, todo, on_persisted=on_persisted)
+    logger.info(
+        "run-episodes: %d episodes run, %d steps written in %.1f s; %s",
+        len(report.inserted),
+        report.steps,
+        time.monotonic() - started,
+        ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "nothing to run",
+    )
     return len(report.inserted)
+
+
+@task(name="finish-run", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+async def finish_run_task(
+    collection: Collection, status: str, started: float, close: bool
+) -> CollectResult:
+    """Mark the run (when this process owns it) and read its totals from SQL."""
+    if close:
+        flow_run_id = str(flow_run.id) if flow_run.id else None
+        await asyncio.to_thread(finish_run, collection, status=status, flow_run_id=flow_run_id)
+    return await asyncio.to_thread(
+        collection_result,
+        collection,
+        executed=len(collection.written.inserted),
+        steps=collection.written.steps,
+        started=started,
+    )
 
 
 async def collect_here(
     request: CollectRequest, settings: Settings, *, shard: Shard, close: bool
 ) -> CollectResult:
-    """Collect this process's share of the run: plan, open, run the remaining episodes in
-    batch tasks, mark the run (when `close`), count."""
-    logger = get_run_logger()
+    """Collect this process's share of the run: plan, open, run what remains as one stream,
+    mark the run (when `close`, also when it failed or was cancelled), count."""
     started = time.monotonic()
-    plan = plan_collection(request, settings.suites, shard=shard)
-    collection = open_collection(plan, settings)
+    plan = plan_task(request, settings, shard)
+    collection = await open_run_task(plan, settings)
     try:
-        start_run(collection.engine, collection.request)
-        todo = remaining(collection)
-        logger.info(
-            "run %s shard %d/%d: %d planned, %d to run (%d already stored)",
-            plan.run_key,
-            shard.index + 1,
-            shard.count,
-            len(plan.episodes),
-            len(todo),
-            len(plan.episodes) - len(todo),
-        )
         status = "failed"
         try:
-            for i in range(0, len(todo), CHUNK):
-                await run_episode_batch(collection, todo[i : i + CHUNK])
+            await run_episodes_task(collection)
             status = "completed"
         finally:
-            if close:
-                flow_run_id = str(flow_run.id) if flow_run.id else None
-                finish_run(collection, status=status, flow_run_id=flow_run_id)
-        return collection_result(
-            collection,
-            executed=len(collection.written.inserted),
-            steps=collection.written.steps,
-            started=started,
+            # Also on failure or cancellation: no run stays `running` once its flow ended.
+            result = await asyncio.shield(_finish(collection, status, started, close))
+        get_run_logger().info(
+            "run %s %s: %d / %d episodes stored, success rate %.2f",
+            result.run_key,
+            status,
+            result.episodes,
+            result.planned,
+            result.success_rate,
         )
+        return result
     finally:
         await collection.aclose()
+
+
+async def _finish(
+    collection: Collection, status: str, started: float, close: bool
+) -> CollectResult:
+    try:
+        return await finish_run_task(collection, status, started, close)
+    except Exception:
+        if close:  # the task failed after its retries: still close the row
+            await asyncio.to_thread(finish_run, collection, status="failed")
+        raise
 
 
 def run_key_for(request: CollectRequest) -> str:
@@ -101,15 +206,17 @@ def run_key_for(request: CollectRequest) -> str:
     return fresh_run_key(request)
 
 
-async def _publish(result: CollectResult, settings: Settings) -> None:
+@task(name="publish-summary", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+async def publish_summary(result: CollectResult, settings: Settings) -> None:
+    """The run's summary (markdown) and its success rate per template (table)."""
     from storage.db import make_engine
 
     engine = make_engine(settings.database)
     try:
-        summary = summarize_run(engine, result.run_id)
+        summary = await asyncio.to_thread(summarize_run, engine, result.run_id)
     finally:
         engine.dispose()
-    key = "collect-" + "".join(c if c.isalnum() else "-" for c in result.run_key.lower())[:60]
+    key = artifact_key("collect", result.run_key)
     await acreate_markdown_artifact(
         markdown=summary_markdown(result.run_key, summary),
         key=key,
@@ -122,32 +229,34 @@ async def _publish(result: CollectResult, settings: Settings) -> None:
     )
 
 
-@flow(name="collect-episodes", log_prints=True, persist_result=True)
+@flow(name="collect-episodes", log_prints=False, persist_result=True)
 async def collect_episodes(
     request: CollectRequest,
     shards: int = 1,
     shard_deployment: str | None = None,
     gate: bool = False,
-    gate_trigger: TriggerMode = "deployment",
+    gate_options: GateOptions = GateOptions(),  # noqa: B008 - frozen, shown in the form
 ) -> CollectFlowResult:
     """Collect `request.tasks` instances × `request.rollouts` of every template of the suite.
 
-    With `gate`, the `qc-gate` flow runs on the result as a subflow (the nightly chain);
-    `gate_trigger` is its trigger mode.
-
-    With `shards > 1` and `shard_deployment` (e.g. `collect-shard/shard`), the run is split
-    into shard flow runs on that deployment's work pool and this flow waits for all of
-    them; the shards write to the shared database and object store, and the totals are
-    read back from SQL (no shard's result file is needed).
+    Args:
+        request: What to collect: suite, policy, sizes, faults, sandbox, run key.
+        shards: Split the run into this many shard flow runs (needs `shard_deployment`).
+        shard_deployment: Deployment that runs one shard, e.g. `collect-shard/shard`; the
+            shards write to the shared database and object store, and the totals are read
+            back from SQL.
+        gate: Run the `qc-gate` flow on the result as a subflow (the nightly chain).
+        gate_options: How the gate judges and when it trains (threshold, trigger, steps).
     """
+    route_library_logs()
     settings = load_settings()
     request = request.keyed(run_key_for(request))
     if shards > 1 and shard_deployment:
         result = await fan_out(request, settings, shards=shards, deployment=shard_deployment)
     else:
         result = await collect_here(request, settings, shard=Shard(), close=True)
-    await _publish(result, settings)
-    qc = await qc_gate(run=result.run_key, trigger=gate_trigger) if gate else None
+    await publish_summary(result, settings)
+    qc = await qc_gate(run=result.run_key, **gate_options.flow_parameters()) if gate else None
     return CollectFlowResult(**result.model_dump(), qc=qc)
 
 
@@ -163,20 +272,24 @@ async def fan_out(
     try:
         run_id = start_run(collection.engine, collection.request)
         episodes_before, steps_before = run_totals(collection.engine, run_id)
-        runs = await asyncio.gather(
-            *(
-                arun_deployment(
-                    deployment,
-                    parameters={
-                        "request": request.model_dump(mode="json"),
-                        "shard_index": i,
-                        "shard_count": shards,
-                    },
-                    timeout=None,
+        try:
+            runs = await asyncio.gather(
+                *(
+                    arun_deployment(
+                        deployment,
+                        parameters={
+                            "request": request.model_dump(mode="json"),
+                            "shard_index": i,
+                            "shard_count": shards,
+                        },
+                        timeout=None,
+                    )
+                    for i in range(shards)
                 )
-                for i in range(shards)
             )
-        )
+        except BaseException:  # no run stays `running` once its flow ended
+            finish_run(collection, status="failed")
+            raise
         failed = [r for r in runs if not (r.state and r.state.is_completed())]
         finish_run(collection, status="failed" if failed else "completed")
         if failed:

@@ -12,14 +12,22 @@ from prefect import flow
 from collection.plan import Shard
 from collection.request import CollectRequest, CollectResult
 from config.settings import load_settings
+from flows import route_library_logs
 from flows.collect import collect_here
 
 
-@flow(name="collect-shard", log_prints=True, persist_result=True)
+@flow(name="collect-shard", log_prints=False, persist_result=True)
 async def collect_shard(
     request: CollectRequest, shard_index: int, shard_count: int
 ) -> CollectResult:
-    """Shard `shard_index` of `shard_count` of `request` (which carries its run key)."""
+    """Shard `shard_index` of `shard_count` of `request` (which carries its run key).
+
+    Args:
+        request: The collection request, with its run key.
+        shard_index: This shard's index (0-based).
+        shard_count: Number of shards the run is split into.
+    """
+    route_library_logs()
     settings = load_settings()
     return await collect_here(
         request, settings, shard=Shard(index=shard_index, count=shard_count), close=False

@@ -1,26 +1,46 @@
 """The `train` flow: dataset snapshot → TRL trainer → checkpoint, rows and metrics.
 
-Thin composition over `training/`. The dataset is a stored snapshot, or one built now from
-a collection run (`from_run`) or from the run a QC gate judged (`qc_run`, as the gate's
-trigger passes it). Without `base_checkpoint`, the newest base model is used, and one is
-built from the protocol corpus when none exists yet (no download, ever).
+Stages as Prefect tasks: `dataset-snapshot` (a stored snapshot, or one built now from a
+collection run, `from_run`, or from the run a QC gate judged, `qc_run`), `base-model` (the
+given checkpoint, else the newest base model, built from the protocol corpus when none
+exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
+max steps and a table of loss and learning rate, kept current while it trains; stops at
+`max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
+flow follows as a subflow and the training artifact links it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import acreate_markdown_artifact
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    acreate_markdown_artifact,
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
+)
+from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
-from config.settings import load_settings
-from flows.evaluate import EvaluationResult
+from config.settings import Settings, load_settings
+from flows import route_library_logs
+from flows.evaluate import EvaluationOptions, EvaluationResult
 from training.errors import DatasetSelectionError
+from training.pipeline import TrainedModel
+from training.settings import TrainingSettings
 from training.trainers import Algo
+
+LOSS_TABLE_EVERY_S = 15.0
+"""How often the loss table artifact gets a new version while training runs, seconds."""
 
 
 class TrainFlowResult(BaseModel):
@@ -44,11 +64,256 @@ class TrainFlowResult(BaseModel):
     """Tokens trained on."""
     tokens_per_s: float
     """Training throughput."""
+    stopped_by_time: bool = False
+    """Training ended at `max_time_s`, before its step budget."""
+    flow_run_id: str | None = None
+    """The train flow run (for links in the UI)."""
     evaluation: EvaluationResult | None = None
-    """The evaluation that followed (with `evaluate_instances > 0`)."""
+    """The evaluation that followed (with `evaluation.instances > 0`)."""
 
 
-@flow(name="train", log_prints=True, persist_result=True)
+def flow_run_link(flow_run_id: str | None) -> str:
+    """A markdown link to a flow run's page in the Prefect UI (the bare id without a UI)."""
+    if not flow_run_id:
+        return "-"
+    from prefect.utilities.urls import url_for
+
+    url = url_for("flow-run", obj_id=flow_run_id)
+    return f"[{flow_run_id}]({url})" if url else f"`{flow_run_id}`"
+
+
+@task(name="dataset-snapshot", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def dataset_snapshot(
+    settings: Settings,
+    algo: Algo,
+    dataset: str | None,
+    from_run: str | None,
+    qc_run: str | None,
+) -> uuid.UUID:
+    """The snapshot to train on: the given id, or one built from a run (identical
+    selections reuse the stored snapshot, so a retry builds nothing twice)."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from storage.qc import gated_run_selection
+    from storage.runs import resolve_run
+    from training.pipeline import DEFAULT_KIND
+    from training.snapshots import build_snapshot
+
+    logger = get_run_logger()
+    if dataset is not None:
+        logger.info("dataset-snapshot: stored snapshot %s", dataset)
+        return uuid.UUID(dataset)
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        if qc_run is not None:
+            qc_id, run_id = await asyncio.to_thread(gated_run_selection, engine, qc_run)
+        else:
+            qc_id, run_id = None, await asyncio.to_thread(resolve_run, engine, str(from_run))
+        info = await asyncio.to_thread(
+            lambda: build_snapshot(
+                engine, store, kind=DEFAULT_KIND[algo], run_ids=[run_id], qc_run_id=qc_id
+            )
+        )
+    finally:
+        engine.dispose()
+    logger.info(
+        "dataset-snapshot: %s (%s), %d rows from %d episodes",
+        info.id,
+        info.kind.value,
+        info.n_rows,
+        info.n_episodes,
+    )
+    return info.id
+
+
+@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def base_model(
+    settings: Settings, training: TrainingSettings, base_checkpoint: str | None, work: Path
+) -> uuid.UUID:
+    """The checkpoint to start from: the given one, else the newest base model (built
+    locally from the protocol corpus when there is none)."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import ensure_base_model
+
+    if base_checkpoint:
+        get_run_logger().info("base-model: checkpoint %s", base_checkpoint)
+        return uuid.UUID(base_checkpoint)
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        base = await asyncio.to_thread(ensure_base_model, engine, store, training, work)
+    finally:
+        engine.dispose()
+    get_run_logger().info("base-model: checkpoint %s", base)
+    return base
+
+
+class _TrainingMonitor:
+    """Turns the trainer's metrics hook (called in the training thread) into a progress
+    artifact and a loss table on the flow's event loop, throttled."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, progress_id: uuid.UUID, key: str) -> None:
+        self.loop = loop
+        self.progress_id = progress_id
+        self.key = key
+        self.rows: list[dict[str, Any]] = []
+        self.step = 0
+        self.max_steps = 0
+        self._last_progress = 0.0
+        self._last_table = time.monotonic()
+        self._lock = threading.Lock()
+        self._pending: list[concurrent.futures.Future[Any]] = []
+
+    def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        with self._lock:
+            self.step, self.max_steps = step, max_steps
+            if "loss" in logs:
+                self.rows.append(
+                    {
+                        "step": step,
+                        "loss": round(logs["loss"], 5),
+                        "learning_rate": logs.get("learning_rate"),
+                        "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
+                        "epoch": logs.get("epoch"),
+                    }
+                )
+            now = time.monotonic()
+            if now - self._last_progress >= 1.0 or step >= max_steps:
+                self._last_progress = now
+                self._submit(self.publish_progress())
+            if now - self._last_table >= LOSS_TABLE_EVERY_S:
+                self._last_table = now
+                self._submit(self.publish_table())
+
+    def _submit(self, coroutine: Any) -> None:
+        self._pending.append(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
+
+    async def publish_progress(self) -> None:
+        step, max_steps = self.step, self.max_steps
+        try:
+            await aupdate_progress_artifact(
+                self.progress_id,
+                progress=100.0 * min(step, max_steps) / max_steps if max_steps else 0.0,
+                description=f"step {step} / {max_steps}",
+            )
+        except Exception as e:  # progress is for the eyes; training goes on
+            get_run_logger().warning("progress artifact not updated: %r", e)
+
+    async def publish_table(self) -> None:
+        with self._lock:
+            rows = list(self.rows)
+        if rows:
+            await acreate_table_artifact(
+                table=rows, key=self.key, description="Loss and learning rate per logged step"
+            )
+
+    async def drain(self) -> None:
+        """Wait for the updates in flight (they run on this loop)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            await asyncio.wrap_future(future)
+
+
+@task(name="train", cache_policy=NONE, retries=0)
+async def train_task(
+    settings: Settings,
+    training: TrainingSettings,
+    algo: Algo,
+    dataset_id: uuid.UUID,
+    base: uuid.UUID,
+    work: Path,
+) -> TrainedModel:
+    """Train with TRL in a worker thread (the event loop stays free), publishing progress
+    (step / max steps) and the loss table while it runs."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import train_model
+
+    logger = get_run_logger()
+    progress = await acreate_progress_artifact(
+        progress=0.0, key="train-progress", description="starting"
+    )
+    monitor = _TrainingMonitor(asyncio.get_running_loop(), progress, key="train-loss")
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        trained = await asyncio.to_thread(
+            lambda: train_model(
+                engine,
+                store,
+                algo=algo,
+                dataset_id=dataset_id,
+                work_dir=work,
+                settings=training,
+                base_checkpoint_id=base,
+                prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+                on_metrics=monitor.on_metrics,
+            )
+        )
+    finally:
+        engine.dispose()
+        await monitor.drain()
+    await monitor.publish_progress()
+    await monitor.publish_table()
+    result = trained.result
+    logger.info(
+        "train: %s, %d steps%s, loss %s, %d tokens at %.0f tokens/s in %.1f s",
+        algo.value,
+        result.steps,
+        " (stopped at the wall-time budget)" if result.stopped_by_time else "",
+        f"{result.train_loss:.4f}" if result.train_loss is not None else "-",
+        result.tokens,
+        result.tokens_per_s,
+        result.runtime_s,
+    )
+    return trained
+
+
+@task(name="register-checkpoint", cache_policy=NONE, retries=0)
+async def register_checkpoint_task(
+    settings: Settings, training: TrainingSettings, trained: TrainedModel
+) -> uuid.UUID:
+    """Upload the checkpoint with its config artifact; close the training run."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import register_checkpoint
+
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        outcome = await asyncio.to_thread(
+            lambda: register_checkpoint(engine, store, trained, settings=training)
+        )
+    finally:
+        engine.dispose()
+    get_run_logger().info(
+        "register-checkpoint: %s (training run %s)", outcome.checkpoint_id, trained.training_run_id
+    )
+    return outcome.checkpoint_id
+
+
+def training_markdown(result: TrainFlowResult) -> str:
+    """The training artifact: what was trained, and the evaluation run that followed."""
+    lines = ["# Training run", ""]
+    for k, v in result.model_dump(mode="json", exclude={"evaluation", "flow_run_id"}).items():
+        lines.append(f"- **{k}**: {v}")
+    if result.evaluation is not None:
+        e = result.evaluation
+        lines += [
+            "",
+            f"Evaluation: {flow_run_link(e.flow_run_id)} — completion {e.completion_rate:.3f}"
+            + (
+                f" ({e.delta.get('completion_rate', 0.0):+.3f} against the previous checkpoint)"
+                if e.previous is not None
+                else ""
+            ),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="train", log_prints=False, persist_result=True)
 async def train(
     algo: Algo = Algo.SFT,
     dataset: str | None = None,
@@ -56,92 +321,77 @@ async def train(
     qc_run: str | None = None,
     base_checkpoint: str | None = None,
     max_steps: int | None = None,
-    evaluate_instances: int = 0,
+    max_time_s: float | None = None,
+    save_steps: int | None = None,
+    evaluation: EvaluationOptions = EvaluationOptions(instances=0),  # noqa: B008 - frozen
 ) -> TrainFlowResult:
-    """Train `algo` (sft, dpo, kto, grpo) and register the checkpoint.
+    """Train with TRL and register the checkpoint; exactly one of `dataset`, `from_run`,
+    `qc_run` selects the data.
 
-    Exactly one of `dataset` (snapshot id), `from_run` (run key or id) or `qc_run` (gate
-    run id) selects the data. With `evaluate_instances > 0` the `evaluate` flow runs on the
-    new checkpoint afterwards.
+    Args:
+        algo: Training algorithm: sft (supervised), dpo and kto (preferences), grpo (online
+            RL in the sandbox).
+        dataset: Id of a stored dataset snapshot to train on.
+        from_run: Build the snapshot from this collection run (key or id).
+        qc_run: Build the snapshot from the run this QC gate judged, with its verdicts.
+        base_checkpoint: Checkpoint to start from (default: the newest base model).
+        max_steps: Optimizer steps (default EPIFLOW_TRAINING_MAX_STEPS; -1 trains by epochs).
+        max_time_s: Wall-time budget of training, seconds; it stops at the next step once
+            spent (default EPIFLOW_TRAINING_MAX_TIME_S: none).
+        save_steps: Also save an intermediate checkpoint every N steps.
+        evaluation: Held-out evaluation of the new checkpoint against the previous one
+            afterwards (instances 0: none).
     """
-    from storage.db import make_engine
-    from storage.migrate import ensure_current
-    from storage.objects import make_object_store
-    from storage.qc import gated_run_selection
-    from storage.runs import resolve_run
-    from training.pipeline import DEFAULT_KIND, ensure_base_model, train_checkpoint
-    from training.settings import TrainingSettings
-    from training.snapshots import build_snapshot
-
-    logger = get_run_logger()
+    route_library_logs()
     if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
         raise DatasetSelectionError(
             "give exactly one of dataset, from_run, qc_run", setting="--dataset"
         )
     chosen = Algo(algo)
     settings = load_settings()
-    training = TrainingSettings()
-    if max_steps is not None:
-        training = training.model_copy(update={"max_steps": max_steps})
-    engine = make_engine(settings.database)
-    try:
-        ensure_current(engine)
-        store = make_object_store(settings.objects)
-        with tempfile.TemporaryDirectory(prefix="epiflow-train-") as tmp:
-            work = Path(tmp)
-            if dataset is not None:
-                dataset_id = uuid.UUID(dataset)
-            else:
-                if qc_run is not None:
-                    qc_id, run_id = gated_run_selection(engine, qc_run)
-                else:
-                    qc_id, run_id = None, resolve_run(engine, str(from_run))
-                info = build_snapshot(
-                    engine, store, kind=DEFAULT_KIND[chosen], run_ids=[run_id], qc_run_id=qc_id
-                )
-                dataset_id = info.id
-                logger.info(
-                    "snapshot %s: %s rows from %s episodes", info.id, info.n_rows, info.n_episodes
-                )
-            base = (
-                uuid.UUID(base_checkpoint)
-                if base_checkpoint
-                else ensure_base_model(engine, store, training, work)
-            )
-            outcome = train_checkpoint(
-                engine,
-                store,
-                algo=chosen,
-                dataset_id=dataset_id,
-                work_dir=work,
-                settings=training,
-                base_checkpoint_id=base,
-                prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
-            )
-    finally:
-        engine.dispose()
+    overrides = {
+        name: value
+        for name, value in (
+            ("max_steps", max_steps),
+            ("max_time_s", max_time_s),
+            ("save_steps", save_steps),
+        )
+        if value is not None
+    }
+    training = TrainingSettings().model_copy(update=overrides)
+    with tempfile.TemporaryDirectory(prefix="epiflow-train-") as tmp:
+        work = Path(tmp)
+        dataset_id = await dataset_snapshot(settings, chosen, dataset, from_run, qc_run)
+        base = await base_model(settings, training, base_checkpoint, work)
+        trained = await train_task(settings, training, chosen, dataset_id, base, work)
+        checkpoint_id = await register_checkpoint_task(settings, training, trained)
     result = TrainFlowResult(
-        training_run_id=outcome.training_run_id,
-        checkpoint_id=outcome.checkpoint_id,
-        dataset_id=outcome.dataset_id,
+        training_run_id=trained.training_run_id,
+        checkpoint_id=checkpoint_id,
+        dataset_id=dataset_id,
         base_checkpoint_id=base,
         algo=chosen,
-        steps=outcome.result.steps,
-        train_loss=outcome.result.train_loss,
-        tokens=outcome.result.tokens,
-        tokens_per_s=outcome.result.tokens_per_s,
+        steps=trained.result.steps,
+        train_loss=trained.result.train_loss,
+        tokens=trained.result.tokens,
+        tokens_per_s=trained.result.tokens_per_s,
+        stopped_by_time=trained.result.stopped_by_time,
+        flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
-    await acreate_markdown_artifact(
-        markdown="# Training run\n\n"
-        + "\n".join(f"- **{k}**: {v}" for k, v in result.model_dump(mode="json").items())
-        + "\n",
-        key=f"train-{str(outcome.training_run_id)[:8]}",
-        description="Training run",
-    )
-    if evaluate_instances > 0:
+    if evaluation.instances > 0:
         from flows.evaluate import evaluate
 
         result.evaluation = await evaluate(
-            checkpoint=str(result.checkpoint_id), instances=evaluate_instances
+            checkpoint=str(checkpoint_id),
+            instances=evaluation.instances,
+            suite=evaluation.suite,
+            templates=evaluation.templates,
+            max_steps=evaluation.max_steps,
+            max_new_tokens=evaluation.max_new_tokens,
         )
+    await acreate_markdown_artifact(
+        markdown=training_markdown(result),
+        key=f"train-{str(trained.training_run_id)[:8]}",
+        description="Training run",
+    )
     return result

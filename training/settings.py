@@ -34,6 +34,12 @@ class TrainingSettings(BaseSettings):
     """Passes over the dataset (seed 000 §4.4: 2 … 3; more overfits tools and paths)."""
     max_steps: int = Field(default=-1, ge=-1)
     """Optimizer steps; > 0 overrides `epochs` (tests and demos), -1 trains by epochs."""
+    max_time_s: float | None = Field(default=None, gt=0)
+    """Wall-time budget of training, seconds: it stops at the next optimizer step once
+    spent (the checkpoint is saved as usual); None: no limit."""
+    save_steps: int | None = Field(default=None, ge=1)
+    """Save an intermediate checkpoint (in the work directory) every N optimizer steps;
+    None: only the final model is saved."""
     batch_size: int = Field(default=4, ge=1)
     """Examples per device per optimizer micro-step."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)

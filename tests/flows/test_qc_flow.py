@@ -83,3 +83,51 @@ def test_broken_sandbox_fails_the_batch(
     assert result.batch_passed is False
     assert result.discard == result.episodes == 4
     assert result.triggered_training is False
+
+
+def test_an_unusable_llm_judge_never_sinks_the_gate(
+    prefect_harness: None, gated_env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GRM endpoint (a real loopback HTTP server) answers 500 until one episode runs
+    out of retries, 429 and garbage before valid answers for others: the gate records the
+    first unscored and goes on; the others are scored by the LLM judge."""
+    import json
+
+    from flows.qc import qc_gate
+    from tests.scoring.test_grm import ChatServer
+
+    engine, store = gated_env
+    collect(engine, store, "qc-grm", "scripted:oracle", tasks=1)
+    server = ChatServer()
+    try:
+        monkeypatch.setenv("EPIFLOW_GRM_BASE_URL", server.base_url)
+        monkeypatch.setenv("EPIFLOW_GRM_CONCURRENCY", "1")  # the reply queue's order
+        monkeypatch.setenv("EPIFLOW_GRM_RETRIES", "1")
+        monkeypatch.setenv("EPIFLOW_GRM_BACKOFF_S", "0.01")
+        clean = json.dumps(
+            {
+                "scores": dict.fromkeys(
+                    ("completion", "tool_correctness", "reliability", "cost", "safety"), 4
+                ),
+                "deductions": [],
+                "suggestion": "Fine.",
+            }
+        )
+        server.replies += [(500, {"error": "boom"}), (503, "overloaded")]  # episode 1
+        server.replies += [(429, {"error": "slow down"})]  # episode 2, then valid
+        server.answer(clean)
+        server.replies += [(200, "<html>garbage</html>")]  # episode 3, then valid
+        server.answer(clean)
+        server.answer(clean)  # episode 4
+        result = asyncio.run(qc_gate(run="qc-grm", grm=True, trigger="none"))
+    finally:
+        server.close()
+    assert result.episodes == 4 and result.grm_unscored == 1
+    assert result.keep + result.downweight + result.discard == 4
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT parsed, parse_error FROM judgement WHERE judge LIKE 'grm:%'")
+        ).all()
+    assert sorted(bool(p) for p, _ in rows) == [False, True, True, True]
+    [(_, reason)] = [r for r in rows if not r[0]]
+    assert reason.startswith("unscored: ") and "503" in reason

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
+from training.callbacks import MetricsHook, TrainingHooks, training_hooks
 from training.errors import TrainerError
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
@@ -32,6 +34,7 @@ def run_training(
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     ref_model_dir: Path | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
 
@@ -39,6 +42,8 @@ def run_training(
     `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward
     (default: `training.rewards.SandboxReward`, real sandboxes and verifiers);
     `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
+    `on_metrics(step, max_steps, logs)` gets every TRL log event; `settings.max_time_s`
+    stops training at the wall-time budget.
 
     Raises:
         TrainerError: unknown algorithm, unusable dataset, or a failure inside the trainer.
@@ -50,6 +55,19 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
+    with training_hooks(TrainingHooks(on_metrics=on_metrics, max_time_s=settings.max_time_s)):
+        return _run(chosen, rows, base_model_dir, output_dir, settings, reward_fn, ref_model_dir)
+
+
+def _run(
+    chosen: Algo,
+    rows: list[dict[str, Any]],
+    base_model_dir: Path,
+    output_dir: Path,
+    settings: TrainingSettings,
+    reward_fn: RewardFunction | Sequence[RewardFunction] | None,
+    ref_model_dir: Path | None,
+) -> TrainResult:
     if chosen == Algo.SFT:
         from training.trainers.sft import run_sft
 

@@ -66,6 +66,8 @@ class TrainResult(BaseModel):
     """Rows of the training dataset."""
     metrics: dict[str, float] = Field(default_factory=dict)
     """Last logged value of every numeric metric (loss, rewards, kl, …)."""
+    stopped_by_time: bool = False
+    """Training ended at `TrainingSettings.max_time_s`, before its step budget."""
 
 
 def read_rows(dataset: Path | pl.DataFrame) -> list[dict[str, Any]]:
@@ -131,7 +133,8 @@ def base_args(
         "seed": settings.seed,
         "data_seed": settings.seed,
         "logging_steps": settings.logging_steps,
-        "save_strategy": "no",
+        "save_strategy": "steps" if settings.save_steps else "no",
+        "save_steps": settings.save_steps or 500,
         "report_to": "none",
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
@@ -181,18 +184,24 @@ def summarize(
         tokens_per_s=tokens / runtime_s if runtime_s > 0 else 0.0,
         n_examples=n_examples,
         metrics=metrics,
+        stopped_by_time=bool(getattr(trainer.state, "stopped_by_time", False)),
     )
 
 
 def timed_train(trainer: Any) -> tuple[Any, float]:
-    """`trainer.train()` and its wall time.
+    """`trainer.train()` and its wall time, with the current `training.callbacks` hooks
+    (metrics hook, wall-time budget) attached.
 
     Raises:
         TrainerError: training failed (shapes, NaNs, out of memory, …).
     """
+    from training.callbacks import attach
+
+    callback = attach(trainer)
     started = time.perf_counter()
     try:
         output = trainer.train()
     except (RuntimeError, ValueError, IndexError, KeyError) as e:
         raise TrainerError(f"{type(trainer).__name__} failed: {e}") from e
+    trainer.state.stopped_by_time = callback.stopped_by_time
     return output, time.perf_counter() - started
