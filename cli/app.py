@@ -137,6 +137,21 @@ def db_orphans(
     err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
+@prefect_app.command("start")
+def prefect_start() -> None:
+    """Start the shared local server (or find it running) and print its UI address; it
+    stops after EPIFLOW_PREFECT_LOCAL_IDLE_S without a command attached."""
+    from config.prefect_server import attach
+
+    settings = _settings().prefect
+    attached = attach(settings)
+    verb = "started" if attached.started else "running"
+    out.print(
+        f"local Prefect server {verb}: UI {attached.state.ui_url}, API {attached.state.api_url}; "
+        f"it stops {settings.local_idle_s:g} s after the last command exits"
+    )
+
+
 @prefect_app.command("status")
 def prefect_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

@@ -95,7 +95,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     for name, value in _QUIET.items():
         os.environ.setdefault(name, value)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    apply_prefect_settings(settings.prefect)
+    prefect_api = apply_prefect_settings(settings.prefect)
     # Check both stores before writing anything, so a bad setting leaves nothing half-done.
     engine = make_engine(settings.database)
     store = make_object_store(settings.objects)
@@ -109,7 +109,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(
         f"[bold]2. collect → gate → train → evaluate[/] run {key}: scripted:noisy with light fault "
         f"injection on {len(DEMO_TEMPLATES)} built-in templates (Prefect "
-        f"{settings.prefect.api_url or 'ephemeral API'})"
+        f"API {prefect_api})"
     )
     collected, gated, evaluation = asyncio.run(_chain(key))
     console.print(
@@ -162,7 +162,9 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
         "show_success": f"epiflow show {success}" if success else None,
         "show_failure": f"epiflow show {failure}" if failure else None,
         "report": f"epiflow report --run {key}",
-        "prefect_ui": "prefect server start  # then open http://127.0.0.1:4200 and export EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api",
+        "prefect_ui": prefect_api.removesuffix("/api")
+        if settings.prefect.api_url
+        else "epiflow prefect start  # prints the shared local server's UI address",
     }
     console.print("\n[bold]Where to look[/]")
     console.print(
@@ -175,10 +177,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(f"  a success:     {paths['show_success']}")
     console.print(f"  a failure:     {paths['show_failure']}")
     console.print(f"  HTML report:   {paths['report']}")
-    console.print("  Prefect UI:    run `prefect server start`, open http://127.0.0.1:4200, set")
-    console.print(
-        "                 EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api and run `epiflow demo` or `epiflow serve`"
-    )
+    console.print(f"  Prefect UI:    {paths['prefect_ui']}")
     engine.dispose()
     return {
         "run_key": key,
