@@ -258,7 +258,13 @@ def export(
     if fmt == "parquet" and output is None:
         raise typer.BadParameter("parquet needs --out FILE", param_hint="--out")
     with stores(load_settings()) as (engine, store):
-        n = export_run(engine, store, run, fmt, output or sys.stdout)
+        try:
+            n = export_run(engine, store, run, fmt, output or sys.stdout)
+        except OSError as e:
+            if e.filename is not None or output is None:
+                raise
+            # Name the output file in the one-line error (a full or read-only disk).
+            raise OSError(e.errno, e.strerror, str(output)) from e
     err.print(
         f"exported {n} episode(s) of run {run} as {fmt}" + (f" to {output}" if output else "")
     )

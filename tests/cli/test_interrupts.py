@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, select, text
+from sqlmodel import col
 
 from config.prefect_server import live_leases, server_dir, status
-from models import CollectionRun, Episode
+from models import Episode
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
 from tests.cli.local import (
@@ -85,7 +86,9 @@ def stored(engine: Engine) -> int:
             return 0
 
 
-def start_victim(env: dict[str, str], tmp_path: Path, key: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start_victim(
+    env: dict[str, str], tmp_path: Path, key: str
+) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / f"{key}.log"
     with log.open("wb") as sink:
         victim = subprocess.Popen(
@@ -103,7 +106,9 @@ def wait_for_progress(
     victim: subprocess.Popen[bytes], log: Path, engine: Engine, state_dir: Path
 ) -> int:
     landed = wait_until(lambda: stored(engine) >= 16 or victim.poll() is not None, timeout=400)
-    assert landed and victim.poll() is None, "collector ended or stalled:\n" + log.read_text()[-3000:]
+    assert landed and victim.poll() is None, (
+        "collector ended or stalled:\n" + log.read_text()[-3000:]
+    )
     assert wait_until(lambda: bool(processes_mentioning(str(state_dir))), timeout=60), (
         "no jail was running"
     )
@@ -117,13 +122,15 @@ def flow_run_state(prefect_home: Path, flow_run_id: str) -> str:
         return str(json.load(response)["state_type"])
 
 
-def assert_resumes(env: dict[str, str], tmp_path: Path, engine: Engine, key: str, before: int) -> None:
+def assert_resumes(
+    env: dict[str, str], tmp_path: Path, engine: Engine, key: str, before: int
+) -> None:
     rerun = epiflow(env, *collect_args(key), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     result = json.loads(rerun.stdout)
     assert result["episodes"] == PLANNED and result["executed"] == PLANNED - before
     with engine.connect() as conn:
-        ids = list(conn.execute(select(Episode.id)).scalars())  # type: ignore[call-overload]
+        ids = list(conn.execute(select(col(Episode.id))).scalars())
         assert len(ids) == len(set(ids)) == PLANNED
         mismatched = conn.execute(
             text(
@@ -176,13 +183,15 @@ def test_interrupt_stops_saves_and_resumes(
     assert line.startswith(
         f"interrupted by {signum.name}: run {key} has {after} of {PLANNED} episodes stored"
     ), line
-    assert "marked Cancelled" in line and f"Resume with: epiflow collect" in line, line
+    assert "marked Cancelled" in line and "Resume with: epiflow collect" in line, line
     assert f"--run-key {key}" in line, line
 
     with engine.connect() as conn:
-        run = conn.execute(select(CollectionRun)).scalars().one()  # type: ignore[call-overload]
-    assert run.status == "interrupted" and run.prefect_flow_run_id
-    assert flow_run_state(prefect_home, run.prefect_flow_run_id) == "CANCELLED"
+        status, flow_run_id = conn.execute(
+            text("SELECT status, prefect_flow_run_id FROM collection_run")
+        ).one()
+    assert status == "interrupted" and flow_run_id
+    assert flow_run_state(prefect_home, flow_run_id) == "CANCELLED"
 
     # Nothing left behind: the command's process group, jails, cgroups, its lease.
     assert wait_until(lambda: not process_group(victim.pid), timeout=30), process_group(victim.pid)
@@ -215,7 +224,10 @@ def test_sigkill_leaves_no_jail_cgroup_or_orphan_server(
     # The killed command's lease counts as gone; with no other command attached, the
     # server stops after its idle period instead of lingering with ppid 1.
     assert live_leases(server_dir(prefect_home)) == []
-    assert wait_until(lambda: not processes_mentioning(f"serve --dir {server_dir(prefect_home)}"), timeout=IDLE_S + 90)
+    assert wait_until(
+        lambda: not processes_mentioning(f"serve --dir {server_dir(prefect_home)}"),
+        timeout=IDLE_S + 90,
+    )
     assert server_pid(prefect_home) is None
 
     assert_resumes(env, tmp_path, engine, key, before)

@@ -117,13 +117,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(disk: Path) -> None:
-    with (disk / "filler").open("wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError:
-            pass
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:  # full
+        pass
+    finally:
+        os.close(fd)
 
 
 def test_full_object_directory(env: dict[str, str], tmp_path: Path, small_disk: Path) -> None:
@@ -146,9 +147,7 @@ def test_export_to_a_full_disk_is_one_line(
     imported.write_text(
         json.dumps({"messages": [{"role": "user", "content": "x" * 200_000}]}) + "\n"
     )
-    assert (
-        epiflow(env, "import", "--format", "openai", str(imported), cwd=tmp_path).returncode == 0
-    )
+    assert epiflow(env, "import", "--format", "openai", str(imported), cwd=tmp_path).returncode == 0
     fill(small_disk)
     out = small_disk / "export.jsonl"
     result = epiflow(
@@ -160,9 +159,7 @@ def test_export_to_a_full_disk_is_one_line(
 
 def test_unreachable_prefect_api(env: dict[str, str], tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/api"
-    line = one_error_line(
-        epiflow({**env, "EPIFLOW_PREFECT_API_URL": url}, *COLLECT, cwd=tmp_path)
-    )
+    line = one_error_line(epiflow({**env, "EPIFLOW_PREFECT_API_URL": url}, *COLLECT, cwd=tmp_path))
     assert "EPIFLOW_PREFECT_API_URL" in line and url in line, line
     assert_nothing_written(env, tmp_path)
 

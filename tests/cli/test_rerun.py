@@ -61,7 +61,9 @@ def sql(url: str, query: str) -> int:
         engine.dispose()
 
 
-def collect(env: dict[str, str], cwd: Path, key: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def collect(
+    env: dict[str, str], cwd: Path, key: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
     return epiflow(
         env, "collect", "--tasks", "1", "--templates", TEMPLATES, "--run-key", key, "--json",
         *extra, cwd=cwd,

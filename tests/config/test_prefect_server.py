@@ -50,7 +50,11 @@ def watch(directory: Path, idle_s: float) -> tuple[FakeServer, threading.Event, 
 def dead_process_lease(directory: Path) -> Path:
     """A lease left by a process that was killed (`kill -9`): it never removed it."""
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; print(open('/proc/self/stat').read()); time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; print(open('/proc/self/stat').read()); time.sleep(60)",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -70,7 +74,7 @@ def test_dead_leases_do_not_keep_the_server(tmp_path: Path) -> None:
     lease = dead_process_lease(tmp_path)
     assert live_leases(tmp_path) == []
     _write_state(tmp_path, own_state())
-    server, done, thread = watch(tmp_path, idle_s=1.0)
+    server, _done, thread = watch(tmp_path, idle_s=1.0)
     thread.join(timeout=30)
     assert server.should_exit and not thread.is_alive()
     assert not lease.exists()  # pruned
@@ -80,7 +84,7 @@ def test_dead_leases_do_not_keep_the_server(tmp_path: Path) -> None:
 def test_a_live_lease_keeps_it_and_its_release_starts_the_idle_clock(tmp_path: Path) -> None:
     _write_state(tmp_path, own_state())
     lease = _write_lease(tmp_path)
-    server, done, thread = watch(tmp_path, idle_s=3.0)
+    server, _done, thread = watch(tmp_path, idle_s=3.0)
     time.sleep(5)
     assert not server.should_exit and read_state(tmp_path) is not None
     released = time.monotonic()
@@ -94,7 +98,7 @@ def test_a_live_lease_keeps_it_and_its_release_starts_the_idle_clock(tmp_path: P
 def test_a_stopped_or_replaced_record_ends_the_server(tmp_path: Path) -> None:
     _write_state(tmp_path, own_state())
     _write_lease(tmp_path)
-    server, done, thread = watch(tmp_path, idle_s=600)
+    server, _done, thread = watch(tmp_path, idle_s=600)
     time.sleep(1.5)
     (tmp_path / "server.json").unlink()  # what `stop` does before signalling
     thread.join(timeout=30)
