@@ -9,13 +9,18 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from cli.stores import stores
 from config.settings import load_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from cli.interrupts import Interrupted
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -174,7 +179,7 @@ def _resume_command(run_key: str) -> str:
     return shlex.join(["epiflow", *args])
 
 
-def _rerun_line(engine: Any, run_id: uuid.UUID, run_key: str, episodes: int) -> str | None:
+def _rerun_line(engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int) -> str | None:
     """The last line when some episodes need a re-run: how many, why, and the command."""
     from storage.runs import rerun_needed
 
@@ -193,12 +198,12 @@ def _rerun_line(engine: Any, run_id: uuid.UUID, run_key: str, episodes: int) -> 
 
 
 def _interrupted(
-    engine: Any,
+    engine: Engine,
     run_key: str,
     run_id: uuid.UUID,
     planned: int,
     flow_runs: list[str],
-    stop: Any,
+    stop: Interrupted,
 ) -> str:
     """Record an interrupted collection (run `interrupted`, flow run Cancelled) and return
     the last line: what is stored and how to resume."""

@@ -1,6 +1,6 @@
 """`epiflow demo`: the nightly chain once, on embedded defaults, in a few minutes.
 
-SQLite, a local object directory and Prefect's ephemeral API (unless EPIFLOW_* settings
+SQLite, a local object directory and the shared local Prefect server (unless EPIFLOW_* settings
 say otherwise): collect with the noisy policy and fault injection on the built-in suite →
 QC gate → training triggered at a demo threshold (tiny local model, few steps) →
 evaluation of the checkpoint on held-out tasks. Ends with where to look.

@@ -208,12 +208,14 @@ def _write_lease(directory: Path) -> Path:
 
 
 def api_healthy(api_url: str, *, timeout_s: float = 5.0) -> str | None:
-    """None when `<api_url>/health` answers 200, else why not (one line)."""
+    """None when `<api_url>/health` answers, else why not (one line). A 401/403 counts as
+    an answer: the API is up, and credentials (PREFECT_API_KEY) are Prefect's to check."""
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as r:
             return None if r.status == 200 else f"HTTP {r.status}"
     except urllib.error.HTTPError as e:
-        return f"HTTP {e.code}"
+        e.close()
+        return None if e.code in (401, 403) else f"HTTP {e.code}"
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         return str(reason).splitlines()[0] if str(reason) else type(e).__name__
@@ -252,10 +254,6 @@ class Attached:
     """This process's lease file (removed at exit)."""
     started: bool
     """This process started the server."""
-
-    def release(self) -> None:
-        """Drop the lease (the server may then stop after its idle period)."""
-        self.lease.unlink(missing_ok=True)
 
 
 _attached: Attached | None = None

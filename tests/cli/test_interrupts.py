@@ -132,6 +132,7 @@ def assert_resumes(
     with engine.connect() as conn:
         ids = list(conn.execute(select(col(Episode.id))).scalars())
         assert len(ids) == len(set(ids)) == PLANNED
+        steps = conn.execute(text("SELECT COUNT(*) FROM step")).scalar_one()
         mismatched = conn.execute(
             text(
                 "SELECT COUNT(*) FROM episode e WHERE e.n_steps <> "
@@ -139,6 +140,8 @@ def assert_resumes(
             )
         ).scalar_one()
     assert mismatched == 0
+    # The resumed call's summary counts the whole run; its own work separately.
+    assert result["steps"] == steps and 0 < result["executed_steps"] < steps
 
 
 @pytest.mark.parametrize(
