@@ -102,7 +102,8 @@ class Jail:
         """Start nsjail with `argv` and wait for the executor's ready frame.
 
         `cgroup_parents` are where nsjail makes this jail's cgroups (`NSJAIL.<init pid>`);
-        they are removed here if nsjail itself has to be killed before it could.
+        they are removed here if nsjail itself has to be killed before it could. A start
+        that is cancelled kills what it started.
 
         Raises:
             SandboxUnavailable: nsjail failed to start the jail or the executor never answered.
@@ -125,6 +126,9 @@ class Jail:
         except SandboxCrashed as e:
             await jail.kill()
             raise SandboxUnavailable(f"jail did not start: {e}") from e
+        except BaseException:  # cancelled while starting (Ctrl-C): leave no jail or cgroup
+            await asyncio.shield(jail.kill())
+            raise
         if not jail.handshake.get("ready"):
             await jail.kill()
             raise SandboxUnavailable(f"executor sent no ready frame: {jail.handshake!r}")

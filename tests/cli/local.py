@@ -4,12 +4,14 @@ own, stopped at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 from config.prefect_server import process_start_ticks, server_dir, status, stop
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")
-CGROUP_PARENTS = [Path("/sys/fs/cgroup/memory/NSJAIL"), Path("/sys/fs/cgroup/pids/NSJAIL")]
+CGROUP_ROOTS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")]
 
 
 @contextmanager
@@ -117,14 +119,29 @@ def process_group(pgid: int) -> list[int]:
     return found
 
 
-def cgroups() -> set[str]:
+def cgroups(parent: str = "NSJAIL") -> set[str]:
+    """Jail cgroups under `parent` (cgroup v1 memory and pids)."""
     return {
         p.name
-        for parent in CGROUP_PARENTS
-        if parent.is_dir()
-        for p in parent.iterdir()
+        for root in CGROUP_ROOTS
+        if (root / parent).is_dir()
+        for p in (root / parent).iterdir()
         if p.is_dir()
     }
+
+
+@contextmanager
+def private_cgroup_parent() -> Iterator[str]:
+    """A cgroup parent of the test's own (`EPIFLOW_SANDBOX_CGROUP_PARENT`): other processes
+    on the machine start jails under the shared one, so only this one tells whether the
+    test's jails left cgroups behind. Removed afterwards when empty."""
+    name = f"NSJAIL-test-{uuid.uuid4().hex[:8]}"
+    try:
+        yield name
+    finally:
+        for root in CGROUP_ROOTS:
+            with contextlib.suppress(OSError):
+                (root / name).rmdir()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

@@ -33,6 +33,7 @@ from tests.cli.local import (
     epiflow,
     last_line,
     local_prefect_home,
+    private_cgroup_parent,
     process_group,
     processes_mentioning,
     sandbox_state_dir,
@@ -62,9 +63,21 @@ def state_dir() -> Iterator[Path]:
         yield state
 
 
+@pytest.fixture(scope="module")
+def cgroup_parent() -> Iterator[str]:
+    with private_cgroup_parent() as parent:
+        yield parent
+
+
 @pytest.fixture
-def env(tmp_path: Path, prefect_home: Path, state_dir: Path) -> dict[str, str]:
-    env = cli_env(tmp_path, prefect_home, state_dir, EPIFLOW_PREFECT_LOCAL_IDLE_S=str(IDLE_S))
+def env(tmp_path: Path, prefect_home: Path, state_dir: Path, cgroup_parent: str) -> dict[str, str]:
+    env = cli_env(
+        tmp_path,
+        prefect_home,
+        state_dir,
+        EPIFLOW_PREFECT_LOCAL_IDLE_S=str(IDLE_S),
+        EPIFLOW_SANDBOX_CGROUP_PARENT=cgroup_parent,
+    )
     assert epiflow(env, "db", "upgrade", cwd=tmp_path).returncode == 0
     return env
 
@@ -154,12 +167,12 @@ def test_interrupt_stops_saves_and_resumes(
     tmp_path: Path,
     prefect_home: Path,
     state_dir: Path,
+    cgroup_parent: str,
     signum: signal.Signals,
     to_group: bool,
 ) -> None:
     key = f"stop-{signum.name.lower()}"
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    cgroups_before = cgroups()
     victim, log = start_victim(env, tmp_path, key)
     try:
         at_signal = wait_for_progress(victim, log, engine, state_dir)
@@ -199,7 +212,7 @@ def test_interrupt_stops_saves_and_resumes(
     # Nothing left behind: the command's process group, jails, cgroups, its lease.
     assert wait_until(lambda: not process_group(victim.pid), timeout=30), process_group(victim.pid)
     assert wait_until(lambda: not processes_mentioning(str(state_dir)), timeout=30)
-    assert wait_until(lambda: cgroups() <= cgroups_before, timeout=30), cgroups() - cgroups_before
+    assert wait_until(lambda: not cgroups(cgroup_parent), timeout=30), cgroups(cgroup_parent)
     assert live_leases(server_dir(prefect_home)) == []
 
     assert_resumes(env, tmp_path, engine, key, after)
@@ -207,11 +220,10 @@ def test_interrupt_stops_saves_and_resumes(
 
 
 def test_sigkill_leaves_no_jail_cgroup_or_orphan_server(
-    env: dict[str, str], tmp_path: Path, prefect_home: Path, state_dir: Path
+    env: dict[str, str], tmp_path: Path, prefect_home: Path, state_dir: Path, cgroup_parent: str
 ) -> None:
     key = "killed"
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    cgroups_before = cgroups()
     victim, log = start_victim(env, tmp_path, key)
     try:
         wait_for_progress(victim, log, engine, state_dir)
@@ -223,7 +235,7 @@ def test_sigkill_leaves_no_jail_cgroup_or_orphan_server(
     before = stored(engine)
 
     assert wait_until(lambda: not processes_mentioning(str(state_dir)), timeout=60)
-    assert wait_until(lambda: cgroups() <= cgroups_before, timeout=60), cgroups() - cgroups_before
+    assert wait_until(lambda: not cgroups(cgroup_parent), timeout=60), cgroups(cgroup_parent)
     # The killed command's lease counts as gone; with no other command attached, the
     # server stops after its idle period instead of lingering with ppid 1.
     assert live_leases(server_dir(prefect_home)) == []
