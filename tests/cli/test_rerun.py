@@ -71,20 +71,24 @@ def collect(
 
 
 def test_env_errors_need_a_rerun_and_get_one(env: dict[str, str], tmp_path: Path) -> None:
-    # Jails that cannot report ready within 1 ms: the preflight's probe (its own timeout)
-    # passes, every episode's sandbox fails to start -> env_error.
-    first = collect({**env, "EPIFLOW_SANDBOX_START_TIMEOUT_S": "0.001"}, tmp_path, "env")
+    # A host-side cap the preflight's probe jail does not exercise: every workspace of
+    # these templates holds more than 64 bytes, so no episode's sandbox can be populated
+    # -> env_error ("sandbox unavailable").
+    templates = "csv_to_json,log_errors,fix_script,merge_csv,sales_rollup"
+    capped = {**env, "EPIFLOW_SANDBOX_POPULATE_MAX_BYTES": "64"}
+    args = ["collect", "--tasks", "1", "--templates", templates, "--run-key", "env", "--json"]
+    first = epiflow(capped, *args, cwd=tmp_path)
     assert first.returncode == 3, first.stderr[-3000:]
     result = json.loads(first.stdout)
-    assert result["by_status"] == {"env_error": 6}
+    assert result["by_status"] == {"env_error": 5}
     line = last_line(first.stderr)
-    assert line.startswith("6 of 6 episodes need a re-run: 6 env_error (sandbox unavailable"), line
+    assert line.startswith("5 of 5 episodes need a re-run: 5 env_error (sandbox unavailable"), line
     assert "--run-key env" in line
 
-    again = collect(env, tmp_path, "env")
+    again = epiflow(env, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(again.stdout)
-    assert result["by_status"] == {"success": 6} and result["executed"] == 6
+    assert result["by_status"] == {"success": 5} and result["executed"] == 5
     assert "need a re-run" not in again.stderr
     url = env["EPIFLOW_DATABASE_URL"]
     assert result["steps"] == sql(url, "SELECT COUNT(*) FROM step") == result["executed_steps"]
