@@ -84,8 +84,8 @@ def _run_all(code: str, home: Path, n: int) -> dict[str, float | int]:
     ready = [r["ready_s"] for r in results if r["ok"]]
     return {
         "all_ready_s": round(time.monotonic() - started, 2),
-        "slowest_s": round(max(ready), 2) if ready else 0.0,
-        "fastest_s": round(min(ready), 2) if ready else 0.0,
+        "slowest_s": round(max(ready), 3) if ready else 0.0,
+        "fastest_s": round(min(ready), 3) if ready else 0.0,
         "failed": sum(1 for r in results if not r["ok"]),
     }
 
