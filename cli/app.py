@@ -1,18 +1,26 @@
 """The `epiflow` command line. Settings are built here, at the entry point, and passed down.
 
 Every user-facing failure (bad setting, unreachable database, missing bucket, outdated
-schema, no sandbox) is one line on stderr naming what to fix, and exit code 2.
+schema, no sandbox, Prefect's API not answering) is one line on stderr naming what to fix,
+and exit code 2. So are the infrastructure failures a user fixes outside epiflow, when
+they surface as plain exceptions: a database that refuses a statement (read-only, locked,
+gone), a full or read-only disk, and a validation error (every field path and reason).
+An interrupt (Ctrl-C, SIGTERM) is one line and exit code 130 / 143.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import signal
 import sys
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+from sqlalchemy.exc import OperationalError
 
 from cli import collect as _cli_collect
 from cli import dataset as _cli_dataset
@@ -45,6 +53,11 @@ db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
 app.add_typer(db_app, name="db")
+prefect_app = typer.Typer(
+    help="The shared local Prefect server (used when EPIFLOW_PREFECT_API_URL is unset).",
+    no_args_is_help=True,
+)
+app.add_typer(prefect_app, name="prefect")
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -126,6 +139,52 @@ def db_orphans(
     err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
+@prefect_app.command("start")
+def prefect_start() -> None:
+    """Start the shared local server (or find it running) and print its UI address; it
+    stops after EPIFLOW_PREFECT_LOCAL_IDLE_S without a command attached."""
+    from config.prefect_server import attach
+
+    settings = _settings().prefect
+    attached = attach(settings)
+    verb = "started" if attached.started else "running"
+    out.print(
+        f"local Prefect server {verb}: UI {attached.state.ui_url}, API {attached.state.api_url}; "
+        f"it stops {settings.local_idle_s:g} s after the last command exits"
+    )
+
+
+@prefect_app.command("status")
+def prefect_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the shared local Prefect server of this Prefect home: URL, pid, attached commands."""
+    from dataclasses import asdict
+
+    from config.prefect_server import status
+
+    found = status()
+    if as_json:
+        typer.echo(json.dumps(asdict(found)))
+    elif found.running:
+        health = "healthy" if found.healthy else "not answering yet"
+        out.print(
+            f"local Prefect server {found.api_url} (pid {found.pid}, {health}), "
+            f"{found.leases} command(s) attached; UI: {found.api_url.removesuffix('/api') if found.api_url else ''}"
+        )
+    else:
+        out.print(f"no local Prefect server running ({found.directory})")
+
+
+@prefect_app.command("stop")
+def prefect_stop() -> None:
+    """Stop the shared local Prefect server now (commands attached to it lose their API)."""
+    from config.prefect_server import stop
+
+    stopped = stop()
+    out.print("stopped the local Prefect server" if stopped else "no local Prefect server running")
+
+
 @app.command("demo")
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
@@ -144,6 +203,40 @@ def main() -> None:
         app()
     except USER_ERRORS as e:
         sys.exit(report_error(e))
+    except ValidationError as e:
+        sys.exit(report_line(validation_line(e)))
+    except OperationalError as e:
+        reason = str(e.orig or e).strip().splitlines()[0][:300]
+        sys.exit(
+            report_line(f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)")
+        )
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        sys.exit(report_line(f"{e.strerror}{where}: free space or make it writable, then re-run"))
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        sys.exit(128 + signal.SIGINT)
+
+
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Disk failures a user fixes outside epiflow: full, over quota, read-only."""
+
+
+def validation_line(error: ValidationError) -> str:
+    """Every problem of a validation error on one line: `field.path: reason; …`."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or error.title}: {item['msg']}"
+        for item in error.errors()
+    )
+    return f"invalid {error.title}: {problems}"
+
+
+def report_line(message: str) -> int:
+    """Print a one-line error; returns the exit code (2)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    return 2
 
 
 def report_error(error: EpiflowError) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
+import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,10 +17,20 @@ from rich.console import Console
 from cli.stores import stores
 from config.settings import load_settings
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from cli.interrupts import Interrupted
+
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+EXIT_RERUN = 3
+"""`epiflow collect`'s exit code when the run finished but some episodes hit an
+infrastructure failure (`env_error`, `storage_error`): re-running the key redoes them."""
 
 
 def collect(
@@ -51,15 +63,21 @@ def collect(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
+    """Collect episodes in sandboxes through the `collect-episodes` Prefect flow.
+
+    Exit code 0 when the run is complete; 3 when some episodes hit an infrastructure
+    failure (the last line says how many and why; re-running the key redoes them); 2 on
+    bad input or settings (nothing written); 130/143 when interrupted by SIGINT/SIGTERM
+    (finished episodes saved; the last line says how to resume).
+    """
+    from cli.interrupts import Interrupted, run_interruptibly
     from cli.progress import episode_progress
     from collection.plan import plan_collection
+    from collection.preflight import preflight_collection
     from collection.request import CollectRequest, fresh_run_key
-    from collection.runner import open_collection
     from config.prefect import apply_prefect_settings
 
     settings = load_settings()
-    apply_prefect_settings(settings.prefect)
     if shards > 1 and not shard_deployment:
         raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
     request = CollectRequest.from_options(
@@ -74,50 +92,148 @@ def collect(
         templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
     request = request.keyed(run_key or fresh_run_key(request))
-    # Everything that can be checked here is, before Prefect starts: the suite and its
-    # templates, the policy spec, the database schema and the object store.
+    # Preflight, before anything is written: the suite and its templates, the policy spec,
+    # the sandbox (a probe jail), the database (schema, writable), the object store
+    # (writable), then Prefect's API (the shared local server is started if needed).
     plan = plan_collection(request, settings.suites)
-    preflight = open_collection(plan, settings)
+    preflight = preflight_collection(plan, settings)
     asyncio.run(preflight.policy.aclose())
-
-    from flows.collect import collect_episodes
-    from flows.qc import GateOptions
-
+    engine = preflight.engine
     try:
-        with episode_progress(
-            preflight.engine, preflight.run_id, plan.total, console=err, enabled=not as_json
-        ):
-            result = asyncio.run(
-                collect_episodes(
-                    request=request,
-                    shards=shards,
-                    shard_deployment=shard_deployment,
-                    gate=gate,
-                    gate_options=GateOptions(trigger="none"),
+        apply_prefect_settings(settings.prefect)
+        from prefect.client.schemas.objects import FlowRun, State
+
+        from flows.collect import collect_episodes
+        from flows.qc import GateOptions
+
+        flow_runs: list[str] = []
+
+        def remember(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+            flow_runs.append(str(flow_run.id))
+
+        flow = collect_episodes.with_options(on_running=[remember])
+
+        def stopping(signum: int) -> None:
+            err.print(
+                f"{signal.Signals(signum).name}: stopping; saving the finished episodes "
+                "(again to abandon)",
+                highlight=False,
+            )
+
+        try:
+            with episode_progress(
+                engine, preflight.run_id, plan.total, console=err, enabled=not as_json
+            ):
+                result = run_interruptibly(
+                    lambda: flow(
+                        request=request,
+                        shards=shards,
+                        shard_deployment=shard_deployment,
+                        gate=gate,
+                        gate_options=GateOptions(trigger="none"),
+                    ),
+                    on_signal=stopping,
+                )
+        except Interrupted as stop:
+            stopped = _interrupted(
+                engine, plan.run_key, preflight.run_id, plan.total, flow_runs, stop
+            )
+            err.print(stopped, highlight=False, markup=False)
+            raise typer.Exit(code=stop.exit_code) from None
+        if as_json:
+            typer.echo(
+                result.model_dump_json(
+                    include={
+                        "run_id",
+                        "run_key",
+                        "planned",
+                        "episodes",
+                        "executed",
+                        "steps",
+                        "executed_steps",
+                        "by_status",
+                        "success_rate",
+                        "duration_s",
+                    }
                 )
             )
-    finally:
-        preflight.engine.dispose()
-    if as_json:
-        typer.echo(
-            result.model_dump_json(
-                include={
-                    "run_id",
-                    "run_key",
-                    "episodes",
-                    "steps",
-                    "by_status",
-                    "success_rate",
-                    "duration_s",
-                }
+        else:
+            out.print(
+                f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} of "
+                f"{result.planned} episodes ({result.executed} run now), {result.steps} steps, "
+                f"success rate {result.success_rate:.1%}, {result.duration_s:.1f} s; "
+                f"by status {result.by_status}"
             )
-        )
-    else:
-        out.print(
-            f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} episodes "
-            f"({result.executed} run now), success rate {result.success_rate:.1%}, "
-            f"{result.duration_s:.1f} s; by status {result.by_status}"
-        )
+        line = _rerun_line(engine, preflight.run_id, plan.run_key, result.episodes)
+    finally:
+        engine.dispose()
+    if line:
+        err.print(line, highlight=False, markup=False)
+        raise typer.Exit(code=EXIT_RERUN)
+
+
+def _resume_command(run_key: str) -> str:
+    """This command line, with `--run-key` set, to resume the run."""
+    args = sys.argv[1:]
+    if "--run-key" not in args and not any(a.startswith("--run-key=") for a in args):
+        args = [*args, "--run-key", run_key]
+    return shlex.join(["epiflow", *args])
+
+
+def _rerun_line(engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int) -> str | None:
+    """The last line when some episodes need a re-run: how many, why, and the command."""
+    from storage.runs import rerun_needed
+
+    needed = rerun_needed(engine, run_id)
+    if not needed:
+        return None
+    total = sum(n.count for n in needed.values())
+    why = "; ".join(
+        f"{n.count} {status}" + (f" ({n.reason})" if n.reason else "")
+        for status, n in sorted(needed.items())
+    )
+    return (
+        f"{total} of {episodes} episodes need a re-run: {why}. Fix the cause, then re-run "
+        f"to redo only them: {_resume_command(run_key)}"
+    )
+
+
+def _interrupted(
+    engine: Engine,
+    run_key: str,
+    run_id: uuid.UUID,
+    planned: int,
+    flow_runs: list[str],
+    stop: Interrupted,
+) -> str:
+    """Record an interrupted collection (run `interrupted`, flow run Cancelled) and return
+    the last line: what is stored and how to resume."""
+    from storage.runs import close_run, run_flow_run_id, run_status, run_totals
+
+    name = signal.Signals(stop.signum).name
+    flow_run_id: str | None = flow_runs[0] if flow_runs else run_flow_run_id(engine, run_id)
+    if run_status(engine, run_id) is not None:
+        close_run(engine, run_id, status="interrupted", flow_run_id=flow_run_id)
+    cancelled = _cancel_flow_run(flow_run_id, f"interrupted by {name}") if flow_run_id else None
+    stored, _ = run_totals(engine, run_id)
+    flow_note = f"; flow run {flow_run_id} {cancelled}" if flow_run_id else ""
+    return (
+        f"interrupted by {name}: run {run_key} has {stored} of {planned} episodes stored"
+        f"{flow_note}. Resume with: {_resume_command(run_key)}"
+    )
+
+
+def _cancel_flow_run(flow_run_id: str, message: str) -> str:
+    """Mark the flow run Cancelled (the engine recorded a crash); returns what happened."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+    except Exception as e:  # the run is saved either way; say why the state is stale
+        return f"not marked Cancelled ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return "marked Cancelled"
 
 
 def show(
@@ -156,7 +272,13 @@ def export(
     if fmt == "parquet" and output is None:
         raise typer.BadParameter("parquet needs --out FILE", param_hint="--out")
     with stores(load_settings()) as (engine, store):
-        n = export_run(engine, store, run, fmt, output or sys.stdout)
+        try:
+            n = export_run(engine, store, run, fmt, output or sys.stdout)
+        except OSError as e:
+            if e.filename is not None or output is None:
+                raise
+            # Name the output file in the one-line error (a full or read-only disk).
+            raise OSError(e.errno, e.strerror, str(output)) from e
     err.print(
         f"exported {n} episode(s) of run {run} as {fmt}" + (f" to {output}" if output else "")
     )

@@ -1,6 +1,6 @@
 """`epiflow demo`: the nightly chain once, on embedded defaults, in a few minutes.
 
-SQLite, a local object directory and Prefect's ephemeral API (unless EPIFLOW_* settings
+SQLite, a local object directory and the shared local Prefect server (unless EPIFLOW_* settings
 say otherwise): collect with the noisy policy and fault injection on the built-in suite →
 QC gate → training triggered at a demo threshold (tiny local model, few steps) →
 evaluation of the checkpoint on held-out tasks. Ends with where to look.
@@ -91,7 +91,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     for name, value in _QUIET.items():
         os.environ.setdefault(name, value)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    apply_prefect_settings(settings.prefect)
+    prefect_api = apply_prefect_settings(settings.prefect)
     # Check both stores before writing anything, so a bad setting leaves nothing half-done.
     engine = make_engine(settings.database)
     store = make_object_store(settings.objects)
@@ -105,7 +105,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(
         f"[bold]2. collect → gate → train → evaluate[/] run {key}: scripted:noisy with light fault "
         f"injection on {len(DEMO_TEMPLATES)} built-in templates (Prefect "
-        f"{settings.prefect.api_url or 'ephemeral API'})"
+        f"API {prefect_api})"
     )
     collected, gated, evaluation = asyncio.run(_chain(key))
     console.print(
@@ -158,7 +158,9 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
         "show_success": f"epiflow show {success}" if success else None,
         "show_failure": f"epiflow show {failure}" if failure else None,
         "report": f"epiflow report --run {key}",
-        "prefect_ui": "prefect server start  # then open http://127.0.0.1:4200 and export EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api",
+        "prefect_ui": prefect_api.removesuffix("/api")
+        if settings.prefect.api_url
+        else "epiflow prefect start  # prints the shared local server's UI address",
     }
     console.print("\n[bold]Where to look[/]")
     console.print(
@@ -171,10 +173,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(f"  a success:     {paths['show_success']}")
     console.print(f"  a failure:     {paths['show_failure']}")
     console.print(f"  HTML report:   {paths['report']}")
-    console.print("  Prefect UI:    run `prefect server start`, open http://127.0.0.1:4200, set")
-    console.print(
-        "                 EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api and run `epiflow demo` or `epiflow serve`"
-    )
+    console.print(f"  Prefect UI:    {paths['prefect_ui']}")
     engine.dispose()
     return {
         "run_key": key,

@@ -203,6 +203,8 @@ class CollectResult(BaseModel):
     executed: int
     """Episodes this call ran (the rest were already there)."""
     steps: int
+    """Steps of the run's stored episodes (resumed ones and every shard's included)."""
+    executed_steps: int = 0
     """Steps written by this call."""
     by_status: dict[str, int]
     """Episodes of the run by status."""

@@ -42,7 +42,7 @@ from storage.episodes import persist_episodes
 from storage.ingest import IngestReport
 from storage.migrate import ensure_current
 from storage.objects import ObjectStore
-from storage.runs import close_run, open_run, remaining_episodes, run_counts
+from storage.runs import close_run, open_run, remaining_episodes, run_counts, run_totals
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
 
 
 def finish_run(collection: Collection, *, status: str, flow_run_id: str | None = None) -> None:
-    """Mark the run `completed` or `failed`."""
+    """Mark the run `completed`, `failed` or `interrupted`."""
     close_run(collection.engine, collection.run_id, status=status, flow_run_id=flow_run_id)
 
 
@@ -301,16 +301,19 @@ def fault_seed(episode_id: uuid.UUID) -> int:
 def collection_result(
     collection: Collection, *, executed: int, steps: int, started: float
 ) -> CollectResult:
-    """The run's result: totals from SQL (every shard's episodes), this call's work."""
+    """The run's result: totals from SQL (every shard's and every earlier call's episodes
+    and steps), and this call's work (`executed` episodes, `steps` written)."""
     counts = run_counts(collection.engine, collection.run_id)
     total = sum(counts.values())
+    _, run_steps = run_totals(collection.engine, collection.run_id)
     return CollectResult(
         run_id=collection.run_id,
         run_key=collection.plan.run_key,
         planned=collection.plan.total,
         episodes=total,
         executed=executed,
-        steps=steps,
+        steps=run_steps,
+        executed_steps=steps,
         by_status=counts,
         success_rate=(counts.get("success", 0) / total) if total else 0.0,
         duration_s=round(time.monotonic() - started, 3),

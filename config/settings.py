@@ -34,7 +34,33 @@ class PrefectSettings(BaseSettings):
         default=None,
         description=(
             "Prefect API URL, e.g. http://prefect:4200/api (env EPIFLOW_PREFECT_API_URL). "
-            "Unset: Prefect's ephemeral mode (a temporary local server per process)."
+            "Unset: the shared local server (`config/prefect_server.py`), started on demand "
+            "and reused by every epiflow command of this Prefect home."
+        ),
+    )
+    local_port: int = Field(
+        default=4300,
+        ge=1,
+        le=65535,
+        description=(
+            "Preferred loopback port of the shared local server; a free port when it is "
+            "taken (env EPIFLOW_PREFECT_LOCAL_PORT)."
+        ),
+    )
+    local_idle_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "The shared local server stops this many seconds after its last command "
+            "exited (env EPIFLOW_PREFECT_LOCAL_IDLE_S)."
+        ),
+    )
+    start_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        description=(
+            "How long a command waits for Prefect's API to answer: the shared local server "
+            "to start, or the remote API's health check (env EPIFLOW_PREFECT_START_TIMEOUT_S)."
         ),
     )
 

@@ -697,11 +697,31 @@ class Tracker:
         return changed, truncated
 
 
+def count_files() -> int:
+    """Regular files under the workspace (symlinks never followed), counted without reading."""
+    count = 0
+    stack = [WORKSPACE]
+    while stack:
+        top = stack.pop()
+        try:
+            with posix.scandir(top) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        count += 1
+        except OSError:
+            continue
+    return count
+
+
 def export(req: "Obj") -> "Obj":
-    """Regular files of the workspace (or of `paths`), never through a symlink, size-capped."""
+    """Regular files of the workspace (or of `paths`), never through a symlink, size-capped
+    and capped at `max_files` files; `left_out` counts the files past that cap."""
     max_bytes = int(req["max_bytes"])
     wanted = req.get("paths")
     current, truncated = walk(int(req["max_files"]))
+    left_out = count_files() - len(current) if truncated else 0
     files: list[Obj] = []
     skipped: list[Obj] = []
     total = 0
@@ -736,7 +756,13 @@ def export(req: "Obj") -> "Obj":
             continue
         total += len(data)
         files.append({"path": rel, "mode": current[rel].st_mode & 0o777, "data": b64(bytes(data))})
-    return {"files": files, "skipped": skipped, "walk_truncated": truncated, "bytes": total}
+    return {
+        "files": files,
+        "skipped": skipped,
+        "walk_truncated": truncated,
+        "left_out": left_out,
+        "bytes": total,
+    }
 
 
 # --- main loop -----------------------------------------------------------------------

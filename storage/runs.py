@@ -2,8 +2,12 @@
 
 A run's id is derived from its key (`models.run_id_for`), and episode ids from the run key,
 task and rollout, so re-running a key resumes it: `remaining_episodes` returns the planned
-ids not stored yet, after purging the half-written ones (`storage_error`) so they run
-again.
+ids not stored yet, after purging the ones an infrastructure failure spoiled
+(`RETRIED_STATUSES`: `env_error`, `storage_error`) so they run again.
+
+A run's status is `running`, `completed`, `failed` or `interrupted` (stopped by a signal;
+re-running the key resumes it). `rerun_needed` says how many of a run's episodes a re-run
+would redo, and why.
 """
 
 from __future__ import annotations
@@ -14,19 +18,27 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select, update
+from pydantic import BaseModel
+from sqlalchemy import Engine, delete, false, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
 from agent.trajectory import EpisodeStatus, Trajectory
 from models import Artifact, CollectionRun, Episode, Step, run_id_for
+from storage.db import SETTING as DATABASE_SETTING
 from storage.episodes import load_trajectory
-from storage.errors import RunNotFound
+from storage.errors import DatabaseUnavailable, RunNotFound
 from storage.objects import ObjectStore
 
-RETRIED_STATUSES = frozenset({EpisodeStatus.STORAGE_ERROR})
-"""Stored episodes that a re-run of their key runs again (their objects may be missing)."""
+RETRIED_STATUSES = frozenset({EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR})
+"""Stored episodes that a re-run of their key runs again: an infrastructure failure (the
+sandbox could not start or crashed, the object store could not take the episode's
+objects) says nothing about the policy, so it is never final."""
+
+RUN_STATUSES = ("running", "completed", "failed", "interrupted")
+"""Values of `collection_run.status`."""
 
 
 def open_run(
@@ -68,7 +80,10 @@ def open_run(
 def close_run(
     engine: Engine, run_id: uuid.UUID, *, status: str, flow_run_id: str | None = None
 ) -> None:
-    """Mark the run `completed` or `failed` (with the Prefect flow run that ran it)."""
+    """Mark the run `completed`, `failed` or `interrupted` (with the Prefect flow run that
+    ran it)."""
+    if status not in RUN_STATUSES:
+        raise ValueError(f"unknown run status {status!r}")
     values: dict[str, Any] = {"status": status, "ended_at": datetime.now(UTC)}
     if flow_run_id:
         values["prefect_flow_run_id"] = flow_run_id
@@ -98,6 +113,72 @@ def remaining_episodes(engine: Engine, episode_ids: Sequence[uuid.UUID]) -> set[
             conn.execute(delete(Step).where(col(Step.episode_id).in_(chunk)))
             conn.execute(delete(Episode).where(col(Episode.id).in_(chunk)))
     return set(ids) - done
+
+
+def check_writable(engine: Engine) -> None:
+    """Raise unless this database takes writes (a read-only file, mount, role or replica
+    fails here, before a run row exists). Writes nothing: the statement matches no row.
+
+    Raises:
+        DatabaseUnavailable: the database refuses writes (names EPIFLOW_DATABASE_URL).
+    """
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(CollectionRun).where(false()).values(status=CollectionRun.status))
+    except DBAPIError as e:
+        reason = str(e.orig or e).strip().splitlines()[0][:300]
+        where = engine.url.render_as_string(hide_password=True)
+        raise DatabaseUnavailable(
+            f"the database {where} does not take writes: {reason}", setting=DATABASE_SETTING
+        ) from e
+
+
+class RerunNeeded(BaseModel):
+    """Episodes of a run that a re-run of its key would redo, by status."""
+
+    count: int
+    """How many."""
+    reason: str | None
+    """The most frequent failure reason among them (one line)."""
+
+
+def rerun_needed(engine: Engine, run_id: uuid.UUID) -> dict[str, RerunNeeded]:
+    """The run's stored episodes in `RETRIED_STATUSES`, by status, with their most
+    frequent reason."""
+    retried = sorted(str(s) for s in RETRIED_STATUSES)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(col(Episode.status), col(Episode.failure_reason), func.count())
+            .where(col(Episode.run_id) == run_id, col(Episode.status).in_(retried))
+            .group_by(col(Episode.status), col(Episode.failure_reason))
+        ).all()
+    out: dict[str, RerunNeeded] = {}
+    top: dict[str, int] = {}
+    for status, reason, n in rows:
+        entry = out.setdefault(str(status), RerunNeeded(count=0, reason=None))
+        entry.count += int(n)
+        if int(n) > top.get(str(status), 0):
+            top[str(status)] = int(n)
+            entry.reason = (reason or "").strip().splitlines()[0][:200] if reason else None
+    return out
+
+
+def run_flow_run_id(engine: Engine, run_id: uuid.UUID) -> str | None:
+    """The Prefect flow run recorded on the run (set when the flow closes it)."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            select(col(CollectionRun.prefect_flow_run_id)).where(col(CollectionRun.id) == run_id)
+        ).scalar_one_or_none()
+    return str(found) if found else None
+
+
+def run_status(engine: Engine, run_id: uuid.UUID) -> str | None:
+    """The run's status; None when it has no row."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            select(col(CollectionRun.status)).where(col(CollectionRun.id) == run_id)
+        ).scalar_one_or_none()
+    return str(found) if found is not None else None
 
 
 def run_counts(engine: Engine, run_id: uuid.UUID) -> dict[str, int]:

@@ -38,6 +38,17 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_local_prefect_server() -> Iterator[None]:
+    """Commands run without EPIFLOW_PREFECT_API_URL (the demo) attach to the shared local
+    Prefect server of the session's Prefect home; stop it when the session ends instead
+    of leaving it for its idle period."""
+    yield
+    from config.prefect_server import server_dir, stop
+
+    stop(server_dir(Path(os.environ["PREFECT_HOME"])))
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PostgresCluster]:
     bin_dir = find_pg_bin()

@@ -54,7 +54,7 @@ def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     """`epiflow demo --json` runs the nightly chain on embedded defaults (SQLite, local
-    objects, Prefect's ephemeral API) and every path it prints exists."""
+    objects, the shared local Prefect server) and every path it prints exists."""
     result = run(["demo", "--json"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
