@@ -147,7 +147,10 @@ def test_export_to_a_full_disk_is_one_line(
     imported.write_text(
         json.dumps({"messages": [{"role": "user", "content": "x" * 200_000}]}) + "\n"
     )
-    assert epiflow(env, "import", "--format", "openai", str(imported), cwd=tmp_path).returncode == 0
+    imported_ok = epiflow(
+        env, "import", "--format", "openai", "--run-key", "imported", str(imported), cwd=tmp_path
+    )
+    assert imported_ok.returncode == 0, imported_ok.stderr
     fill(small_disk)
     out = small_disk / "export.jsonl"
     result = epiflow(
