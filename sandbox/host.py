@@ -65,6 +65,23 @@ def find_nsjail(settings: SandboxSettings) -> Path:
     )
 
 
+def _host_alternatives() -> dict[str, str]:
+    """The host's `/etc/alternatives` symlinks whose targets are absolute paths under the
+    toolchain (`/usr`, `/bin`, `/lib`…): Debian's `awk`, `editor`, `pager` resolve through
+    them, so a jail without them has `/usr/bin/awk` dangling. Only the links are copied,
+    never a file of the host's `/etc`."""
+    folder = Path("/etc/alternatives")
+    links: dict[str, str] = {}
+    if not folder.is_dir():
+        return links
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink():
+            target = str(entry.readlink())
+            if target.startswith(("/usr/", "/bin/", "/lib", "/sbin/")):
+                links[entry.name] = target
+    return links
+
+
 def write_synthetic_etc(state_dir: Path) -> Path:
     """The synthetic `/etc`, content-addressed so that concurrent processes share it safely."""
     files = dict(_ETC_FILES)
@@ -73,11 +90,14 @@ def write_synthetic_etc(state_dir: Path) -> Path:
         source = Path("/etc") / name
         if source.is_file() and not source.is_symlink():
             copied[name] = source.read_bytes()
+    alternatives = _host_alternatives()
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(f"{name}\0{files[name]}\0".encode())
     for name in sorted(copied):
         digest.update(name.encode() + b"\0" + copied[name] + b"\0")
+    for name in sorted(alternatives):
+        digest.update(f"alternatives/{name}\0{alternatives[name]}\0".encode())
     target = state_dir / f"etc-{digest.hexdigest()[:16]}"
     if target.is_dir():
         return target
@@ -93,6 +113,12 @@ def write_synthetic_etc(state_dir: Path) -> Path:
         (staging / name).write_bytes(data)
     for child in staging.iterdir():
         child.chmod(0o444)
+    if alternatives:
+        links = staging / "alternatives"
+        links.mkdir(mode=0o755)
+        for name, link_target in alternatives.items():
+            (links / name).symlink_to(link_target)
+        links.chmod(0o555)
     staging.chmod(0o555)
     try:
         staging.rename(target)
