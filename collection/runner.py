@@ -32,6 +32,7 @@ from agent.policies import make_policy
 from agent.policies.base import Policy
 from agent.trajectory import Trajectory
 from collection.errors import CollectError
+from collection.outbox import Outbox
 from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
 from collection.request import CollectRequest, CollectResult
 from config.settings import Settings
@@ -168,6 +169,12 @@ FLUSH_INTERVAL_S = 5.0
 """Longest a finished episode waits in memory before it is persisted, seconds."""
 
 
+def outbox_capacity(request: CollectRequest) -> int:
+    """Finished episodes that may wait for storage at once: two groups, and never fewer
+    than the episodes running (so a slow write does not stall every worker at once)."""
+    return max(2 * request.batch_size, request.concurrency)
+
+
 async def run_episodes(
     collection: Collection,
     episodes: Sequence[PlannedEpisode],
@@ -178,29 +185,34 @@ async def run_episodes(
 ) -> IngestReport:
     """Run `episodes` as one stream, at most `concurrency` at once (a finished episode frees
     its slot for the next: no barrier between groups), and persist finished episodes in
-    groups of `batch_size` — or after `flush_interval_s` when fewer finished — objects
-    first, then one transaction of rows, with immediate rewards and discounted returns
-    computed on the way. `on_persisted` gets each group after it is written (progress; it
-    may be a coroutine function).
+    groups of `batch_size` — or fewer once the oldest has waited `flush_interval_s` —
+    objects first, then one transaction of rows, with immediate rewards and discounted
+    returns computed on the way. `on_persisted` gets each group after it is written
+    (progress; it may be a coroutine function).
 
-    A crash loses at most the episodes in flight; when the run is cancelled (Ctrl-C, the
-    UI) or an episode raises, every finished episode is persisted before the error
-    propagates."""
+    Workers hand finished episodes to an `Outbox` and go on; one persister task writes
+    the groups, so a write (or a slow `on_persisted`) never holds up the sandboxes. At
+    most `outbox_capacity(request)` finished episodes wait for storage: when storage is
+    slower than the sandboxes, workers wait for room instead of memory growing.
+
+    A crash (SIGKILL) loses at most the episodes in flight, waiting in the outbox and
+    being written; when the run is cancelled (Ctrl-C, the UI) or an episode or a write
+    raises, every finished episode is persisted (the group being written completes)
+    before the error propagates."""
     request = collection.request
     settings = collection.settings
     report = IngestReport()
-    buffer: list[Trajectory] = []
-    lock = asyncio.Lock()
+    outbox: Outbox[Trajectory] = Outbox(
+        batch_size=request.batch_size,
+        capacity=outbox_capacity(request),
+        flush_interval_s=flush_interval_s,
+    )
     pending = iter(episodes)
+    writing: asyncio.Task[None] | None = None
 
-    async def flush() -> None:
-        batch = list(buffer)
-        buffer.clear()
-        if not batch:
-            return
-        # Shielded: a cancellation while the rows are written waits for the write to end.
-        written = await asyncio.shield(
-            asyncio.to_thread(persist_episodes, collection.engine, collection.store, batch)
+    async def write(batch: list[Trajectory]) -> None:
+        written = await asyncio.to_thread(
+            persist_episodes, collection.engine, collection.store, batch
         )
         logger.debug(
             "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
@@ -221,6 +233,17 @@ async def run_episodes(
             if inspect.isawaitable(notified):
                 await notified
 
+    async def persist(batch: list[Trajectory]) -> None:
+        nonlocal writing
+        # Shielded: a cancellation while a group is written lets the write (and its
+        # accounting) finish; the cleanup below waits for it.
+        task = writing = asyncio.ensure_future(write(batch))
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done():
+                writing = None
+
     async def one(p: PlannedEpisode) -> None:
         trajectory = await run_episode(
             p.task,
@@ -238,20 +261,15 @@ async def run_episodes(
         trajectory = apply_rewards(trajectory, settings.rewards)
         if on_episode is not None:
             on_episode(trajectory)
-        async with lock:
-            buffer.append(trajectory)
-            if len(buffer) >= request.batch_size:
-                await flush()
+        await outbox.put(trajectory)
 
     async def worker() -> None:
         for p in pending:  # one shared iterator: each worker takes the next planned episode
             await one(p)
 
-    async def ticker() -> None:
-        while True:
-            await asyncio.sleep(flush_interval_s)
-            async with lock:
-                await flush()
+    async def persister() -> None:
+        while batch := await outbox.next_group():
+            await persist(batch)
 
     try:
         # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
@@ -264,13 +282,14 @@ async def run_episodes(
             ) as pool,
             asyncio.TaskGroup() as group,
         ):
+            storing = group.create_task(persister())
             workers = [
                 group.create_task(worker()) for _ in range(min(request.concurrency, len(episodes)))
             ]
-            tick = group.create_task(ticker())
             if workers:
                 await asyncio.wait(workers)
-            tick.cancel()
+            outbox.close()
+            await storing
     except BaseExceptionGroup as failed:
         # The first real error, as a plain gather would have raised it (the CLI maps types).
         raise next(
@@ -278,17 +297,19 @@ async def run_episodes(
             failed.exceptions[0],
         ) from None
     except BaseException as stopped:
-        if buffer:
+        if len(outbox):
             logger.warning(
                 "run %s %s: persisting %d finished episode(s) before stopping",
                 collection.plan.run_key,
                 "cancelled" if isinstance(stopped, asyncio.CancelledError) else "interrupted",
-                len(buffer),
+                len(outbox),
             )
         raise
     finally:
-        async with lock:
-            await flush()
+        if writing is not None:
+            await writing
+        while batch := outbox.take():
+            await write(batch)
     return report
 
 

@@ -83,7 +83,9 @@ def test_the_flush_interval_persists_a_partial_group(tmp_path: Path) -> None:
                 collection,
                 remaining(collection),
                 on_persisted=lambda g: seen.append(g.episodes),
-                flush_interval_s=0.2,
+                # Shorter than an episode (a jail round trip per tool call, the verifier):
+                # the first episode's group is due before the second one finishes.
+                flush_interval_s=0.005,
             )
         )
     finally:
@@ -91,6 +93,47 @@ def test_the_flush_interval_persists_a_partial_group(tmp_path: Path) -> None:
         engine.dispose()
     # batch_size 100 is never reached: the interval (and the final flush) wrote them
     assert sum(seen) == 4 and len(seen) >= 2
+    assert seen[0] < 4  # a partial group went out while episodes were still running
+
+
+def test_a_slow_write_does_not_hold_up_the_sandboxes(tmp_path: Path) -> None:
+    request = CollectRequest(
+        run_key="stream-slow-hook",
+        tasks=2,
+        rollouts=1,
+        concurrency=2,
+        batch_size=1,
+        templates=TEMPLATES,
+    )
+    engine, collection = _open(tmp_path, request)
+    finished: list[Trajectory] = []
+    seen_during_first: list[int] = []
+
+    async def on_persisted(group: PersistedGroup) -> None:
+        if not seen_during_first:
+            # The first group's hook waits for three more episodes to finish: they can
+            # only finish if the workers go on while a group is being written.
+            deadline = asyncio.get_running_loop().time() + 120
+            while len(finished) < 4:
+                assert asyncio.get_running_loop().time() < deadline, "the workers stalled"
+                await asyncio.sleep(0.01)
+            seen_during_first.append(len(finished))
+
+    try:
+        report = asyncio.run(
+            run_episodes(
+                collection,
+                remaining(collection),
+                on_episode=finished.append,
+                on_persisted=on_persisted,
+            )
+        )
+    finally:
+        asyncio.run(collection.aclose())
+    stored = _stored(engine)
+    engine.dispose()
+    assert seen_during_first and seen_during_first[0] >= 4
+    assert len(report.inserted) == 6 == stored
 
 
 @pytest.mark.slow
