@@ -58,9 +58,7 @@ class Outbox(Generic[T]):
 
     def take(self) -> list[T]:
         """Up to `batch_size` items at once, oldest first (none waiting: [])."""
-        group = [
-            self._items.popleft()[1] for _ in range(min(self.batch_size, len(self._items)))
-        ]
+        group = [self._items.popleft()[1] for _ in range(min(self.batch_size, len(self._items)))]
         if group:
             self._space.set()
         return group
