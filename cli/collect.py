@@ -46,7 +46,10 @@ def collect(
         str | None, typer.Option(help="Fault profile: none, light, heavy, or JSON.")
     ] = None,
     run_key: Annotated[
-        str | None, typer.Option(help="Run key; re-running a key resumes it.")
+        str | None,
+        typer.Option(
+            help="Run key; re-running a key resumes it. Default: a new key, printed first."
+        ),
     ] = None,
     templates: Annotated[
         str | None, typer.Option(help="Comma-separated templates (default: all).")
@@ -92,6 +95,15 @@ def collect(
         templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
     request = request.keyed(run_key or fresh_run_key(request))
+    if run_key is None:
+        # A manual run never joins another one: it gets a key of its own, said up front
+        # so that an interrupted run can be resumed.
+        err.print(
+            f"run key {request.run_key} (new; resume or extend it with --run-key "
+            f"{request.run_key})",
+            highlight=False,
+            markup=False,
+        )
     # Preflight, before anything is written: the suite and its templates, the policy spec,
     # the sandbox (a probe jail), the database (schema, writable), the object store
     # (writable), then Prefect's API (the shared local server is started if needed).
