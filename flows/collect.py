@@ -307,8 +307,11 @@ async def collect_episodes(
     """
     route_library_logs()
     context = FlowRunContext.get()
-    if context is not None and context.flow is not None:
-        _check_attempts(context.flow_run, context.flow.retries or 0)
+    if context is not None and context.flow_run is not None:
+        # The flow run's own policy wins (set when it was created); else the flow's retries.
+        policy = context.flow_run.empirical_policy.retries
+        flow_retries = context.flow.retries if context.flow is not None else 0
+        _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
     settings = load_settings()
     request = request.keyed(run_key_for(request))
     if shards > 1 and shard_deployment:
@@ -397,3 +400,17 @@ async def _run_shard(request: CollectRequest, index: int, count: int, deployment
             "; starting it again" if attempt < SHARD_ATTEMPTS else "",
         )
     return run
+
+
+NIGHTLY_RETRIES = 2
+"""Times a failed nightly run is tried again (the same flow run, so the same run key)."""
+NIGHTLY_RETRY_DELAY_S = 600
+"""Seconds between a failed nightly attempt and the next."""
+
+nightly_collect_episodes = collect_episodes.with_options(
+    retries=NIGHTLY_RETRIES, retry_delay_seconds=NIGHTLY_RETRY_DELAY_S
+)
+"""`collect-episodes` as the nightly deployment runs it: a failed attempt is retried
+(`NIGHTLY_RETRIES`), and a crashed one is put back to Scheduled by the recovery automation
+(`config.automations`); every attempt resumes the night's run key. Attempts beyond the
+retries end Failed (which notifies)."""
