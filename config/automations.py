@@ -180,13 +180,19 @@ def automations(settings: PrefectSettings, notify_block: UUID | None) -> list[An
                 actions=[
                     SendNotification(
                         block_document_id=notify_block,
-                        subject="epiflow: flow run {{ flow_run.name }} {{ flow_run.state.name }}",
+                        # From the event, not the flow run: a crashed run may already
+                        # be scheduled again when this renders.
+                        subject=(
+                            "epiflow: flow run {{ event.resource['prefect.resource.name'] }} "
+                            "{{ event.resource['prefect.state-name'] }}"
+                        ),
                         body=(
-                            "Flow run {{ flow_run.name }} ({{ flow_run.id }}) of deployment "
-                            "{{ deployment.name }} ended {{ flow_run.state.name }}: "
-                            "{{ flow_run.state.message }}. A crashed nightly run is started "
-                            "again automatically; a failed one has used its retries: fix the "
-                            "cause, then re-run its run key."
+                            "Flow run {{ event.resource['prefect.resource.name'] }} "
+                            "({{ flow_run.id }}) of deployment {{ deployment.name }} ended "
+                            "{{ event.resource['prefect.state-name'] }}: "
+                            "{{ event.resource['prefect.state-message'] }}. A crashed nightly "
+                            "run is started again automatically; a failed one has used its "
+                            "retries: fix the cause, then re-run its run key."
                         ),
                     )
                 ],

@@ -224,14 +224,17 @@ async def _finish(
 
 
 def run_key_for(request: CollectRequest) -> str:
-    """The run key of this flow run: the request's; else, for a run the nightly schedule
-    created, one per night (from its expected start time, which a retry or a crash
-    recovery keeps); else the flow run's own (from its id, so a rescheduled run resumes
-    it). Outside a flow run, a fresh key."""
+    """The run key of this flow run (see `run_key_of`); outside a flow run, a fresh key."""
+    context = FlowRunContext.get()
+    return run_key_of(request, context.flow_run if context is not None else None)
+
+
+def run_key_of(request: CollectRequest, run: FlowRun | None) -> str:
+    """The request's key; else, for a run the nightly schedule created, one per night (from
+    its expected start time, which a retry or a crash recovery keeps); else the flow run's
+    own (from its id, so a rescheduled run resumes it); without a flow run, a fresh key."""
     if request.run_key:
         return request.run_key
-    context = FlowRunContext.get()
-    run = context.flow_run if context is not None else None
     if run is None:
         return fresh_run_key(request)
     if run.deployment_id and run.auto_scheduled and run.expected_start_time is not None:
