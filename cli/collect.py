@@ -95,15 +95,6 @@ def collect(
         templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
     request = request.keyed(run_key or fresh_run_key(request))
-    if run_key is None:
-        # A manual run never joins another one: it gets a key of its own, said up front
-        # so that an interrupted run can be resumed.
-        err.print(
-            f"run key {request.run_key} (new; resume or extend it with --run-key "
-            f"{request.run_key})",
-            highlight=False,
-            markup=False,
-        )
     # Preflight, before anything is written: the suite and its templates, the policy spec,
     # the sandbox (a probe jail), the database (schema, writable), the object store
     # (writable), then Prefect's API (the shared local server is started if needed).
@@ -132,6 +123,14 @@ def collect(
                 highlight=False,
             )
 
+        if run_key is None:
+            # A manual run never joins another one: it gets a key of its own, said before
+            # it starts (after the checks, which write nothing) so it can be resumed.
+            err.print(
+                f"run key {plan.run_key} (new; resume it with --run-key {plan.run_key})",
+                highlight=False,
+                markup=False,
+            )
         try:
             with episode_progress(
                 engine, preflight.run_id, plan.total, console=err, enabled=not as_json

@@ -123,3 +123,23 @@ def test_second_run_of_a_running_key_is_refused(
     rerun = json.loads(again.stdout)
     assert rerun["executed"] == 0 and rerun["episodes"] == PLANNED
     engine.dispose()
+
+
+def test_manual_runs_get_a_fresh_key_each_printed_first(
+    tmp_path: Path, prefect_home: Path, state_dir: Path
+) -> None:
+    """Without `--run-key`, a manual run never joins another one (not even the same day's
+    nightly run): it gets a key of its own, printed before it starts."""
+    env = cli_env(tmp_path, prefect_home, state_dir)
+    assert epiflow(env, "db", "upgrade", cwd=tmp_path).returncode == 0
+    keys = []
+    for _ in range(2):
+        done = epiflow(env, "collect", "--templates", "csv_to_json", "--json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        assert result["executed"] == result["episodes"] == 1  # nothing resumed
+        key = result["run_key"]
+        assert key.startswith("builtin-scripted-oracle-") and len(key.rsplit("-", 1)[1]) == 8
+        assert f"run key {key} (new; resume it with --run-key {key})" in done.stderr
+        keys.append(key)
+    assert keys[0] != keys[1]
