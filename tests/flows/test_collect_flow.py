@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
@@ -79,10 +80,11 @@ def test_flow_refuses_a_run_key_being_collected(prefect_harness: None, env_db: s
     from storage.errors import RunKeyBusy
     from storage.run_lock import run_key_lock
 
-    request = CollectRequest(run_key="held-elsewhere", templates=["csv_to_json"])
+    key = f"held-elsewhere-{uuid.uuid4().hex[:6]}"  # the harness outlives this test
+    request = CollectRequest(run_key=key, templates=["csv_to_json"])
     with (
-        run_key_lock(DatabaseSettings(url=env_db), "held-elsewhere"),
-        pytest.raises(RunKeyBusy, match="held-elsewhere"),
+        run_key_lock(DatabaseSettings(url=env_db), key),
+        pytest.raises(RunKeyBusy, match=key),
     ):
         asyncio.run(collect_episodes(request=request))
     engine = make_engine(DatabaseSettings(url=env_db))
@@ -97,7 +99,7 @@ def test_flow_refuses_a_run_key_being_collected(prefect_harness: None, env_db: s
     async def names() -> list[str]:
         async with get_client() as client:
             runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["held-elsewhere"]))
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[key]))
             )
             return [r.state_name or "" for r in runs]
 
