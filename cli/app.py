@@ -185,6 +185,32 @@ def prefect_stop() -> None:
     out.print("stopped the local Prefect server" if stopped else "no local Prefect server running")
 
 
+@prefect_app.command("setup")
+def prefect_setup() -> None:
+    """Create or update epiflow's automations in the Prefect API: silent flow runs marked
+    Crashed, crashed nightly runs scheduled again, unconfirmed cancellations closed, and
+    (with EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL) failed nightly runs posted to the webhook.
+    `epiflow serve` runs it too."""
+    import asyncio
+
+    from config.automations import ensure_automations
+    from config.prefect import apply_prefect_settings
+
+    settings = _settings().prefect
+    url = apply_prefect_settings(settings)
+    report = asyncio.run(ensure_automations(settings))
+    out.print(f"Prefect automations at {url}: {report.line()}", highlight=False)
+
+
+@prefect_app.command("yaml")
+def prefect_yaml() -> None:
+    """Print `prefect.yaml` (the work-pool deployments) as flows/deployments.py defines
+    them: `epiflow prefect yaml > prefect.yaml`."""
+    from flows.deployments import prefect_yaml as render
+
+    typer.echo(render(), nl=False)
+
+
 @app.command("demo")
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,

@@ -46,7 +46,10 @@ def collect(
         str | None, typer.Option(help="Fault profile: none, light, heavy, or JSON.")
     ] = None,
     run_key: Annotated[
-        str | None, typer.Option(help="Run key; re-running a key resumes it.")
+        str | None,
+        typer.Option(
+            help="Run key; re-running a key resumes it. Default: a new key, printed first."
+        ),
     ] = None,
     templates: Annotated[
         str | None, typer.Option(help="Comma-separated templates (default: all).")
@@ -120,6 +123,14 @@ def collect(
                 highlight=False,
             )
 
+        if run_key is None:
+            # A manual run never joins another one: it gets a key of its own, said before
+            # it starts (after the checks, which write nothing) so it can be resumed.
+            err.print(
+                f"run key {plan.run_key} (new; resume it with --run-key {plan.run_key})",
+                highlight=False,
+                markup=False,
+            )
         try:
             with episode_progress(
                 engine, preflight.run_id, plan.total, console=err, enabled=not as_json

@@ -133,13 +133,19 @@ def evaluate(
 def serve() -> None:
     """Serve the deployments (nightly-collect, qc-gate, train, evaluate, shard) in this process.
 
-    They appear in the Prefect UI with their schedules; runs execute here, no work pool needed.
+    They appear in the Prefect UI with their schedules; runs execute here, no work pool
+    needed. First sets up epiflow's automations (`epiflow prefect setup`): crashed runs
+    are detected and nightly ones started again.
     """
+    settings = load_settings()
     _prefect()
     from prefect import serve as prefect_serve
 
+    from config.automations import ensure_automations
     from flows.deployments import runner_deployments
 
+    report = asyncio.run(ensure_automations(settings.prefect))
+    out.print(f"Prefect automations: {report.line()}", highlight=False)
     prefect_serve(*runner_deployments())
 
 

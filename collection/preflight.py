@@ -9,7 +9,9 @@ order, each with a one-line error naming the setting to fix:
   policy, and one real probe jail (the sandbox's own `prepare_host`);
 - the database takes writes (a read-only file, mount or role fails here);
 - the object store takes a write of `PROBE_BYTES` (a full disk fails here; the probe is
-  deleted).
+  deleted);
+- no other process is collecting the run key right now (`storage.run_lock`; the flow
+  takes the lock for real, this only fails early).
 
 The Prefect API is the entry point's to check (`config.prefect.apply_prefect_settings`):
 nothing here imports Prefect.
@@ -31,6 +33,7 @@ from sandbox.host import find_nsjail, prepare_host
 from sandbox.settings import SandboxSettings
 from storage.errors import ObjectStoreError, ObjectStoreUnavailable
 from storage.objects import ObjectStore
+from storage.run_lock import acquire_run_key
 from storage.runs import check_writable
 
 PROBE_BYTES = 64 << 10
@@ -114,13 +117,15 @@ def preflight_collection(
     Raises:
         CollectError: the policy spec is invalid.
         SandboxUnavailable: no jail can start with these sandbox settings.
-        StorageError: the database or object store cannot be used or written.
+        StorageError: the database or object store cannot be used or written, or the
+            run key is being collected (`RunKeyBusy`).
     """
     collection = open_collection(plan, settings, engine=engine, store=store)
     try:
         asyncio.run(check_sandbox(settings.sandbox))
         check_writable(collection.engine)
         check_object_store(collection.store)
+        acquire_run_key(settings.database, plan.run_key).release()
     except BaseException:
         asyncio.run(collection.aclose())
         raise

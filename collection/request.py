@@ -175,9 +175,12 @@ class CollectRequest(BaseModel):
             ) from e
 
 
-def fresh_run_key(request: CollectRequest) -> str:
-    """A new key for a manual run: `<suite>-<policy>-<8 hex>`, never shared with another run."""
-    return f"{request.suite}-{_slug(request.policy)}-{uuid.uuid4().hex[:8]}"
+def fresh_run_key(request: CollectRequest, token: uuid.UUID | None = None) -> str:
+    """A new key for a manual run: `<suite>-<policy>-<8 hex>`, never shared with another run.
+
+    With `token` (a flow run's id) the key is that flow run's own: a retry or a crash
+    recovery of the same flow run resumes it."""
+    return f"{request.suite}-{_slug(request.policy)}-{(token or uuid.uuid4()).hex[:8]}"
 
 
 def nightly_run_key(request: CollectRequest, scheduled: datetime) -> str:

@@ -22,6 +22,9 @@ def apply_prefect_settings(settings: PrefectSettings) -> str:
         PrefectUnavailable: the API did not answer in time (one line naming the setting).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Heartbeats are how a dead flow run is told from a slow one (`config.automations`);
+    # flow runs this process starts, and `serve`'s subprocesses, inherit the period.
+    os.environ.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", str(settings.heartbeat_s))
     if settings.api_url:
         wait_remote(settings.api_url, min(settings.start_timeout_s, 15.0))
         url = settings.api_url

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import LoopSettings, PolicySettings
@@ -63,6 +63,46 @@ class PrefectSettings(BaseSettings):
             "to start, or the remote API's health check (env EPIFLOW_PREFECT_START_TIMEOUT_S)."
         ),
     )
+    heartbeat_s: int = Field(
+        default=60,
+        ge=30,
+        description=(
+            "Seconds between the heartbeats of the flow runs epiflow commands start "
+            "(`collect`, `serve`'s runs); sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY unless it is "
+            "set. Workers started with `prefect worker start` need that variable themselves "
+            "(the worker image sets it) (env EPIFLOW_PREFECT_HEARTBEAT_S)."
+        ),
+    )
+    zombie_after_s: float = Field(
+        default=600.0,
+        ge=60,
+        description=(
+            "A flow run silent this long after a heartbeat (its process died: killed, out of "
+            "memory, machine lost) is marked Crashed, and a cancellation nobody confirms in "
+            "this time is marked Cancelled; at least twice the heartbeat period of every "
+            "worker (env EPIFLOW_PREFECT_ZOMBIE_AFTER_S; applied by `epiflow prefect setup`)."
+        ),
+    )
+    notify_webhook_url: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Webhook that gets a JSON POST (`text`, `subject`, `body`) when a nightly run "
+            "fails or crashes, e.g. a Slack incoming webhook; unset: no notification (env "
+            "EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL; applied by `epiflow prefect setup`). A "
+            "secret: such URLs carry tokens."
+        ),
+    )
+
+    @field_validator("zombie_after_s")
+    @classmethod
+    def _zombie_after_heartbeats(cls, value: float, info: ValidationInfo) -> float:
+        heartbeat = info.data.get("heartbeat_s")
+        if heartbeat is not None and value < 2 * heartbeat:
+            raise ValueError(
+                f"must be at least twice EPIFLOW_PREFECT_HEARTBEAT_S ({heartbeat}): a live run "
+                "would be marked Crashed between two heartbeats"
+            )
+        return value
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,15 @@ ids), `open-run` (policy, database, object store; the `collection_run` row),
 per step; finished episodes persisted in groups as they complete, a progress artifact
 updated after each group), `finish-run` (status, totals from SQL) and `publish-summary`
 (two artifacts). With `gate`, the `qc-gate` flow follows as a subflow.
+
+One run key, one collection at a time: the flow holds the key's lock
+(`storage.run_lock`) while it collects, a shard its shard's lock, so a second run of a
+key that is running fails at once with `RunKeyBusy`. The lock dies with its process, so
+a crashed run never blocks the retry that resumes it.
+
+A flow run is named after its run key. Results are not persisted by Prefect (they would
+land on the worker's local disk, out of reach of every other machine): a run's totals
+live in SQL and are read from there, by the parent of a sharded run too.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from prefect.artifacts import (
     aupdate_progress_artifact,
 )
 from prefect.cache_policies import NONE
-from prefect.runtime import deployment, flow_run
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
+from prefect.runtime import flow_run
 
 from collection.errors import CollectError
 from collection.plan import Plan, Shard, plan_collection
@@ -40,8 +51,13 @@ from collection.runner import (
 from config.settings import Settings, load_settings
 from flows import route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
+from storage.run_lock import acquire_run_key, shard_lock_name
 from storage.run_summary import summarize_run, summary_markdown, summary_table
 from storage.runs import run_totals
+
+SHARD_ATTEMPTS = 3
+"""Flow runs a shard gets before the sharded run fails: one that crashed (its worker died;
+the zombie automation marks it Crashed) or failed is started again and resumes its share."""
 
 
 class CollectFlowResult(CollectResult):
@@ -159,30 +175,41 @@ async def finish_run_task(
 async def collect_here(
     request: CollectRequest, settings: Settings, *, shard: Shard, close: bool
 ) -> CollectResult:
-    """Collect this process's share of the run: plan, open, run what remains as one stream,
-    mark the run (when `close`, also when it failed or was cancelled), count."""
+    """Collect this process's share of the run: plan, take the run key's lock (a shard's
+    own lock when not `close`), open, run what remains as one stream, mark the run (when
+    `close`, also when it failed or was cancelled), count.
+
+    Raises:
+        RunKeyBusy: another process is collecting the same key (or shard) right now;
+            nothing was written.
+    """
     started = time.monotonic()
     plan = plan_task(request, settings, shard)
-    collection = await open_run_task(plan, settings)
+    name = plan.run_key if close else shard_lock_name(plan.run_key, shard.index, shard.count)
+    lock = await asyncio.to_thread(acquire_run_key, settings.database, name)
     try:
-        status = "failed"
+        collection = await open_run_task(plan, settings)
         try:
-            await run_episodes_task(collection)
-            status = "completed"
+            status = "failed"
+            try:
+                await run_episodes_task(collection)
+                status = "completed"
+            finally:
+                # Also on failure or cancellation: no run stays `running` once its flow ended.
+                result = await asyncio.shield(_finish(collection, status, started, close))
+            get_run_logger().info(
+                "run %s %s: %d / %d episodes stored, success rate %.2f",
+                result.run_key,
+                status,
+                result.episodes,
+                result.planned,
+                result.success_rate,
+            )
+            return result
         finally:
-            # Also on failure or cancellation: no run stays `running` once its flow ended.
-            result = await asyncio.shield(_finish(collection, status, started, close))
-        get_run_logger().info(
-            "run %s %s: %d / %d episodes stored, success rate %.2f",
-            result.run_key,
-            status,
-            result.episodes,
-            result.planned,
-            result.success_rate,
-        )
-        return result
+            await collection.aclose()
     finally:
-        await collection.aclose()
+        await asyncio.to_thread(lock.release)
 
 
 async def _finish(
@@ -197,13 +224,46 @@ async def _finish(
 
 
 def run_key_for(request: CollectRequest) -> str:
-    """The request's key; else one per night for a scheduled run, a fresh one otherwise."""
+    """The run key of this flow run (see `run_key_of`); outside a flow run, a fresh key."""
+    context = FlowRunContext.get()
+    return run_key_of(request, context.flow_run if context is not None else None)
+
+
+def run_key_of(request: CollectRequest, run: FlowRun | None) -> str:
+    """The request's key; else, for a run the nightly schedule created, one per night (from
+    its expected start time, which a retry or a crash recovery keeps); else the flow run's
+    own (from its id, so a rescheduled run resumes it); without a flow run, a fresh key."""
     if request.run_key:
         return request.run_key
-    scheduled = flow_run.scheduled_start_time
-    if deployment.id and scheduled is not None:
-        return nightly_run_key(request, scheduled)
-    return fresh_run_key(request)
+    if run is None:
+        return fresh_run_key(request)
+    if run.deployment_id and run.auto_scheduled and run.expected_start_time is not None:
+        return nightly_run_key(request, run.expected_start_time)
+    return fresh_run_key(request, run.id)
+
+
+def _flow_run_name() -> str:
+    """Flow runs are named after their run key (the nightly ones after their night)."""
+    context = FlowRunContext.get()
+    raw = (context.parameters or {}).get("request") if context is not None else None
+    if raw is None:
+        return "collect"
+    request = raw if isinstance(raw, CollectRequest) else CollectRequest.model_validate(raw)
+    return run_key_for(request)
+
+
+def _check_attempts(run: FlowRun | None, retries: int) -> None:
+    """Give up on a flow run started more often than its retries allow: a crash recovery
+    puts the same flow run back to Scheduled, and a run that crashes every time must end
+    Failed (which notifies) instead of going round for ever."""
+    if run is None or run.run_count <= retries + 1:
+        return
+    raise CollectError(
+        f"flow run {run.name} started {run.run_count} times ({retries} retries allowed; "
+        "its earlier attempts crashed or failed): giving up. Fix the cause, then re-run "
+        "its run key by hand",
+        setting="retries",
+    )
 
 
 @task(name="publish-summary", cache_policy=NONE, retries=2, retry_delay_seconds=2)
@@ -229,7 +289,7 @@ async def publish_summary(result: CollectResult, settings: Settings) -> None:
     )
 
 
-@flow(name="collect-episodes", log_prints=False, persist_result=True)
+@flow(name="collect-episodes", flow_run_name=_flow_run_name, log_prints=False, persist_result=False)
 async def collect_episodes(
     request: CollectRequest,
     shards: int = 1,
@@ -249,6 +309,12 @@ async def collect_episodes(
         gate_options: How the gate judges and when it trains (threshold, trigger, steps).
     """
     route_library_logs()
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:
+        # The flow run's own policy wins (set when it was created); else the flow's retries.
+        policy = context.flow_run.empirical_policy.retries
+        flow_retries = context.flow.retries if context.flow is not None else 0
+        _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
     settings = load_settings()
     request = request.keyed(run_key_for(request))
     if shards > 1 and shard_deployment:
@@ -263,46 +329,91 @@ async def collect_episodes(
 async def fan_out(
     request: CollectRequest, settings: Settings, *, shards: int, deployment: str
 ) -> CollectResult:
-    """Run the request as `shards` flow runs of `deployment` and wait for them all."""
-    from prefect.deployments.flow_runs import arun_deployment
+    """Run the request as `shards` flow runs of `deployment` and wait for them all; a shard
+    that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL, never
+    from the shards' Prefect results, which stay on their workers.
 
+    Raises:
+        RunKeyBusy: another process is collecting the same key right now.
+        CollectError: a shard did not complete in `SHARD_ATTEMPTS` flow runs.
+    """
+    assert request.run_key is not None
     started = time.monotonic()
     plan = plan_collection(request, settings.suites)
-    collection = open_collection(plan, settings)
+    lock = await asyncio.to_thread(acquire_run_key, settings.database, request.run_key)
     try:
-        run_id = start_run(collection.engine, collection.request)
-        episodes_before, steps_before = run_totals(collection.engine, run_id)
+        collection = open_collection(plan, settings)
         try:
-            runs = await asyncio.gather(
-                *(
-                    arun_deployment(
-                        deployment,
-                        parameters={
-                            "request": request.model_dump(mode="json"),
-                            "shard_index": i,
-                            "shard_count": shards,
-                        },
-                        timeout=None,
-                    )
-                    for i in range(shards)
+            run_id = start_run(collection.engine, collection.request)
+            episodes_before, steps_before = run_totals(collection.engine, run_id)
+            try:
+                runs = await asyncio.gather(
+                    *(_run_shard(request, i, shards, deployment) for i in range(shards))
                 )
+            except BaseException:  # no run stays `running` once its flow ended
+                finish_run(collection, status="failed")
+                raise
+            failed = [r for r in runs if not (r.state and r.state.is_completed())]
+            finish_run(collection, status="failed" if failed else "completed")
+            if failed:
+                raise CollectError(
+                    f"{len(failed)} of {shards} shard(s) of run {request.run_key} did not "
+                    f"complete in {SHARD_ATTEMPTS} flow runs each: "
+                    f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+                )
+            episodes_after, steps_after = run_totals(collection.engine, run_id)
+            return collection_result(
+                collection,
+                executed=episodes_after - episodes_before,
+                steps=steps_after - steps_before,
+                started=started,
             )
-        except BaseException:  # no run stays `running` once its flow ended
-            finish_run(collection, status="failed")
-            raise
-        failed = [r for r in runs if not (r.state and r.state.is_completed())]
-        finish_run(collection, status="failed" if failed else "completed")
-        if failed:
-            raise CollectError(
-                f"{len(failed)} of {shards} shard(s) of run {request.run_key} did not complete: "
-                f"{[str(r.state) for r in failed]}; re-run the key to finish it"
-            )
-        episodes_after, steps_after = run_totals(collection.engine, run_id)
-        return collection_result(
-            collection,
-            executed=episodes_after - episodes_before,
-            steps=steps_after - steps_before,
-            started=started,
-        )
+        finally:
+            await collection.aclose()
     finally:
-        await collection.aclose()
+        await asyncio.to_thread(lock.release)
+
+
+async def _run_shard(request: CollectRequest, index: int, count: int, deployment: str) -> FlowRun:
+    """One shard as flow runs of `deployment`, until one completes or `SHARD_ATTEMPTS` ran.
+
+    A retry resumes the shard: its episode ids are deterministic and stored ones are skipped.
+    """
+    from prefect.deployments.flow_runs import arun_deployment
+
+    logger = get_run_logger()
+    parameters = {
+        "request": request.model_dump(mode="json"),
+        "shard_index": index,
+        "shard_count": count,
+    }
+    for attempt in range(1, SHARD_ATTEMPTS + 1):
+        run = await arun_deployment(deployment, parameters=parameters, timeout=None)
+        if run.state is not None and run.state.is_completed():
+            return run
+        logger.warning(
+            "shard %d/%d of run %s: flow run %s ended %s (attempt %d of %d)%s",
+            index + 1,
+            count,
+            request.run_key,
+            run.name,
+            run.state.name if run.state else "without a state",
+            attempt,
+            SHARD_ATTEMPTS,
+            "; starting it again" if attempt < SHARD_ATTEMPTS else "",
+        )
+    return run
+
+
+NIGHTLY_RETRIES = 2
+"""Times a failed nightly run is tried again (the same flow run, so the same run key)."""
+NIGHTLY_RETRY_DELAY_S = 600
+"""Seconds between a failed nightly attempt and the next."""
+
+nightly_collect_episodes = collect_episodes.with_options(
+    retries=NIGHTLY_RETRIES, retry_delay_seconds=NIGHTLY_RETRY_DELAY_S
+)
+"""`collect-episodes` as the nightly deployment runs it: a failed attempt is retried
+(`NIGHTLY_RETRIES`), and a crashed one is put back to Scheduled by the recovery automation
+(`config.automations`); every attempt resumes the night's run key. Attempts beyond the
+retries end Failed (which notifies)."""

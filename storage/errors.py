@@ -10,6 +10,7 @@ StorageError
 │   └── ObjectNotFound          a key that should exist does not
 ├── IngestError                 a batch could not be written; nothing of it was committed
 ├── RunNotFound                 no collection run has that key or id
+├── RunKeyBusy                  another process is collecting the same run key right now
 └── ImportFormatError           a file to import is not the format it claims
 """
 
@@ -56,6 +57,10 @@ class IngestError(StorageError):
 
 class RunNotFound(StorageError):
     """No collection run has the given key or id."""
+
+
+class RunKeyBusy(StorageError):
+    """Another process holds the run key's lock: it is collecting the same run now."""
 
 
 class ImportFormatError(StorageError):

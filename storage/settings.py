@@ -14,7 +14,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-DEFAULT_HOME = Path(".epiflow")
+from core.home import epiflow_home
+
+
+def default_database_url() -> SecretStr:
+    """`sqlite:///$EPIFLOW_HOME/epiflow.db` (an absolute path: the same file from any
+    working directory)."""
+    return SecretStr(f"sqlite:///{epiflow_home() / 'epiflow.db'}")
+
+
+def default_objects_url() -> str:
+    """`$EPIFLOW_HOME/objects`."""
+    return str(epiflow_home() / "objects")
 
 
 class DatabaseSettings(BaseSettings):
@@ -23,11 +34,12 @@ class DatabaseSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_DATABASE_", extra="ignore")
 
     url: SecretStr = Field(
-        default=SecretStr(f"sqlite:///{DEFAULT_HOME / 'epiflow.db'}"),
+        default_factory=default_database_url,
         description=(
             "SQLAlchemy URL of the metadata database, e.g. "
-            "`postgresql+psycopg://user:pass@host:5432/epiflow` or `sqlite:///path.db` "
-            "(env EPIFLOW_DATABASE_URL). A secret: it may hold a password."
+            "`postgresql+psycopg://user:pass@host:5432/epiflow` or `sqlite:////abs/path.db` "
+            "(env EPIFLOW_DATABASE_URL; default `sqlite:///$EPIFLOW_HOME/epiflow.db`). "
+            "A secret: it may hold a password."
         ),
     )
     echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
@@ -63,10 +75,10 @@ class ObjectStoreSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_OBJECTS_", extra="ignore")
 
     url: str = Field(
-        default=str(DEFAULT_HOME / "objects"),
+        default_factory=default_objects_url,
         description=(
             "A local directory path (or `file:///abs/path`), or `s3://bucket[/prefix]` "
-            "(env EPIFLOW_OBJECTS_URL)."
+            "(env EPIFLOW_OBJECTS_URL; default `$EPIFLOW_HOME/objects`)."
         ),
     )
     endpoint: str | None = Field(

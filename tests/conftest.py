@@ -34,6 +34,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("EPIFLOW_") and name not in KEEP_ENV:
             monkeypatch.delenv(name)
+    monkeypatch.setenv("EPIFLOW_HOME", str(tmp_path / "epiflow-home"))
     monkeypatch.setenv("EPIFLOW_DATABASE_URL", f"sqlite:///{tmp_path / 'epiflow.db'}")
     monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
 

@@ -21,6 +21,8 @@ EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EPIFLOW_")}
+    # The defaults land in EPIFLOW_HOME: the test's own, never the developer's ~/.epiflow.
+    full_env["EPIFLOW_HOME"] = str(cwd / ".epiflow")
     full_env.update(env)
     return subprocess.run(
         [EPIFLOW, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,40 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
 
     keys = asyncio.run(artifacts())
     assert "collect-flow-test" in keys and "collect-flow-test-templates" in keys
+
+
+def test_flow_refuses_a_run_key_being_collected(prefect_harness: None, env_db: str) -> None:
+    """Another process holds the key (here: this test, through the same lock): the flow
+    fails at once with `RunKeyBusy` and writes nothing, not even the run row."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from collection.request import CollectRequest
+    from flows.collect import collect_episodes
+    from storage.errors import RunKeyBusy
+    from storage.run_lock import run_key_lock
+
+    key = f"held-elsewhere-{uuid.uuid4().hex[:6]}"  # the harness outlives this test
+    request = CollectRequest(run_key=key, templates=["csv_to_json"])
+    with (
+        run_key_lock(DatabaseSettings(url=env_db), key),
+        pytest.raises(RunKeyBusy, match=key),
+    ):
+        asyncio.run(collect_episodes(request=request))
+    engine = make_engine(DatabaseSettings(url=env_db))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM collection_run")).scalar_one() == 0
+    engine.dispose()
+
+    # Released: the same key runs, and its flow run is named after it.
+    done = asyncio.run(collect_episodes(request=request))
+    assert done.episodes == done.executed == 1
+
+    async def names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[key]))
+            )
+            return [r.state_name or "" for r in runs]
+
+    assert sorted(asyncio.run(names())) == ["Completed", "Failed"]

@@ -88,3 +88,36 @@ def test_cli_strings_still_validate() -> None:
     # the request round-trips through the JSON a deployment run carries
     dumped = custom.model_dump(mode="json")
     assert CollectRequest.model_validate(dumped) == custom
+
+
+def test_run_keys_mean_one_thing() -> None:
+    """The nightly schedule's runs are keyed by their night (a retry or a recovery of the
+    same flow run keeps it); any other run without a key gets its flow run's own; an
+    explicit key always wins."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from prefect.client.schemas.objects import FlowRun
+
+    from collection.request import CollectRequest
+    from flows.collect import run_key_of
+
+    request = CollectRequest(suite="builtin", policy="scripted:noisy")
+    night = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
+    scheduled = FlowRun(
+        flow_id=uuid.uuid4(),
+        deployment_id=uuid.uuid4(),
+        auto_scheduled=True,
+        expected_start_time=night,
+    )
+    assert run_key_of(request, scheduled) == "builtin-scripted-noisy-20261201"
+    retried = scheduled.model_copy(update={"run_count": 3})
+    assert run_key_of(request, retried) == "builtin-scripted-noisy-20261201"
+
+    manual = FlowRun(flow_id=uuid.uuid4(), deployment_id=uuid.uuid4(), expected_start_time=night)
+    assert run_key_of(request, manual) == f"builtin-scripted-noisy-{manual.id.hex[:8]}"
+    assert run_key_of(request, manual) == run_key_of(request, manual)  # stable per flow run
+
+    fresh = {run_key_of(request, None) for _ in range(3)}
+    assert len(fresh) == 3 and all(k.startswith("builtin-scripted-noisy-") for k in fresh)
+    assert run_key_of(request.keyed("mine"), scheduled) == "mine"
