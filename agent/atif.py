@@ -1,16 +1,21 @@
-"""ATIF v1.4 (Harbor's Agent Trajectory Interchange Format) as pydantic models.
+"""ATIF v1.5 (Harbor's Agent Trajectory Interchange Format) as pydantic models.
 
 Field names and shapes follow the ATIF RFC (laude-institute/harbor,
-docs/rfcs/0001-trajectory-format.md). Only the parts epiflow writes are modelled
-strictly; objects where other producers add fields (`metrics`, observation results)
-accept extra keys so foreign files import. The conversion lives in `agent.export`.
+docs/rfcs/0001-trajectory-format.md) up to v1.5: v1.2 system-step observations, v1.3/v1.4
+`completion_token_ids` / `prompt_token_ids`, v1.5 `agent.tool_definitions`. These models
+validate a document (every error carries its field path); the conversion to and from
+`Trajectory` reads the validated document and keeps what epiflow has no field for
+(`agent.atif_convert`). Objects where producers add provider data (`metrics`, observation
+results) accept extra keys; every other object refuses unknown keys, so a misspelt field
+is an error that names it instead of data silently dropped.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
@@ -24,8 +29,10 @@ __all__ = [
     "AtifTrajectory",
 ]
 
-ATIF_SCHEMA_VERSION = "ATIF-v1.4"
-"""The ATIF version epiflow writes."""
+ATIF_SCHEMA_VERSION = "ATIF-v1.5"
+"""The ATIF version epiflow writes (and the newest it reads)."""
+
+_VERSION = re.compile(r"^ATIF-v1\.([0-5])$")
 
 
 class AtifToolCall(BaseModel):
@@ -42,7 +49,7 @@ class AtifToolCall(BaseModel):
 
 
 class AtifObservationResult(BaseModel):
-    """ATIF ObservationResultSchema (subagent references are not used by epiflow)."""
+    """ATIF ObservationResultSchema."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -50,6 +57,8 @@ class AtifObservationResult(BaseModel):
     """The `tool_call_id` this result answers; None for a result not tied to a call."""
     content: str | None = None
     """The observation text."""
+    subagent_trajectory_ref: list[dict[str, Any]] | None = None
+    """References to delegated subagent trajectories."""
 
 
 class AtifObservation(BaseModel):
@@ -62,18 +71,24 @@ class AtifObservation(BaseModel):
 
 
 class AtifMetrics(BaseModel):
-    """ATIF MetricsSchema (the subset epiflow records, plus whatever an import carries)."""
+    """ATIF MetricsSchema (plus whatever provider data a producer adds)."""
 
     model_config = ConfigDict(extra="allow")
 
     prompt_tokens: int | None = None
-    """Prompt tokens of the turn."""
+    """Prompt tokens of the turn (cached ones included)."""
     completion_tokens: int | None = None
     """Completion tokens of the turn."""
     cached_tokens: int | None = None
     """Cached subset of the prompt tokens."""
     cost_usd: float | None = None
     """Cost of the turn."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids of the prompt (v1.4)."""
+    completion_token_ids: list[int] | None = None
+    """Token ids of the completion (v1.3)."""
+    logprobs: list[float] | None = None
+    """Log probability of each completion token."""
     extra: dict[str, Any] | None = None
     """Provider-specific metrics."""
 
@@ -100,11 +115,11 @@ class AtifStep(BaseModel):
     tool_calls: list[AtifToolCall] | None = None
     """The agent's calls."""
     observation: AtifObservation | None = None
-    """Environment feedback."""
+    """Environment feedback (agent steps), or the result of a system operation (system steps)."""
     metrics: AtifMetrics | None = None
-    """Token counts and costs."""
+    """Token counts, costs, token ids and log probabilities."""
     extra: dict[str, Any] | None = None
-    """Custom step metadata (`extra["epiflow"]`: the full epiflow step)."""
+    """Custom step metadata (`extra["epiflow"]`: epiflow's step fields the ATIF core does not carry)."""
 
 
 class AtifAgent(BaseModel):
@@ -118,6 +133,8 @@ class AtifAgent(BaseModel):
     """Agent system version."""
     model_name: str | None = None
     """Default model (epiflow: the policy spec)."""
+    tool_definitions: list[dict[str, Any]] | None = None
+    """Tools offered to the agent, as OpenAI function definitions (v1.5)."""
     extra: dict[str, Any] | None = None
     """Custom agent configuration."""
 
@@ -147,16 +164,23 @@ class AtifTrajectory(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: str
-    """`ATIF-v1.x`."""
+    """`ATIF-v1.0` … `ATIF-v1.5`."""
     session_id: str
-    """Run id (epiflow: the episode id)."""
+    """Run id of the producer (epiflow: the episode id); several documents may share one."""
     agent: AtifAgent
     """Agent configuration."""
-    steps: list[AtifStep]
+    steps: list[AtifStep] = Field(min_length=1)
     """The interaction history."""
     notes: str | None = None
     """Free-form notes."""
     final_metrics: AtifFinalMetrics | None = None
     """Aggregates."""
     extra: dict[str, Any] | None = Field(default=None)
-    """Custom root metadata (`extra["epiflow"]`: the episode metadata)."""
+    """Custom root metadata (`extra["epiflow"]`: the episode fields the ATIF core does not carry)."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        if not _VERSION.match(value):
+            raise ValueError(f"{value!r} is not an ATIF version epiflow reads (ATIF-v1.0 … v1.5)")
+        return value

@@ -13,8 +13,10 @@ AgentError
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class AgentError(Exception):
+
+class AgentError(EpiflowError):
     """Base class of every error raised by `agent/`."""
 
 

@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox.types import FileChange, InjectedFault, ResourceUsage
 
 __all__ = [
+    "AgentIdentity",
+    "AtifRemainder",
+    "ContextStep",
     "EpisodeStatus",
     "FailureCategory",
     "FileChange",
@@ -93,6 +96,50 @@ class ParseKind(StrEnum):
     ERROR = "error"
 
 
+class AtifRemainder(BaseModel):
+    """What an imported ATIF object had that epiflow's own fields do not reproduce.
+
+    Export renders the object from epiflow's fields, then patches it: each pointer of
+    `values` is set to the document's value, each pointer of `missing` removed. Pointers are
+    JSON pointers (RFC 6901) into the object, e.g. `/observation/results/0/source_call_id`.
+    So an imported document comes back exactly (`agent.atif_convert`); usually empty.
+    """
+
+    values: dict[str, Any] = Field(default_factory=dict)
+    """Where the document differs from epiflow's rendering (or has what it never writes): pointer → the document's value."""
+    missing: list[str] = Field(default_factory=list)
+    """Pointers to what epiflow's rendering writes and the document did not have."""
+
+
+class AgentIdentity(BaseModel):
+    """The agent system that produced an imported episode (ATIF `agent`)."""
+
+    name: str
+    """Agent system name, e.g. `openhands`, `terminus-2`."""
+    version: str
+    """Agent system version."""
+    model_name: str | None = None
+    """Default model of the episode, when the document names one."""
+    tool_definitions: list[dict[str, Any]] | None = None
+    """Tools the agent was offered, as OpenAI function definitions (ATIF v1.5)."""
+    extra: dict[str, Any] | None = None
+    """The agent's own configuration (`agent.extra`), as written."""
+
+
+class ContextStep(BaseModel):
+    """A non-agent turn of an imported episode, kept in its place: a system prompt, a system
+    event, or a user message."""
+
+    before_step: int
+    """Index of the agent step it came before (the number of agent steps when it came last)."""
+    source: str
+    """`system` or `user`."""
+    message: str
+    """Its text."""
+    atif_remainder: AtifRemainder | None = None
+    """The ATIF step's other fields (timestamp, observation, extra, …), see `AtifRemainder`."""
+
+
 class Step(BaseModel):
     """One assistant turn and what came of it, with every record point of seed 000 §4.2."""
 
@@ -112,6 +159,18 @@ class Step(BaseModel):
     """Prompt tokens reported by the policy, when it reports them."""
     completion_tokens: int | None = None
     """Completion tokens reported by the policy, when it reports them."""
+    cached_tokens: int | None = None
+    """Cached subset of `prompt_tokens`, when reported."""
+    cost_usd: float | None = None
+    """Cost of the turn in USD, when reported."""
+    reasoning_content: str | None = None
+    """The model's explicit reasoning for this turn, when returned apart from its answer."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids of the prompt sent for this turn, when recorded."""
+    completion_token_ids: list[int] | None = None
+    """Token ids of the answer, when recorded (aligned with `logprobs`)."""
+    logprobs: list[float] | None = None
+    """Log probability of each answer token, when recorded."""
     generation_latency_ms: float | None = None
     """Wall time of the policy request, milliseconds."""
     native_tool_calls: list[dict[str, Any]] | None = None
@@ -187,9 +246,31 @@ class Step(BaseModel):
     return_: float = Field(default=0.0, alias="return")
     """Discounted return from this step to the end of the episode."""
 
+    # imports
+    atif_remainder: AtifRemainder | None = None
+    """ATIF fields of an imported step that the fields above do not hold (per-step model, extra, observation layout, …); None for steps epiflow ran."""
+
     model_config = ConfigDict(
         populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64"
     )
+
+    @property
+    def tool_failed(self) -> bool:
+        """The step made a tool call and the call did not succeed: it timed out, carries a
+        typed error (every call epiflow could not run does: `sandbox_crashed`,
+        `unknown_tool`, an injected fault…), was killed by a signal, or exited non-zero.
+
+        An exit code that is unknown (None) with none of those is not a failure: only
+        imported trajectories whose tools reported no exit code look like that. This is the
+        one definition; SQL states it as `models.step.tool_failed_sql` and a test keeps the
+        two in agreement.
+        """
+        return self.parse_kind == ParseKind.TOOL_CALL and (
+            self.timed_out
+            or self.error_type is not None
+            or self.signal is not None
+            or (self.exit_code is not None and self.exit_code != 0)
+        )
 
 
 class Trajectory(BaseModel):
@@ -220,7 +301,9 @@ class Trajectory(BaseModel):
     prompt: str = ""
     """The task as the agent saw it."""
     policy: str
-    """Policy spec, e.g. `scripted:oracle`, `openai:http://…#model`, `hf:/path`."""
+    """Policy spec, e.g. `scripted:oracle`, `openai:http://…#model`, `hf:/path`, or `atif:<agent>@<version>#<model>` for an imported ATIF episode."""
+    agent: AgentIdentity | None = None
+    """The foreign agent that produced an imported episode; None when epiflow's loop ran it."""
     policy_seed: int = 0
     """Seed the policy used (perturbations, sampling)."""
     protocol_version: str = PROTOCOL_VERSION
@@ -253,8 +336,12 @@ class Trajectory(BaseModel):
     """Reward from the verifier outcome (+1 / partial / failure)."""
     total_reward: float | None = None
     """Sum of immediate rewards and the final reward."""
+    context_steps: list[ContextStep] = Field(default_factory=list)
+    """Non-agent turns of an imported episode in their places; empty for episodes epiflow ran (their system prompt is rendered from the tools)."""
     steps: list[Step] = Field(default_factory=list)
     """The steps, in order."""
+    atif_remainder: AtifRemainder | None = None
+    """Top-level ATIF fields of an imported document that epiflow does not hold (session id, notes, extra, …)."""
 
     @property
     def n_steps(self) -> int:

@@ -4,8 +4,9 @@ The loop takes any `Verifier`: an async callable `(sandbox, task)` returning an 
 with `score`, `reason` and `error` (`VerifierResult`). `resolve_verifier()` prefers the
 suites package's `suites.verify.run_verifier` (which also flags a broken verifier as
 `error`) and falls back to `run_task_verifier`, which implements the `VerifierSpec`
-contract directly: write `spec.files` through `sandbox.exec` with stdin, run `argv`, read
-one JSON object `{"score", "reason"}` from stdout.
+contract directly: stop what the agent left running, write `spec.files` through
+`sandbox.exec` with stdin, run `argv` (`python3 -I -` scripts through
+`sandbox.run_python`), read one JSON object `{"score", "reason"}` from stdout.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ async def run_task_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOut
         SandboxCrashed, EpisodeHardTimeout: from the sandbox.
     """
     spec = task.verifier
+    await sandbox.stop_processes()
     for path, content in spec.files.items():
         written = await sandbox.exec(
             ["/bin/sh", "-c", _WRITE_FILE, "sh", path],
@@ -98,7 +100,12 @@ async def run_task_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOut
             raise VerifierError(
                 f"cannot write verifier file {path}: exit {written.exit_code}: {err}"
             )
-    result = await sandbox.exec(list(spec.argv), timeout_s=spec.timeout_s)
+    inline = spec.inline_python
+    if inline is not None:
+        result = await sandbox.run_python(inline[0], args=inline[1], timeout_s=spec.timeout_s)
+    else:
+        stdin = spec.stdin.encode() if spec.stdin is not None else None
+        result = await sandbox.exec(list(spec.argv), timeout_s=spec.timeout_s, stdin=stdin)
     if result.timed_out:
         raise VerifierError(f"verifier {spec.argv!r} timed out after {spec.timeout_s} s")
     try:

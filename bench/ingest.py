@@ -5,33 +5,40 @@
 Starts a throwaway PostgreSQL cluster (like the tests), migrates two databases, then:
 
 - `ingest_rows_per_s`: step rows per second through `storage.ingest.ingest_episodes`
-  (trajectory → rows conversion, NUL/UTF-8 cleaning, existing-id check, parent upserts,
-  COPY of episodes and steps, one transaction).
-- `copy_rows_per_s`: the same episode and step rows, already converted to tuples, COPY'd
-  into the second database in one transaction (the floor the ingest path is built on).
+  (trajectory → rows conversion, NUL/UTF-8 cleaning, JSON serialization, existing-id
+  check, parent upserts, COPY of episodes and steps, one transaction).
+- `copy_rows_per_s`: the same task, policy, run, episode and step rows, already turned
+  into COPY values (column order, JSON serialized) before the clock starts, written with
+  plain `COPY … FROM STDIN` in one transaction: the floor the ingest path is built on.
+  Nothing of the project's COPY code runs in it, so speeding that code up cannot speed
+  the floor up with it.
 
-`ratio = ingest_rows_per_s / copy_rows_per_s`; target ≥ 0.5. Best of `--repeat` runs,
-each on freshly truncated tables.
+`ratio = ingest_rows_per_s / copy_rows_per_s`; target ≥ 0.8 (issue 16). Best of
+`--repeat` runs of each, interleaved, each on freshly truncated tables. The JSON carries
+the load average at start and end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, Table, text
 
 from agent.trajectory import Trajectory
-from models import Episode, Step
+from models import CollectionRun, Episode, Policy, Step, Task
 from storage import migrate
 from storage.db import make_engine
-from storage.ingest import EpisodeBundle, copy_rows, ingest_episodes
+from storage.ingest import EpisodeBundle, ingest_episodes
 from storage.rows import episode_row, policy_row, run_row, step_row, task_row
+from storage.sanitize import json_text
 from storage.settings import DatabaseSettings
 from tests.services.postgres import find_pg_bin, running_cluster
 from tests.storage.builders import make_trajectory
@@ -53,23 +60,44 @@ def time_ingest(engine: Engine, trajectories: list[Trajectory]) -> float:
     return time.perf_counter() - started
 
 
+def copy_values(table: Table, rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Rows as COPY values: column order, JSON columns serialized (done before the clock)."""
+    columns = list(table.columns)
+    json_columns = {c.name for c in columns if "JSON" in repr(c.type)}
+    return [
+        tuple(
+            json_text(row[c.name])
+            if c.name in json_columns and row[c.name] is not None
+            else row[c.name]
+            for c in columns
+        )
+        for row in rows
+    ]
+
+
 def time_copy(engine: Engine, trajectories: list[Trajectory]) -> float:
     parents = {
-        "task": {r["id"]: r for r in (task_row(t) for t in trajectories)},
-        "policy": {r["id"]: r for r in (policy_row(t) for t in trajectories)},
-        "collection_run": {r["id"]: r for r in (run_row(t) for t in trajectories)},
+        Task: {r["id"]: r for r in (task_row(t) for t in trajectories)},
+        Policy: {r["id"]: r for r in (policy_row(t) for t in trajectories)},
+        CollectionRun: {r["id"]: r for r in (run_row(t) for t in trajectories)},
     }
+    tables: list[tuple[Table, list[tuple[Any, ...]]]] = [
+        (model.__table__, copy_values(model.__table__, list(rows.values())))  # type: ignore[attr-defined]
+        for model, rows in parents.items()
+    ]
     episodes = [episode_row(t, trajectory_key=None) for t in trajectories]
     steps = [step_row(t.episode_id, s) for t in trajectories for s in t.steps]
-    from models import CollectionRun, Policy, Task
-
-    tables = {"task": Task, "policy": Policy, "collection_run": CollectionRun}
+    tables.append((Episode.__table__, copy_values(Episode.__table__, episodes)))  # type: ignore[attr-defined]
+    tables.append((Step.__table__, copy_values(Step.__table__, steps)))  # type: ignore[attr-defined]
     started = time.perf_counter()
     with engine.begin() as conn:
-        for name, rows in parents.items():
-            copy_rows(conn, tables[name].__table__, list(rows.values()))  # type: ignore[attr-defined]
-        copy_rows(conn, Episode.__table__, episodes)  # type: ignore[attr-defined]
-        copy_rows(conn, Step.__table__, steps)  # type: ignore[attr-defined]
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        for table, values in tables:
+            columns = ", ".join(c.name for c in table.columns)
+            with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({columns}) FROM STDIN") as copy:
+                for row in values:
+                    copy.write_row(row)
     return time.perf_counter() - started
 
 
@@ -83,6 +111,7 @@ def main() -> None:
     bin_dir = find_pg_bin()
     if bin_dir is None:
         raise SystemExit("PostgreSQL binaries not found (install postgresql or set EPIFLOW_PG_BIN)")
+    load_start = os.getloadavg()
     trajectories = synthetic(args.episodes, args.steps)
     n_steps = sum(len(t.steps) for t in trajectories)
     with running_cluster(bin_dir) as cluster:
@@ -106,7 +135,11 @@ def main() -> None:
         "ingest_rows_per_s": round(n_steps / min(ingest_s), 1),
         "copy_rows_per_s": round(n_steps / min(copy_s), 1),
         "ratio": round(min(copy_s) / min(ingest_s), 3),
-        "target_ratio": 0.5,
+        "target_ratio": 0.8,
+        "ingest_s_all": [round(x, 4) for x in ingest_s],
+        "copy_s_all": [round(x, 4) for x in copy_s],
+        "load_avg_start": [round(x, 2) for x in load_start],
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
     }
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
 

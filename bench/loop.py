@@ -82,7 +82,8 @@ def _collect(
     concurrency: int = 8,
 ) -> uuid.UUID:
     """One collection run on `tasks` training instances per template (from instance `seed`)."""
-    from collection.runner import CollectRequest, collect_in_process
+    from collection.request import CollectRequest
+    from collection.runner import collect_in_process
 
     request = CollectRequest(
         run_key=run_key,
@@ -93,7 +94,7 @@ def _collect(
         templates=templates,
         seed=seed,
     )
-    return asyncio.run(collect_in_process(request, engine=engine, store=store))
+    return asyncio.run(collect_in_process(request, engine=engine, store=store)).run_id
 
 
 def _gate(
@@ -108,12 +109,13 @@ def _gate(
 
     started = utcnow()
     trajectories = [e.trajectory for e in select_episodes(engine, store, run_ids=[run_id])]
-    report = run_gate(trajectories, config=config)
+    rules = [rule_judgement(t, config.judge) for t in trajectories]
+    report = run_gate(trajectories, config=config, rule_judgements=rules)
     qc_run_id = write_qc_run(
         engine,
         run_id=run_id,
         report=report,
-        judgements=[rule_judgement(t, config.judge) for t in trajectories],
+        judgements=rules,
         docs_key=None,
         started_at=started,
     )

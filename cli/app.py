@@ -1,42 +1,40 @@
 """The `epiflow` command line. Settings are built here, at the entry point, and passed down.
 
 Every user-facing failure (bad setting, unreachable database, missing bucket, outdated
-schema, no sandbox) is one line on stderr naming what to fix, and exit code 2.
+schema, no sandbox, Prefect's API not answering) is one line on stderr naming what to fix,
+and exit code 2. So are the infrastructure failures a user fixes outside epiflow, when
+they surface as plain exceptions: a database that refuses a statement (read-only, locked,
+gone), a full or read-only disk, and a validation error (every field path and reason).
+An interrupt (Ctrl-C, SIGTERM) is one line and exit code 130 / 143.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import signal
 import sys
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
+from sqlalchemy.exc import OperationalError
 
-from agent.errors import AgentError
 from cli import collect as _cli_collect
+from cli import dataset as _cli_dataset
 from cli import ops as _cli_ops
 from cli import protocol as _cli_protocol
 from cli import report as _cli_report
 from cli import sandbox as _cli_sandbox
 from cli import suites as _cli_suites
-from collection.errors import FlowParameterError
-from config.settings import ConfigError, Settings, load_settings
-from sandbox.errors import SandboxError
-from storage.errors import StorageError
-from suites.errors import SuiteError
-from training.errors import TrainingError
+from config.settings import Settings, load_settings
+from core.errors import EpiflowError
 
-USER_ERRORS = (
-    StorageError,
-    ConfigError,
-    FlowParameterError,
-    SuiteError,
-    SandboxError,
-    AgentError,
-    TrainingError,
-)
-"""Failures a user fixes through settings or arguments: one line, exit code 2."""
+USER_ERRORS = (EpiflowError,)
+"""Failures a user fixes through settings or arguments: one line, exit code 2. Every
+package's root error derives from `EpiflowError` (see `core/errors.py`)."""
 
 app = typer.Typer(
     name="epiflow",
@@ -48,12 +46,18 @@ _cli_collect.register(app)
 _cli_ops.register(app)
 _cli_report.register(app)
 app.add_typer(_cli_suites.app, name="suites")
+app.add_typer(_cli_dataset.app, name="dataset")
 app.add_typer(_cli_protocol.app, name="protocol")
 app.add_typer(_cli_sandbox.app, name="sandbox")
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
 app.add_typer(db_app, name="db")
+prefect_app = typer.Typer(
+    help="The shared local Prefect server (used when EPIFLOW_PREFECT_API_URL is unset).",
+    no_args_is_help=True,
+)
+app.add_typer(prefect_app, name="prefect")
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -135,6 +139,78 @@ def db_orphans(
     err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
+@prefect_app.command("start")
+def prefect_start() -> None:
+    """Start the shared local server (or find it running) and print its UI address; it
+    stops after EPIFLOW_PREFECT_LOCAL_IDLE_S without a command attached."""
+    from config.prefect_server import attach
+
+    settings = _settings().prefect
+    attached = attach(settings)
+    verb = "started" if attached.started else "running"
+    out.print(
+        f"local Prefect server {verb}: UI {attached.state.ui_url}, API {attached.state.api_url}; "
+        f"it stops {settings.local_idle_s:g} s after the last command exits"
+    )
+
+
+@prefect_app.command("status")
+def prefect_status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the shared local Prefect server of this Prefect home: URL, pid, attached commands."""
+    from dataclasses import asdict
+
+    from config.prefect_server import status
+
+    found = status()
+    if as_json:
+        typer.echo(json.dumps(asdict(found)))
+    elif found.running:
+        health = "healthy" if found.healthy else "not answering yet"
+        out.print(
+            f"local Prefect server {found.api_url} (pid {found.pid}, {health}), "
+            f"{found.leases} command(s) attached; UI: {found.api_url.removesuffix('/api') if found.api_url else ''}"
+        )
+    else:
+        out.print(f"no local Prefect server running ({found.directory})")
+
+
+@prefect_app.command("stop")
+def prefect_stop() -> None:
+    """Stop the shared local Prefect server now (commands attached to it lose their API)."""
+    from config.prefect_server import stop
+
+    stopped = stop()
+    out.print("stopped the local Prefect server" if stopped else "no local Prefect server running")
+
+
+@prefect_app.command("setup")
+def prefect_setup() -> None:
+    """Create or update epiflow's automations in the Prefect API: silent flow runs marked
+    Crashed, crashed nightly runs scheduled again, unconfirmed cancellations closed, and
+    (with EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL) failed nightly runs posted to the webhook.
+    `epiflow serve` runs it too."""
+    import asyncio
+
+    from config.automations import ensure_automations
+    from config.prefect import apply_prefect_settings
+
+    settings = _settings().prefect
+    url = apply_prefect_settings(settings)
+    report = asyncio.run(ensure_automations(settings))
+    out.print(f"Prefect automations at {url}: {report.line()}", highlight=False)
+
+
+@prefect_app.command("yaml")
+def prefect_yaml() -> None:
+    """Print `prefect.yaml` (the work-pool deployments) as flows/deployments.py defines
+    them: `epiflow prefect yaml > prefect.yaml`."""
+    from flows.deployments import prefect_yaml as render
+
+    typer.echo(render(), nl=False)
+
+
 @app.command("demo")
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
@@ -152,16 +228,51 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        message = (
-            e.user_message()
-            if isinstance(e, StorageError | ConfigError | FlowParameterError)
-            else str(e)
+        sys.exit(report_error(e))
+    except ValidationError as e:
+        sys.exit(report_line(validation_line(e)))
+    except OperationalError as e:
+        reason = str(e.orig or e).strip().splitlines()[0][:300]
+        sys.exit(
+            report_line(f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)")
         )
-        err.print(
-            f"[bold red]error:[/] {message.splitlines()[0] if message else type(e).__name__}",
-            highlight=False,
-        )
-        sys.exit(2)
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        sys.exit(report_line(f"{e.strerror}{where}: free space or make it writable, then re-run"))
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        sys.exit(128 + signal.SIGINT)
+
+
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Disk failures a user fixes outside epiflow: full, over quota, read-only."""
+
+
+def validation_line(error: ValidationError) -> str:
+    """Every problem of a validation error on one line: `field.path: reason; …`."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or error.title}: {item['msg']}"
+        for item in error.errors()
+    )
+    return f"invalid {error.title}: {problems}"
+
+
+def report_line(message: str) -> int:
+    """Print a one-line error; returns the exit code (2)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    return 2
+
+
+def report_error(error: EpiflowError) -> int:
+    """Print a user error: its one line, then any detail lines (e.g. every problem of a
+    `suite.yaml`) indented below; returns the exit code (2)."""
+    err.print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
+    for line in str(error).splitlines()[1:]:
+        if line.strip():
+            err.print(f"  {line.strip()}", highlight=False, markup=False)
+    return 2
 
 
 if __name__ == "__main__":

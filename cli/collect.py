@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
+import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
+from cli.stores import stores
 from config.settings import load_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from cli.interrupts import Interrupted
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+EXIT_RERUN = 3
+"""`epiflow collect`'s exit code when the run finished but some episodes hit an
+infrastructure failure (`env_error`, `storage_error`): re-running the key redoes them."""
 
 
 def collect(
@@ -33,7 +46,10 @@ def collect(
         str | None, typer.Option(help="Fault profile: none, light, heavy, or JSON.")
     ] = None,
     run_key: Annotated[
-        str | None, typer.Option(help="Run key; re-running a key resumes it.")
+        str | None,
+        typer.Option(
+            help="Run key; re-running a key resumes it. Default: a new key, printed first."
+        ),
     ] = None,
     templates: Annotated[
         str | None, typer.Option(help="Comma-separated templates (default: all).")
@@ -50,94 +66,205 @@ def collect(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Collect episodes in sandboxes through the `collect-episodes` Prefect flow."""
+    """Collect episodes in sandboxes through the `collect-episodes` Prefect flow.
+
+    Exit code 0 when the run is complete; 3 when some episodes hit an infrastructure
+    failure (the last line says how many and why; re-running the key redoes them); 2 on
+    bad input or settings (nothing written); 130/143 when interrupted by SIGINT/SIGTERM
+    (finished episodes saved; the last line says how to resume).
+    """
+    from cli.interrupts import Interrupted, run_interruptibly
     from cli.progress import episode_progress
-    from collection.runner import (
-        CollectRequest,
-        make_run_policy,
-        plan_episodes,
-        resolve_faults,
-        task_instances,
-    )
+    from collection.plan import plan_collection
+    from collection.preflight import preflight_collection
+    from collection.request import CollectRequest, fresh_run_key
     from config.prefect import apply_prefect_settings
-    from models import run_id_for
-    from storage.db import make_engine
-    from storage.migrate import ensure_current
 
     settings = load_settings()
-    apply_prefect_settings(settings.prefect)
-    key = run_key or f"{suite}-{policy.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    chosen = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
-    request = CollectRequest(
+    if shards > 1 and not shard_deployment:
+        raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
+    request = CollectRequest.from_options(
         suite=suite,
         policy=policy,
         tasks=tasks,
         rollouts=rollouts,
         concurrency=concurrency,
         faults=faults,
-        run_key=key,
+        run_key=run_key,
         seed=seed,
-        templates=chosen,
+        templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
-    resolve_faults(faults)
-    if shards > 1 and not shard_deployment:
-        raise typer.BadParameter("--shards needs --shard-deployment (e.g. collect-shard/shard)")
-    asyncio.run(make_run_policy(policy).aclose())  # a bad spec fails here, before any work
-    total = len(plan_episodes(request, task_instances(request)))
-    engine = make_engine(settings.database)
-    ensure_current(engine)
+    request = request.keyed(run_key or fresh_run_key(request))
+    # Preflight, before anything is written: the suite and its templates, the policy spec,
+    # the sandbox (a probe jail), the database (schema, writable), the object store
+    # (writable), then Prefect's API (the shared local server is started if needed).
+    plan = plan_collection(request, settings.suites)
+    preflight = preflight_collection(plan, settings)
+    asyncio.run(preflight.policy.aclose())
+    engine = preflight.engine
+    try:
+        apply_prefect_settings(settings.prefect)
+        from prefect.client.schemas.objects import FlowRun, State
 
-    from flows.collect import collect_episodes
+        from flows.collect import collect_episodes
+        from flows.qc import GateOptions
 
-    with episode_progress(engine, run_id_for(key), total, console=err, enabled=not as_json):
-        result = asyncio.run(
-            collect_episodes(
-                suite=suite,
-                policy=policy,
-                tasks=tasks,
-                rollouts=rollouts,
-                concurrency=concurrency,
-                faults=faults,
-                run_key=key,
-                seed=seed,
-                templates=chosen,
-                shards=shards,
-                shard_deployment=shard_deployment,
-                gate=gate,
-                gate_trigger="none",
+        flow_runs: list[str] = []
+
+        def remember(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+            flow_runs.append(str(flow_run.id))
+
+        flow = collect_episodes.with_options(on_running=[remember])
+
+        def stopping(signum: int) -> None:
+            err.print(
+                f"{signal.Signals(signum).name}: stopping; saving the finished episodes "
+                "(again to abandon)",
+                highlight=False,
             )
-        )
-    engine.dispose()
-    summary = {
-        k: result[k]
-        for k in ("run_id", "episodes", "steps", "by_status", "success_rate", "duration_s")
-    }
-    summary["run_key"] = key
-    if as_json:
-        typer.echo(json.dumps(summary))
-    else:
-        out.print(
-            f"run [bold]{key}[/] ({result['run_id']}): {result['episodes']} episodes "
-            f"({result['executed']} run now), success rate {result['success_rate']:.1%}, "
-            f"{result['duration_s']:.1f} s; by status {result['by_status']}"
-        )
+
+        if run_key is None:
+            # A manual run never joins another one: it gets a key of its own, said before
+            # it starts (after the checks, which write nothing) so it can be resumed.
+            err.print(
+                f"run key {plan.run_key} (new; resume it with --run-key {plan.run_key})",
+                highlight=False,
+                markup=False,
+            )
+        try:
+            with episode_progress(
+                engine, preflight.run_id, plan.total, console=err, enabled=not as_json
+            ):
+                result = run_interruptibly(
+                    lambda: flow(
+                        request=request,
+                        shards=shards,
+                        shard_deployment=shard_deployment,
+                        gate=gate,
+                        gate_options=GateOptions(trigger="none"),
+                    ),
+                    on_signal=stopping,
+                )
+        except Interrupted as stop:
+            stopped = _interrupted(
+                engine, plan.run_key, preflight.run_id, plan.total, flow_runs, stop
+            )
+            err.print(stopped, highlight=False, markup=False)
+            raise typer.Exit(code=stop.exit_code) from None
+        if as_json:
+            typer.echo(
+                result.model_dump_json(
+                    include={
+                        "run_id",
+                        "run_key",
+                        "planned",
+                        "episodes",
+                        "executed",
+                        "steps",
+                        "executed_steps",
+                        "by_status",
+                        "success_rate",
+                        "duration_s",
+                    }
+                )
+            )
+        else:
+            out.print(
+                f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} of "
+                f"{result.planned} episodes ({result.executed} run now), {result.steps} steps, "
+                f"success rate {result.success_rate:.1%}, {result.duration_s:.1f} s; "
+                f"by status {result.by_status}"
+            )
+        line = _rerun_line(engine, preflight.run_id, plan.run_key, result.episodes)
+    finally:
+        engine.dispose()
+    if line:
+        err.print(line, highlight=False, markup=False)
+        raise typer.Exit(code=EXIT_RERUN)
+
+
+def _resume_command(run_key: str) -> str:
+    """This command line, with `--run-key` set, to resume the run."""
+    args = sys.argv[1:]
+    if "--run-key" not in args and not any(a.startswith("--run-key=") for a in args):
+        args = [*args, "--run-key", run_key]
+    return shlex.join(["epiflow", *args])
+
+
+def _rerun_line(engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int) -> str | None:
+    """The last line when some episodes need a re-run: how many, why, and the command."""
+    from storage.runs import rerun_needed
+
+    needed = rerun_needed(engine, run_id)
+    if not needed:
+        return None
+    total = sum(n.count for n in needed.values())
+    why = "; ".join(
+        f"{n.count} {status}" + (f" ({n.reason})" if n.reason else "")
+        for status, n in sorted(needed.items())
+    )
+    return (
+        f"{total} of {episodes} episodes need a re-run: {why}. Fix the cause, then re-run "
+        f"to redo only them: {_resume_command(run_key)}"
+    )
+
+
+def _interrupted(
+    engine: Engine,
+    run_key: str,
+    run_id: uuid.UUID,
+    planned: int,
+    flow_runs: list[str],
+    stop: Interrupted,
+) -> str:
+    """Record an interrupted collection (run `interrupted`, flow run Cancelled) and return
+    the last line: what is stored and how to resume."""
+    from storage.runs import close_run, run_flow_run_id, run_status, run_totals
+
+    name = signal.Signals(stop.signum).name
+    flow_run_id: str | None = flow_runs[0] if flow_runs else run_flow_run_id(engine, run_id)
+    if run_status(engine, run_id) is not None:
+        close_run(engine, run_id, status="interrupted", flow_run_id=flow_run_id)
+    cancelled = _cancel_flow_run(flow_run_id, f"interrupted by {name}") if flow_run_id else None
+    stored, _ = run_totals(engine, run_id)
+    flow_note = f"; flow run {flow_run_id} {cancelled}" if flow_run_id else ""
+    return (
+        f"interrupted by {name}: run {run_key} has {stored} of {planned} episodes stored"
+        f"{flow_note}. Resume with: {_resume_command(run_key)}"
+    )
+
+
+def _cancel_flow_run(flow_run_id: str, message: str) -> str:
+    """Mark the flow run Cancelled (the engine recorded a crash); returns what happened."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+    except Exception as e:  # the run is saved either way; say why the state is stale
+        return f"not marked Cancelled ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return "marked Cancelled"
 
 
 def show(
     episode_id: Annotated[str, typer.Argument(help="Episode id (uuid).")],
-    full: Annotated[bool, typer.Option(help="Do not shorten long outputs.")] = False,
+    full: Annotated[
+        bool, typer.Option(help="Do not shorten long outputs (long lines are folded).")
+    ] = False,
+    raw: Annotated[
+        bool, typer.Option(help="Print the stored trajectory object (JSON) unchanged.")
+    ] = False,
 ) -> None:
     """Render one episode's trajectory readably in the terminal."""
     from cli.show import render_trajectory
-    from storage.db import make_engine
-    from storage.episodes import load_trajectory
-    from storage.migrate import ensure_current
-    from storage.objects import make_object_store
+    from storage.episodes import load_trajectory, trajectory_bytes
 
-    settings = load_settings()
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    trajectory = load_trajectory(engine, make_object_store(settings.objects), _uuid(episode_id))
+    with stores(load_settings()) as (engine, store):
+        if raw:
+            sys.stdout.buffer.write(trajectory_bytes(engine, store, _uuid(episode_id)) + b"\n")
+            return
+        trajectory = load_trajectory(engine, store, _uuid(episode_id))
     render_trajectory(trajectory, out, max_chars=None if full else 1200)
 
 
@@ -151,12 +278,18 @@ def export(
     """Export a run's trajectories as ATIF or OpenAI chat messages (JSON lines) or a parquet of steps."""
     from storage.exchange import export_run
 
-    settings = load_settings()
     if fmt not in ("atif", "openai", "parquet"):
         raise typer.BadParameter("use atif, openai or parquet", param_hint="--format")
     if fmt == "parquet" and output is None:
         raise typer.BadParameter("parquet needs --out FILE", param_hint="--out")
-    n = export_run(settings, run, fmt, output or sys.stdout)
+    with stores(load_settings()) as (engine, store):
+        try:
+            n = export_run(engine, store, run, fmt, output or sys.stdout)
+        except OSError as e:
+            if e.filename is not None or output is None:
+                raise
+            # Name the output file in the one-line error (a full or read-only disk).
+            raise OSError(e.errno, e.strerror, str(output)) from e
     err.print(
         f"exported {n} episode(s) of run {run} as {fmt}" + (f" to {output}" if output else "")
     )
@@ -171,20 +304,26 @@ def import_(
     ],
     fmt: Annotated[str, typer.Option("--format", help="atif or openai.")] = "atif",
     run_key: Annotated[
-        str, typer.Option(help="Run key the imported episodes belong to.")
-    ] = "imported",
+        str | None,
+        typer.Option(
+            help="Run the imported episodes join (default: an epiflow export's own run; "
+            "import:atif or import:openai for foreign files)."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Import trajectories (ATIF or OpenAI chat messages) into the database and object store."""
-    from storage.exchange import import_file
+    """Import trajectories (ATIF v1.0-v1.5 or OpenAI chat messages) into the database and
+    object store. Every document is validated first; a file imported again changes nothing."""
+    from storage.exchange import IMPORT_FORMATS, import_file
 
-    if fmt not in ("atif", "openai"):
+    if fmt not in IMPORT_FORMATS:
         raise typer.BadParameter("use atif or openai", param_hint="--format")
-    report = import_file(load_settings(), file, fmt, run_key=run_key)
+    with stores(load_settings(), check_objects=True) as (engine, store):
+        report = import_file(engine, store, file, fmt, run_key=run_key)
     if as_json:
         typer.echo(report.model_dump_json())
     else:
-        out.print(report.summary())
+        out.print(report.summary(), markup=False, highlight=False)
 
 
 def replay(
@@ -194,7 +333,9 @@ def replay(
     """Re-execute an episode's recorded tool calls in a fresh jail and compare observations."""
     from collection.replay import replay_episode
 
-    result = asyncio.run(replay_episode(load_settings(), _uuid(episode_id)))
+    settings = load_settings()
+    with stores(settings) as (engine, store):
+        result = asyncio.run(replay_episode(engine, store, _uuid(episode_id), settings=settings))
     payload: dict[str, Any] = result.model_dump(mode="json")
     if as_json:
         typer.echo(json.dumps(payload))

@@ -1,6 +1,6 @@
 """`epiflow demo`: the nightly chain once, on embedded defaults, in a few minutes.
 
-SQLite, a local object directory and Prefect's ephemeral API (unless EPIFLOW_* settings
+SQLite, a local object directory and the shared local Prefect server (unless EPIFLOW_* settings
 say otherwise): collect with the noisy policy and fault injection on the built-in suite →
 QC gate → training triggered at a demo threshold (tiny local model, few steps) →
 evaluation of the checkpoint on held-out tasks. Ends with where to look.
@@ -11,21 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy import Engine, select
-from sqlmodel import col
 
 from agent.trajectory import utcnow
+from collection.request import CollectRequest
 from config.prefect import apply_prefect_settings
 from config.settings import Settings
-from models import Episode, run_id_for
+from models import run_id_for
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import make_object_store
+from storage.runs import sample_episode
+
+if TYPE_CHECKING:
+    from flows.collect import CollectFlowResult
+    from flows.evaluate import EvaluationResult
+    from flows.qc import QcGateResult
 
 DEMO_TEMPLATES = [
     "csv_to_json",
@@ -48,50 +52,35 @@ DEMO_TRAIN_STEPS = 30
 """Optimizer steps of the demo's SFT run on the tiny model."""
 
 
-def _pick(engine: Engine, run_id: uuid.UUID, success: bool) -> str | None:
-    with engine.connect() as conn:
-        query = select(col(Episode.id)).where(col(Episode.run_id) == run_id)
-        query = (
-            query.where(col(Episode.status) == "success")
-            if success
-            else query.where(col(Episode.status) != "success")
-        )
-        found = conn.execute(
-            query.order_by(col(Episode.template), col(Episode.id)).limit(1)
-        ).scalar_one_or_none()
-    return str(found) if found else None
-
-
-async def _chain(key: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+async def _chain(key: str) -> tuple[CollectFlowResult, QcGateResult, EvaluationResult | None]:
     from flows.collect import collect_episodes
-    from flows.evaluate import evaluate
+    from flows.evaluate import EvaluationOptions
     from flows.qc import qc_gate
 
     collected = await collect_episodes(
-        suite="builtin",
-        policy="scripted:noisy",
-        tasks=2,
-        rollouts=1,
-        concurrency=4,
-        faults="light",
-        run_key=key,
-        templates=DEMO_TEMPLATES,
+        request=CollectRequest(
+            suite="builtin",
+            policy="scripted:noisy",
+            tasks=2,
+            rollouts=1,
+            concurrency=4,
+            faults="light",
+            run_key=key,
+            templates=DEMO_TEMPLATES,
+        )
     )
     gated = await qc_gate(
         run=key,
         trigger="inline",
         training_threshold=DEMO_THRESHOLD,
         train_max_steps=DEMO_TRAIN_STEPS,
+        # The triggered training is evaluated against its base on held-out instances.
+        evaluation=EvaluationOptions(
+            instances=1, templates=DEMO_TEMPLATES[:3], max_steps=3, max_new_tokens=96
+        ),
     )
-    evaluation = None
-    if gated.get("training"):
-        evaluation = await evaluate(
-            checkpoint=gated["training"]["checkpoint_id"],
-            instances=1,
-            templates=DEMO_TEMPLATES[:3],
-            max_steps=3,
-            max_new_tokens=96,
-        )
+    trained = gated.training.result if gated.training else None
+    evaluation = trained.evaluation if trained is not None else None
     return collected, gated, evaluation
 
 
@@ -102,7 +91,7 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     for name, value in _QUIET.items():
         os.environ.setdefault(name, value)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    apply_prefect_settings(settings.prefect)
+    prefect_api = apply_prefect_settings(settings.prefect)
     # Check both stores before writing anything, so a bad setting leaves nothing half-done.
     engine = make_engine(settings.database)
     store = make_object_store(settings.objects)
@@ -116,39 +105,43 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(
         f"[bold]2. collect → gate → train → evaluate[/] run {key}: scripted:noisy with light fault "
         f"injection on {len(DEMO_TEMPLATES)} built-in templates (Prefect "
-        f"{settings.prefect.api_url or 'ephemeral API'})"
+        f"API {prefect_api})"
     )
     collected, gated, evaluation = asyncio.run(_chain(key))
     console.print(
-        f"   collected {collected['episodes']} episodes ({collected['steps']} steps), success rate "
-        f"{collected['success_rate']:.0%}, by status {collected['by_status']}"
+        f"   collected {collected.episodes} episodes ({collected.steps} steps), success rate "
+        f"{collected.success_rate:.0%}, by status {collected.by_status}"
     )
     console.print(
-        f"   QC: batch {'passed' if gated['batch_passed'] else 'FAILED'}; keep {gated['keep']}, "
-        f"downweight {gated['downweight']}, discard {gated['discard']}; mean quality "
-        f"{(gated['mean_quality'] or 0):.2f}; training triggered: {gated['triggered_training']}"
+        f"   QC: batch {'passed' if gated.batch_passed else 'FAILED'}; keep {gated.keep}, "
+        f"downweight {gated.downweight}, discard {gated.discard}; mean quality "
+        f"{(gated.mean_quality or 0):.2f}; training triggered: {gated.triggered_training}"
     )
-    training = gated.get("training") or {}
-    if training:
+    training = gated.training.result if gated.training else None
+    if training is not None:
         console.print(
-            f"   trained {training['algo']} for {training['steps']} steps → checkpoint {training['checkpoint_id']}"
+            f"   trained {training.algo} for {training.steps} steps → checkpoint {training.checkpoint_id}"
         )
-    if evaluation:
+    if evaluation is not None:
+        previous = evaluation.previous["completion_rate"] if evaluation.previous else "-"
         console.print(
-            f"   evaluation on held-out tasks: completion {evaluation['completion_rate']:.0%}, "
-            f"avg steps {evaluation['avg_steps']:.1f}, tool failure rate {evaluation['tool_failure_rate']:.0%} "
-            f"(previous checkpoint: {evaluation['previous']['completion_rate'] if evaluation.get('previous') else '-'})"
+            f"   evaluation on held-out tasks: completion {evaluation.completion_rate:.0%}, "
+            f"avg steps {evaluation.avg_steps:.1f}, tool failure rate {evaluation.tool_failure_rate:.0%} "
+            f"(previous checkpoint: {previous})"
         )
 
     run_id = run_id_for(key)
-    success, failure = _pick(engine, run_id, True), _pick(engine, run_id, False)
+    success, failure = (
+        sample_episode(engine, run_id, success=True),
+        sample_episode(engine, run_id, success=False),
+    )
     database = settings.database.redacted_url()
     sqlite_file = (
         str(Path(database.removeprefix("sqlite:///")).resolve())
         if settings.database.is_sqlite
         else None
     )
-    docs = gated.get("docs_key")
+    docs = gated.docs_key
     docs_path = (
         str((settings.objects.local_root() / docs).resolve())
         if docs and not settings.objects.is_s3
@@ -165,7 +158,9 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
         "show_success": f"epiflow show {success}" if success else None,
         "show_failure": f"epiflow show {failure}" if failure else None,
         "report": f"epiflow report --run {key}",
-        "prefect_ui": "prefect server start  # then open http://127.0.0.1:4200 and export EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api",
+        "prefect_ui": prefect_api.removesuffix("/api")
+        if settings.prefect.api_url
+        else "epiflow prefect start  # prints the shared local server's UI address",
     }
     console.print("\n[bold]Where to look[/]")
     console.print(
@@ -178,35 +173,20 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
     console.print(f"  a success:     {paths['show_success']}")
     console.print(f"  a failure:     {paths['show_failure']}")
     console.print(f"  HTML report:   {paths['report']}")
-    console.print("  Prefect UI:    run `prefect server start`, open http://127.0.0.1:4200, set")
-    console.print(
-        "                 EPIFLOW_PREFECT_API_URL=http://127.0.0.1:4200/api and run `epiflow demo` or `epiflow serve`"
-    )
+    console.print(f"  Prefect UI:    {paths['prefect_ui']}")
     engine.dispose()
     return {
         "run_key": key,
-        "episodes": collected["episodes"],
-        "success_rate": collected["success_rate"],
-        "qc": {
-            k: gated[k]
-            for k in (
-                "qc_run_id",
-                "batch_passed",
-                "episodes",
-                "keep",
-                "downweight",
-                "discard",
-                "mean_quality",
-                "triggered_training",
-            )
-        },
-        "training_run_id": training.get("training_run_id"),
-        "checkpoint_id": training.get("checkpoint_id"),
+        "episodes": collected.episodes,
+        "success_rate": collected.success_rate,
+        "qc": gated.summary(),
+        "training_run_id": str(training.training_run_id) if training else None,
+        "checkpoint_id": str(training.checkpoint_id) if training else None,
         "evaluation": (
-            {
-                k: evaluation[k]
-                for k in ("completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta")
-            }
+            evaluation.model_dump(
+                mode="json",
+                include={"completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta"},
+            )
             if evaluation
             else None
         ),

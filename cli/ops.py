@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 
 from config.settings import load_settings
@@ -21,8 +22,9 @@ def _prefect() -> None:
     apply_prefect_settings(load_settings().prefect)
 
 
-def _print(result: dict[str, Any], keys: tuple[str, ...], as_json: bool) -> None:
-    shown = {k: result.get(k) for k in keys}
+def _print(result: BaseModel, keys: tuple[str, ...], as_json: bool) -> None:
+    dumped = result.model_dump(mode="json")
+    shown = {k: dumped.get(k) for k in keys}
     if as_json:
         typer.echo(json.dumps(shown, default=str))
     else:
@@ -47,20 +49,11 @@ def qc(
     if trigger not in TRIGGER_MODES:
         raise typer.BadParameter(f"use one of {', '.join(TRIGGER_MODES)}", param_hint="--trigger")
     result = asyncio.run(qc_gate(run=run, grm=grm, trigger=trigger, training_threshold=threshold))
-    _print(
-        result,
-        (
-            "qc_run_id",
-            "batch_passed",
-            "episodes",
-            "keep",
-            "downweight",
-            "discard",
-            "mean_quality",
-            "triggered_training",
-        ),
-        as_json,
-    )
+    summary = result.summary()
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        out.print("  ".join(f"[bold]{k}[/] {v}" for k, v in summary.items()))
 
 
 def train(
@@ -88,10 +81,11 @@ def train(
         raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
     _prefect()
     from flows.train import train as train_flow
+    from training.trainers import Algo
 
     result = asyncio.run(
         train_flow(
-            algo=algo,
+            algo=Algo(algo),
             dataset=dataset,
             from_run=from_run,
             qc_run=qc_run,
@@ -139,13 +133,19 @@ def evaluate(
 def serve() -> None:
     """Serve the deployments (nightly-collect, qc-gate, train, evaluate, shard) in this process.
 
-    They appear in the Prefect UI with their schedules; runs execute here, no work pool needed.
+    They appear in the Prefect UI with their schedules; runs execute here, no work pool
+    needed. First sets up epiflow's automations (`epiflow prefect setup`): crashed runs
+    are detected and nightly ones started again.
     """
+    settings = load_settings()
     _prefect()
     from prefect import serve as prefect_serve
 
+    from config.automations import ensure_automations
     from flows.deployments import runner_deployments
 
+    report = asyncio.run(ensure_automations(settings.prefect))
+    out.print(f"Prefect automations: {report.line()}", highlight=False)
     prefect_serve(*runner_deployments())
 
 

@@ -13,17 +13,13 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import Engine, func, select
-from sqlmodel import col
+from sqlalchemy import Engine
 
-from models import Episode
+from storage.runs import run_totals
 
 
 def _count(engine: Engine, run_id: uuid.UUID) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(select(func.count()).where(col(Episode.run_id) == run_id)).scalar_one()
-        )
+    return run_totals(engine, run_id)[0]
 
 
 @contextmanager

@@ -26,34 +26,48 @@ def report(
             min=0, help="Cut each long text block (model output, observation) here; 0 shows all."
         ),
     ] = 4000,
+    page_size: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Episodes per page: a larger run gets an overview page plus one page per "
+            "this many episodes beside it (<out>-p0001.html, …).",
+        ),
+    ] = 200,
     expand: Annotated[
         bool, typer.Option(help="Open every episode (for printing or saving as PDF).")
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(min=1, help="Processes rendering episode pages (local object directory)."),
+    ] = 1,
 ) -> None:
     """Write an HTML report of a collection run (status mix, charts, tools, templates,
-    every trajectory with its gate verdict and judge deductions) and print its path."""
-    from reports.gather import default_report_path, gather_report
-    from reports.html import render_report
-    from storage.db import make_engine
-    from storage.migrate import ensure_current
-    from storage.objects import make_object_store
+    every trajectory with its gate verdict and judge deductions) and print its path; a run
+    of more than --page-size episodes gets its episodes on pages beside it."""
+    from cli.stores import stores
+    from reports.pages import write_report
 
-    settings = load_settings()
-    engine = make_engine(settings.database)
-    try:
-        ensure_current(engine)
-        gathered = gather_report(engine, make_object_store(settings.objects), run)
-    finally:
-        engine.dispose()
-    page = render_report(gathered, max_chars=max_chars or None, expand=expand)
-    target = output or default_report_path(gathered.run.run_key)
-    try:
-        target.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise typer.BadParameter(
-            f"cannot write {target}: {e.strerror or e}", param_hint="--out"
-        ) from e
-    typer.echo(str(target))
+    with stores(load_settings()) as (engine, store):
+        try:
+            files = write_report(
+                engine,
+                store,
+                run,
+                output,
+                page_size=page_size,
+                max_chars=max_chars or None,
+                expand=expand,
+                workers=workers,
+            )
+        except OSError as e:
+            where = e.filename or output
+            raise typer.BadParameter(
+                f"cannot write {where}: {e.strerror or e}", param_hint="--out"
+            ) from e
+    typer.echo(str(files[0]))
+    if len(files) > 1:
+        typer.echo(f"{len(files) - 1} episode page(s) beside it", err=True)
 
 
 def register(app: typer.Typer) -> None:

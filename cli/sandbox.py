@@ -3,7 +3,9 @@
 Mounted by `cli.app` as `epiflow sandbox`. Settings are built here (the entry point).
 A sandbox that cannot start, or a workspace that cannot be copied, is one line on
 stderr and exit code 2; otherwise the exit code is the command's (124 on timeout,
-128 + N when killed by signal N), with or without `--json`.
+128 + N when killed by signal N), with or without `--json`. An export that left files out
+(past the file-count cap `max_tracked_files`, over the size cap, unsafe paths) says so in
+one line on stderr, and under `"export"` in the JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sandbox import (
     open_sandbox,
 )
 from sandbox.spec import MIN_PROCESS_MEMORY_MIB
+from sandbox.transfer import ExportReport
 from sandbox.types import CommandResult
 
 app = typer.Typer(
@@ -87,14 +90,41 @@ async def run_once(
     workspace: Path | None,
     export: Path | None,
     settings: SandboxSettings,
-) -> CommandResult:
-    """Run `argv` in a fresh jail (workspace copied in, outputs exported) and return its result."""
+) -> tuple[CommandResult, ExportReport | None]:
+    """Run `argv` in a fresh jail (workspace copied in, outputs exported); returns its
+    result and what the export copied (None without `export`)."""
     files = files_from_dir(workspace, max_bytes=settings.populate_max_bytes) if workspace else None
+    report = None
     async with await open_sandbox(spec, files=files, settings=settings) as box:
         result = await box.exec(argv)
         if export is not None:
-            await box.export(export)
-    return result
+            report = await box.export(export)
+    return result, report
+
+
+def export_line(report: ExportReport, dest: Path, settings: SandboxSettings) -> str | None:
+    """One line when the export left files out (file-count cap, size cap, unsafe or
+    unreadable paths); None when it copied everything."""
+    if not report.left_out and not report.skipped:
+        return None
+    parts = []
+    if report.left_out:
+        parts.append(
+            f"{report.left_out} past the file-count cap "
+            f"(EPIFLOW_SANDBOX_MAX_TRACKED_FILES={settings.max_tracked_files})"
+        )
+    over = sum(1 for reason in report.skipped.values() if reason == "over_size_cap")
+    if over:
+        parts.append(
+            f"{over} over the size cap (EPIFLOW_SANDBOX_EXPORT_MAX_BYTES={settings.export_max_bytes})"
+        )
+    other = len(report.skipped) - over
+    if other:
+        parts.append(f"{other} unsafe or unreadable")
+    return (
+        f"export to {dest}: {len(report.files)} file(s) copied, "
+        f"{report.left_out + len(report.skipped)} left out: {', '.join(parts)}"
+    )
 
 
 @app.command(
@@ -120,7 +150,7 @@ def run(
     try:
         spec = spec_for(timeout, memory_mb, network)
         settings = SandboxSettings()
-        result = asyncio.run(
+        result, report = asyncio.run(
             run_once(spec, command, workspace=workspace, export=export, settings=settings)
         )
     except ValidationError as e:
@@ -132,10 +162,23 @@ def run(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from e
     if as_json:
-        typer.echo(json.dumps(result_json(result), ensure_ascii=False))
+        record = result_json(result)
+        if report is not None:
+            record["export"] = {
+                "files": len(report.files),
+                "bytes": report.bytes,
+                "left_out": report.left_out,
+                "skipped": len(report.skipped),
+                "truncated": report.truncated,
+            }
+        typer.echo(json.dumps(record, ensure_ascii=False))
     else:
         sys.stdout.buffer.write(result.stdout)
         sys.stdout.buffer.flush()
         sys.stderr.buffer.write(result.stderr)
         sys.stderr.buffer.flush()
+    # Never silent: what the export left out is the last line on stderr.
+    line = export_line(report, export, settings) if report is not None and export else None
+    if line:
+        typer.echo(f"warning: {line}", err=True)
     raise typer.Exit(code=exit_code_of(result))

@@ -1,72 +1,131 @@
-"""Render a trajectory readably in the terminal (`epiflow show`)."""
+"""Render a trajectory readably in the terminal (`epiflow show`).
+
+Model output, tool output and task text are data, not markup: they are printed as rich
+`Text` (no markup parsing, no highlighting; rich's highlighter is quadratic on long
+lines without spaces) after `fit_text` has cut them to size in one linear pass. By
+default a block is cut at `max_chars` and each line at `LINE_CLIP` characters, with a
+marker saying how much was left out; `--full` keeps everything and folds long lines at
+the terminal width; `--raw` prints the stored trajectory object itself.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from agent.trajectory import ParseKind, Step, Trajectory
 
 _STATUS_STYLE = {"success": "green", "failed": "yellow"}
 
+LINE_CLIP = 400
+"""Characters of one line shown by default; the rest is replaced by a marker."""
 
-def _cut(text: str, max_chars: int | None) -> str:
-    if max_chars is None or len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"\n… ({len(text) - max_chars} more characters; --full shows all)"
+
+def fit_text(text: str, *, max_chars: int | None, width: int) -> str:
+    """`text` ready to print, in time linear in its length.
+
+    With `max_chars` (the default view): at most `max_chars` characters, each line clipped
+    at `LINE_CLIP`, markers saying what was left out. Without (`--full`): everything,
+    lines longer than `width` folded onto several lines.
+    """
+    tail = ""
+    if max_chars is not None and len(text) > max_chars:
+        tail = f"\n… ({len(text) - max_chars} more characters; --full shows all)"
+        text = text[:max_chars]
+    lines = []
+    for line in text.split("\n"):
+        if max_chars is not None and len(line) > LINE_CLIP:
+            hidden = len(line) - LINE_CLIP
+            lines.append(f"{line[:LINE_CLIP]} … [+{hidden} characters on this line]")
+        elif max_chars is None and len(line) > width:
+            lines.extend(line[i : i + width] for i in range(0, len(line), width))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + tail
 
 
 def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None = 1200) -> None:
     """Header (task, policy, outcome), then each step: model text, parsed call, observation."""
     style = _STATUS_STYLE.get(str(t.status), "red")
+    width = max(console.width - 4, 20)
+
+    def fit(value: str) -> Text:
+        return Text(fit_text(value, max_chars=max_chars, width=width))
+
     head = Table.grid(padding=(0, 2))
-    head.add_row("episode", str(t.episode_id))
-    head.add_row("run", t.run_key)
-    head.add_row("task", f"{t.task_id} (difficulty {t.difficulty})")
-    head.add_row("policy", t.policy)
-    head.add_row(
-        "status",
-        f"[{style}]{t.status}[/] / {t.failure_category}"
-        + (f": {escape(t.failure_reason)}" if t.failure_reason else ""),
-    )
-    head.add_row("verifier", f"{t.verifier_score} {escape(t.verifier_reason or '')}")
-    head.add_row("reward", f"final {t.final_reward}, total {t.total_reward}")
-    head.add_row("faults", str(t.fault_profile or "off"))
+    head.add_row("episode", Text(str(t.episode_id)))
+    head.add_row("run", Text(t.run_key))
+    head.add_row("task", Text(f"{t.task_id} (difficulty {t.difficulty})"))
+    head.add_row("policy", Text(t.policy))
+    if t.agent is not None:
+        head.add_row("agent", Text(f"{t.agent.name} {t.agent.version} (imported)"))
+    status = Text(str(t.status), style=style)
+    status.append(f" / {t.failure_category}")
+    if t.failure_reason:
+        status.append(": " + fit_text(t.failure_reason, max_chars=max_chars, width=width))
+    head.add_row("status", status)
+    head.add_row("verifier", Text(f"{t.verifier_score} {t.verifier_reason or ''}"))
+    head.add_row("reward", Text(f"final {t.final_reward}, total {t.total_reward}"))
+    head.add_row("faults", Text(str(t.fault_profile or "off")))
     console.print(Panel(head, title="epiflow episode", expand=False))
-    console.print(Panel(escape(_cut(t.prompt, max_chars)), title="task prompt", expand=False))
-    for step in t.steps:
-        _step(step, console, max_chars)
+    if t.agent is None:
+        console.rule(Text("task prompt"))
+        console.print(fit(t.prompt))
+    context: dict[int, list[tuple[str, str]]] = {}
+    for c in t.context_steps:
+        context.setdefault(c.before_step, []).append((c.source, c.message))
+    for index in range(len(t.steps) + 1):
+        for source, message in context.get(index, []):
+            console.rule(Text(f"{source} (imported)"))
+            console.print(fit(message))
+        if index < len(t.steps):
+            _step(t.steps[index], console, fit)
 
 
-def _step(s: Step, console: Console, max_chars: int | None) -> None:
+def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
     meta = [f"step {s.index}", str(s.parse_kind)]
     if s.generation_latency_ms is not None:
         meta.append(f"gen {s.generation_latency_ms:.0f} ms")
     if s.duration_ms is not None:
         meta.append(f"tool {s.duration_ms:.0f} ms")
     if s.injected_fault:
-        meta.append(f"[magenta]fault {s.injected_fault.kind}[/]")
+        meta.append(f"fault {s.injected_fault.kind}")
     if s.policy_perturbation:
-        meta.append(f"[magenta]perturbation {s.policy_perturbation}[/]")
+        meta.append(f"perturbation {s.policy_perturbation}")
     meta.append(f"reward {s.immediate_reward:+.3f}, return {s.return_:+.3f}")
-    console.rule(" · ".join(meta))
-    console.print("[bold cyan]assistant[/]")
-    console.print(escape(_cut(s.raw_output, max_chars)))
+    console.rule(Text(" · ".join(meta)))
+    if s.reasoning_content is not None:
+        console.print(Text("reasoning", style="bold blue"))
+        console.print(fit(s.reasoning_content))
+    console.print(Text("assistant", style="bold cyan"))
+    console.print(fit(s.raw_output))
     if s.parse_kind == ParseKind.TOOL_CALL:
         outcome = (
-            "ok"
-            if s.exit_code == 0 and not s.error_type
-            else f"exit {s.exit_code} {s.error_type or ''}"
+            f"failed: exit {s.exit_code} {s.error_type or ''}".rstrip()
+            + (" (timed out)" if s.timed_out else "")
+            + (f" (signal {s.signal})" if s.signal is not None else "")
+            if s.tool_failed
+            else ("ok" if s.exit_code is not None else "ok (no exit code recorded)")
         )
-        console.print(f"[bold]call[/] {s.call_id} {s.tool}({escape(str(s.args))}) → {outcome}")
+        line = Text("call ", style="bold")
+        line.append_text(fit(f"{s.call_id} {s.tool}({s.args}) → {outcome}"))
+        console.print(line)
         for change in s.files_changed:
             console.print(
-                f"  [dim]{change.change} {change.path} ({change.size} B, sha256 {str(change.sha256)[:12]})[/]"
+                Text(
+                    f"  {change.change} {change.path} ({change.size} B, "
+                    f"sha256 {str(change.sha256)[:12]})",
+                    style="dim",
+                )
             )
     elif s.parse_kind == ParseKind.ERROR:
-        console.print(f"[bold red]parse error[/] {escape(s.parse_error or '')}")
+        line = Text("parse error ", style="bold red")
+        line.append_text(fit(s.parse_error or ""))
+        console.print(line)
     if s.observation is not None:
-        console.print("[bold]observation[/]")
-        console.print(escape(_cut(s.observation, max_chars)))
+        console.print(Text("observation", style="bold"))
+        console.print(fit(s.observation))

@@ -1,26 +1,40 @@
 """`epiflow suites …`: list the task suites and check them with a policy in real sandboxes.
 
 Mounted by `cli.app` as `epiflow suites`. Settings are built here (the entry point) and
-passed down. User-facing failures (unknown suite, malformed `suite.yaml`, bad policy spec,
-no sandbox) are printed on stderr and exit with code 2.
+passed down. User-facing failures (unknown suite, malformed `suite.yaml`, a generator script
+that fails, bad policy spec, no sandbox) are printed on stderr and exit with code 2. `check`
+exits 1 when a sandbox or verifier broke, when `--min-score` is not reached, when a
+template is not deterministic (generated again from a fresh load, a seed gives another
+task), and when the oracle (`scripted:oracle`) scores below 1.0 anywhere; each failed
+instance is listed with its failing tool calls (command, exit code, stderr).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from suites.check import CheckReport, InstanceResult, summarize
+from suites.check import (
+    ORACLE_POLICY,
+    CheckReport,
+    InstanceResult,
+    failed_steps,
+    nondeterministic_templates,
+    summarize,
+)
 from suites.errors import SuiteError
 from suites.registry import load_all_suites, load_suite
 from suites.settings import SuitesSettings
 from suites.suite import Suite
 from suites.types import TaskInstance
+
+if TYPE_CHECKING:
+    from sandbox.settings import SandboxSettings
 
 app = typer.Typer(
     help="Task suites: list templates, check them with a policy in real sandboxes.",
@@ -90,9 +104,16 @@ def check(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Run N instances of every template with a policy in real sandboxes; report scores."""
+    """Run N instances of every template with a policy in real sandboxes; report scores.
+
+    With the oracle (`scripted:oracle`, the default) every instance must score 1.0: below
+    that the command exits 1 and shows the reference steps that failed.
+    """
+    from sandbox import SandboxSettings
+
+    sandbox_settings = SandboxSettings()
     try:
-        loaded = load_suite(suite, settings=SuitesSettings())
+        loaded = load_suite(suite, settings=SuitesSettings(), sandbox=sandbox_settings)
         names = template if template else list(loaded.templates)
         for name in names:
             loaded.template(name)
@@ -101,29 +122,50 @@ def check(
             if heldout
             else loaded.instances(instances, seed=seed, templates=names)
         )
+        fresh = load_suite(suite, settings=SuitesSettings(), sandbox=sandbox_settings)
+        unstable = nondeterministic_templates(tasks, fresh.generate)
     except SuiteError as e:
         raise _fail(str(e)) from e
-    report = asyncio.run(_run_check(loaded, tasks, policy, concurrency))
+    report = asyncio.run(_run_check(loaded, tasks, policy, concurrency, sandbox_settings, unstable))
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:
         _print_report(report)
+    problems = [
+        f"template {name!r} is not deterministic: the same seed gave a different task when "
+        "generated again (its generator must draw every choice from random.Random(seed))"
+        for name in report.nondeterministic
+    ]
     if report.environment_errors:
-        _err.print(f"{report.environment_errors} instance(s) hit a sandbox or verifier error")
-        raise typer.Exit(code=1)
+        problems.append(f"{report.environment_errors} instance(s) hit a sandbox or verifier error")
+    if policy == ORACLE_POLICY and report.below_full:
+        total = sum(t.instances for t in report.templates)
+        problems.append(
+            f"the oracle scored below 1.0 on {report.below_full} of {total} instance(s): "
+            "a reference solution or its verifier is wrong (see the failing steps)"
+        )
     if min_score is not None and report.mean_score < min_score:
+        problems.append(f"mean score {report.mean_score:.3f} is below --min-score {min_score:g}")
+    for problem in problems:
+        _err.print(f"error: {problem}", markup=False, highlight=False)
+    if problems:
         raise typer.Exit(code=1)
 
 
 async def _run_check(
-    suite: Suite, tasks: list[TaskInstance], policy_spec: str, concurrency: int
+    suite: Suite,
+    tasks: list[TaskInstance],
+    policy_spec: str,
+    concurrency: int,
+    sandbox_settings: SandboxSettings,
+    nondeterministic: list[str],
 ) -> CheckReport:
     from agent.errors import PolicySpecError
     from agent.loop import run_episode
     from agent.policies import make_policy
     from agent.settings import LoopSettings
     from agent.trajectory import EpisodeStatus
-    from sandbox import SandboxSettings, SandboxSpec, open_sandbox
+    from sandbox import SandboxSpec, open_sandbox
 
     try:
         policy = make_policy(policy_spec)
@@ -131,7 +173,6 @@ async def _run_check(
         raise _fail(str(e)) from e
     spec = SandboxSpec()
     loop_settings = LoopSettings()
-    sandbox_settings = SandboxSettings()
     gate = asyncio.Semaphore(concurrency)
 
     async def opener(spec: SandboxSpec, **kwargs: Any) -> Any:
@@ -157,13 +198,15 @@ async def _run_check(
             status=str(traj.status),
             reason=traj.verifier_reason or traj.failure_reason or "",
             verifier_error=env_broken,
+            content_digest=task.content_digest,
+            failed_steps=failed_steps(traj.steps),
         )
 
     try:
         results = await asyncio.gather(*(one(task) for task in tasks))
     finally:
         await policy.aclose()
-    return summarize(suite, policy_spec, results)
+    return summarize(suite, policy_spec, results, nondeterministic=nondeterministic)
 
 
 def _suite_json(suite: Suite) -> dict[str, Any]:
@@ -185,6 +228,7 @@ def _print_report(report: CheckReport) -> None:
         "template",
         "difficulty",
         "instances",
+        "distinct",
         "mean_score",
         "failures",
         "first failure",
@@ -196,9 +240,42 @@ def _print_report(report: CheckReport) -> None:
             t.template,
             str(t.difficulty),
             str(t.instances),
+            str(t.distinct),
             f"{t.mean_score:.3f}",
             str(t.failures),
             first,
         )
     _out.print(table)
     _out.print(f"overall mean_score: {report.mean_score:.3f}")
+    label = "reference step" if report.policy == ORACLE_POLICY else "step"
+    for t in report.templates:
+        for r in t.failed:
+            _out.print(
+                f"\n{r.template} seed {r.seed}: score {r.score:.3f}, {r.status}: {r.reason}",
+                markup=False,
+                highlight=False,
+            )
+            for step in r.failed_steps:
+                how = (
+                    "timed out"
+                    if step.timed_out
+                    else f"exit code {step.exit_code}"
+                    if step.exit_code is not None
+                    else f"signal {step.signal}"
+                    if step.signal is not None
+                    else step.error_type or "failed"
+                )
+                if step.error_type and step.error_type not in how:
+                    how += f" ({step.error_type})"
+                _out.print(
+                    f"  failing {label} {step.index} ({step.tool}): {how}\n"
+                    f"    $ {step.command}\n" + _indented("stderr: ", step.stderr or "(empty)"),
+                    markup=False,
+                    highlight=False,
+                )
+
+
+def _indented(prefix: str, text: str) -> str:
+    lines = text.splitlines() or [""]
+    pad = " " * (4 + len(prefix))
+    return f"    {prefix}{lines[0]}" + "".join(f"\n{pad}{line}" for line in lines[1:])

@@ -1,23 +1,13 @@
-"""Errors of the flows' own parameters (the packages raise their own typed errors).
+"""Errors of a collection request (the packages below raise their own typed errors).
 
-FlowParameterError
-├── CollectError     a collection request cannot run (bad suite, policy, profile, run)
-└── TrainFlowError   the train flow's parameters select nothing to train on
+CollectError     a collection request cannot run: bad parameter, unknown suite, template,
+                 policy, fault profile or run
 """
 
 from __future__ import annotations
 
-
-class FlowParameterError(Exception):
-    """A flow or CLI parameter is wrong; the message names it."""
-
-    def user_message(self) -> str:
-        return str(self)
+from core.errors import EpiflowError
 
 
-class CollectError(FlowParameterError):
-    """A collection request cannot run (bad parameter, unknown suite, run or profile)."""
-
-
-class TrainFlowError(FlowParameterError):
-    """The train flow's parameters do not select anything to train on."""
+class CollectError(EpiflowError):
+    """A collection request cannot run; the message names the parameter to fix."""

@@ -15,23 +15,21 @@ import uuid
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
-from sqlmodel import col
+from sqlalchemy import Engine
 
 from agent.render import decode_output
-from agent.settings import LoopSettings
-from agent.trajectory import ParseKind, Step, Trajectory, utcnow
+from agent.trajectory import ParseKind, Step, Trajectory
 from collection.errors import CollectError
 from config.settings import Settings
-from models import CollectionRun, ReplayResult, run_id_for
 from sandbox import open_sandbox
 from sandbox.faults import FaultProfile
+from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.types import ToolResult
-from storage.db import make_engine
 from storage.episodes import load_trajectory
-from storage.migrate import ensure_current
-from storage.objects import make_object_store
+from storage.objects import ObjectStore
+from storage.replays import record_replay
+from storage.runs import run_sandbox_spec
 from suites.registry import load_suite
 
 
@@ -80,7 +78,9 @@ def result_fields(result: ToolResult, text_cap: int) -> dict[str, Any]:
     }
 
 
-async def replay_trajectory(t: Trajectory, spec: SandboxSpec, *, text_cap: int) -> ReplayReport:
+async def replay_trajectory(
+    t: Trajectory, spec: SandboxSpec, *, text_cap: int, sandbox: SandboxSettings | None = None
+) -> ReplayReport:
     """Replay `t` in a fresh jail and compare each tool-call step."""
     suite = load_suite(t.suite)
     task = suite.generate(t.template, t.instance_seed)
@@ -103,11 +103,11 @@ async def replay_trajectory(t: Trajectory, spec: SandboxSpec, *, text_cap: int) 
     identical = 0
     first: dict[str, Any] | None = None
     async with await open_sandbox(
-        spec, files=task.files, faults=faults, fault_seed=t.fault_seed or 0
-    ) as sandbox:
+        spec, files=task.files, faults=faults, fault_seed=t.fault_seed or 0, settings=sandbox
+    ) as jail:
         for step in calls:
             assert step.tool is not None and step.args is not None
-            replayed = result_fields(await sandbox.call_tool(step.tool, step.args), text_cap)
+            replayed = result_fields(await jail.call_tool(step.tool, step.args), text_cap)
             recorded = observation_fields(step)
             diff = next((k for k in recorded if recorded[k] != replayed[k]), None)
             if diff is None:
@@ -124,34 +124,31 @@ async def replay_trajectory(t: Trajectory, spec: SandboxSpec, *, text_cap: int) 
     )
 
 
-async def replay_episode(settings: Settings, episode_id: uuid.UUID) -> ReplayReport:
-    """Load, replay, store the result in `replay_result`, return it."""
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    trajectory = load_trajectory(engine, make_object_store(settings.objects), episode_id)
-    with engine.connect() as conn:
-        spec_json = conn.execute(
-            select(col(CollectionRun.sandbox_spec)).where(
-                col(CollectionRun.id) == run_id_for(trajectory.run_key)
-            )
-        ).scalar_one_or_none()
+async def replay_episode(
+    engine: Engine, store: ObjectStore, episode_id: uuid.UUID, *, settings: Settings
+) -> ReplayReport:
+    """Load the episode, replay it in a fresh jail, store the comparison, return it.
+
+    Raises:
+        CollectError: the run's recorded sandbox spec does not hash to the episode's.
+        StorageError: the episode or its trajectory object cannot be read.
+    """
+    trajectory = load_trajectory(engine, store, episode_id)
+    spec_json = run_sandbox_spec(engine, trajectory.run_key)
     spec = SandboxSpec.model_validate(spec_json) if spec_json else SandboxSpec()
     if spec.spec_hash() != trajectory.sandbox_spec_hash:
         raise CollectError(
             f"episode {episode_id}: the run's recorded sandbox spec does not hash to the episode's "
             f"({trajectory.sandbox_spec_hash[:12]}…); cannot replay faithfully"
         )
-    report = await replay_trajectory(trajectory, spec, text_cap=LoopSettings().step_text_max_chars)
-    with engine.begin() as conn:
-        conn.execute(
-            ReplayResult.__table__.insert().values(  # type: ignore[attr-defined]
-                id=uuid.uuid4(),
-                episode_id=episode_id,
-                steps=report.steps,
-                identical_steps=report.identical_steps,
-                first_divergence=report.first_divergence,
-                created_at=utcnow(),
-            )
-        )
-    engine.dispose()
+    report = await replay_trajectory(
+        trajectory, spec, text_cap=settings.loop.step_text_max_chars, sandbox=settings.sandbox
+    )
+    record_replay(
+        engine,
+        episode_id=episode_id,
+        steps=report.steps,
+        identical_steps=report.identical_steps,
+        first_divergence=report.first_divergence,
+    )
     return report

@@ -1,326 +1,366 @@
-"""Episode collection as plain functions: plan, run concurrently, persist in batches, resume.
+"""The collection lifecycle, one path for the CLI, the flows, the demo and the benchmarks.
 
-The Prefect flows in `flows/collect.py` call these; tests call them directly too.
-Episode ids are deterministic (run key, task id, rollout index), so planning against the
-database turns a re-run of the same run key into "complete what is missing".
+    request = CollectRequest(...)                      # validated once, where it is built
+    plan = plan_collection(request, settings.suites)   # suite, templates, faults, episode ids
+    collection = open_collection(plan, settings)        # policy, engine, store: built once
+    run_id = start_run(engine, request)                 # the collection_run row
+    todo = remaining(collection)                        # resume: what is not stored yet
+    await run_episodes(collection, todo)                # sandboxes, rewards, persisted in batches
+    finish_run(collection, status="completed")
+    result = collection_result(collection, ...)          # counts from SQL
+
+`collect` chains them; the `collect-episodes` flow calls the same steps with a Prefect task
+around each batch. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
+import inspect
+import logging
+import time
 import uuid
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine, delete, select, update
-from sqlmodel import col
+from sqlalchemy import Engine
 
 from agent.errors import PolicySpecError
 from agent.loop import run_episode
 from agent.policies import make_policy
 from agent.policies.base import Policy
-from agent.settings import LoopSettings, PolicySettings
-from agent.trajectory import EpisodeStatus, Trajectory, episode_id_for
+from agent.trajectory import Trajectory
 from collection.errors import CollectError
-from models import Artifact, CollectionRun, Episode, run_id_for
-from models import Step as StepRow
-from sandbox import open_sandbox
-from sandbox.faults import FaultProfile
-from sandbox.settings import SandboxSettings
-from sandbox.spec import SandboxSpec
+from collection.outbox import Outbox
+from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
+from collection.request import CollectRequest, CollectResult
+from config.settings import Settings
+from models import run_id_for
+from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
-from scoring.settings import RewardSettings
 from storage.episodes import persist_episodes
 from storage.ingest import IngestReport
+from storage.migrate import ensure_current
 from storage.objects import ObjectStore
-from suites.errors import SuiteError
-from suites.registry import load_suite
-from suites.types import TaskInstance
+from storage.runs import close_run, open_run, remaining_episodes, run_counts, run_totals
 
-FAULT_PROFILES: dict[str, FaultProfile] = {
-    "none": FaultProfile(),
-    # Seed 000 §3.4: a little controlled noise teaches recovery; too much teaches timidity.
-    "light": FaultProfile(
-        latency_p=0.05, permission_denied_p=0.02, network_failure_p=0.02, tool_timeout_p=0.01
-    ),
-    "heavy": FaultProfile(
-        latency_p=0.15, permission_denied_p=0.08, network_failure_p=0.08, tool_timeout_p=0.04
-    ),
-}
-"""Named fault profiles for `--faults`; a JSON object with `FaultProfile` fields works too."""
+logger = logging.getLogger(__name__)
 
 
-def resolve_faults(value: str | dict[str, Any] | FaultProfile | None) -> FaultProfile | None:
-    """A profile from a name (`none`, `light`, `heavy`), a JSON string or a dict; None when off."""
-    if value is None or isinstance(value, FaultProfile):
-        profile = value
-    elif isinstance(value, dict):
-        profile = FaultProfile.model_validate(value)
-    elif value.strip().startswith("{"):
-        try:
-            profile = FaultProfile.model_validate_json(value)
-        except ValueError as e:
-            raise CollectError(f"--faults: invalid fault profile JSON: {e}") from e
-    elif value in FAULT_PROFILES:
-        profile = FAULT_PROFILES[value]
-    else:
-        names = ", ".join(FAULT_PROFILES)
-        raise CollectError(f"--faults: unknown profile {value!r} (use one of {names}, or JSON)")
-    return profile if profile is not None and profile.enabled else None
+def make_run_policy(spec: str, settings: Settings) -> Policy:
+    """The policy a run uses (one instance shared by all its episodes).
 
-
-class CollectRequest(BaseModel):
-    """What to collect. Every field is a Prefect flow parameter too."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    suite: str = "builtin"
-    """Suite name (built-in or a user suite on EPIFLOW_SUITES_PATH)."""
-    policy: str = "scripted:oracle"
-    """Policy spec: scripted:oracle|noisy|idle, openai:…, hf:…"""
-    tasks: int = Field(default=1, ge=1)
-    """Task instances per template."""
-    rollouts: int = Field(default=1, ge=1)
-    """Rollouts per task instance."""
-    concurrency: int = Field(default=4, ge=1, le=512)
-    """Episodes running at once."""
-    faults: str | None = None
-    """Fault profile: a name (none, light, heavy) or a JSON object; None is off."""
-    spec: SandboxSpec = Field(default_factory=SandboxSpec)
-    """Sandbox spec of every episode."""
-    run_key: str
-    """Key of the run; re-running the same key completes only what is missing."""
-    seed: int = Field(default=0, ge=0)
-    """First instance seed (instances use seed … seed+tasks-1)."""
-    templates: list[str] | None = None
-    """Restrict to these templates (default: all of the suite)."""
-    batch_size: int = Field(default=16, ge=1)
-    """Episodes persisted per transaction."""
-    shard_index: int = Field(default=0, ge=0)
-    """This shard's index when a run is split across workers."""
-    shard_count: int = Field(default=1, ge=1)
-    """Number of shards the run is split into."""
-    heldout: bool = False
-    """Use the suite's held-out seeds (evaluation) instead of training seeds."""
-
-
-class PlannedEpisode(BaseModel):
-    """One episode to run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    task: TaskInstance
-    """The task instance."""
-    rollout_index: int
-    """Rollout of that task."""
-    episode_id: uuid.UUID
-    """Its deterministic id."""
-
-
-class CollectResult(BaseModel):
-    """What a collection did (the CLI's JSON)."""
-
-    run_id: uuid.UUID
-    """Id of the collection run row."""
-    run_key: str
-    """Its key."""
-    planned: int
-    """Episodes in the plan (all shards of this request)."""
-    episodes: int
-    """Episodes of this run now in the database (resumed ones included)."""
-    executed: int
-    """Episodes this call ran (the rest were already there)."""
-    steps: int
-    """Steps written by this call."""
-    by_status: dict[str, int]
-    """Episodes of the run by status."""
-    success_rate: float
-    """Successful episodes / episodes of the run."""
-    duration_s: float
-    """Wall time of this call."""
-
-
-def task_instances(request: CollectRequest) -> list[TaskInstance]:
-    """The task instances of a request (deterministic)."""
+    Raises:
+        CollectError: the spec is malformed or names an unknown policy.
+    """
     try:
-        suite = load_suite(request.suite)
-        if request.heldout:
-            return suite.heldout_instances(
-                request.tasks, seed=request.seed, templates=request.templates
-            )
-        return suite.instances(request.tasks, seed=request.seed, templates=request.templates)
-    except SuiteError as e:
-        raise CollectError(f"--suite {request.suite!r}: {e}") from e
+        return make_policy(spec, settings=settings.policy)
+    except PolicySpecError as e:
+        raise CollectError(f"--policy: {e}", setting="--policy") from e
 
 
-def plan_episodes(request: CollectRequest, tasks: Sequence[TaskInstance]) -> list[PlannedEpisode]:
-    """Every (task, rollout) of the request that belongs to its shard."""
-    pairs = [(task, rollout) for task in tasks for rollout in range(request.rollouts)]
-    return [
-        PlannedEpisode(
-            task=task,
-            rollout_index=rollout,
-            episode_id=episode_id_for(request.run_key, task.task_id, rollout),
-        )
-        for i, (task, rollout) in enumerate(pairs)
-        if i % request.shard_count == request.shard_index % request.shard_count
-    ]
+@dataclass
+class Collection:
+    """A plan with what runs it, each built once: the policy, the engine, the object store
+    and the settings. Close it with `aclose` (the policy may hold a model or a client)."""
+
+    plan: Plan
+    settings: Settings
+    policy: Policy
+    engine: Engine
+    store: ObjectStore
+    owns_engine: bool = True
+    """Dispose the engine on close (False when the caller passed its own)."""
+    written: IngestReport = field(default_factory=IngestReport)
+    """What this process has persisted so far."""
+
+    @property
+    def request(self) -> CollectRequest:
+        return self.plan.request
+
+    @property
+    def run_id(self) -> uuid.UUID:
+        return run_id_for(self.plan.run_key)
+
+    async def aclose(self) -> None:
+        await self.policy.aclose()
+        if self.owns_engine:
+            self.engine.dispose()
 
 
-def pending(engine: Engine, plan: Sequence[PlannedEpisode]) -> list[PlannedEpisode]:
-    """The planned episodes not yet stored. Episodes stored as `storage_error` are removed so
-    they run again (their objects were never all written)."""
-    ids = [p.episode_id for p in plan]
-    done: set[uuid.UUID] = set()
-    retry: set[uuid.UUID] = set()
-    with engine.begin() as conn:
-        for i in range(0, len(ids), 500):
-            rows = conn.execute(
-                select(col(Episode.id), col(Episode.status)).where(
-                    col(Episode.id).in_(ids[i : i + 500])
-                )
-            ).all()
-            for eid, status in rows:
-                (retry if status == EpisodeStatus.STORAGE_ERROR else done).add(eid)
-        if retry:
-            targets = list(retry)
-            conn.execute(delete(Artifact).where(col(Artifact.episode_id).in_(targets)))
-            conn.execute(delete(StepRow).where(col(StepRow.episode_id).in_(targets)))
-            conn.execute(delete(Episode).where(col(Episode.id).in_(targets)))
-    return [p for p in plan if p.episode_id not in done]
-
-
-def open_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
-    """Create (or resume) the `collection_run` row."""
-    from sqlalchemy.dialects.postgresql import insert as pg_insert
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-    run_id = run_id_for(request.run_key)
-    faults = resolve_faults(request.faults)
-    row = {
-        "id": run_id,
-        "run_key": request.run_key,
-        "suite": request.suite,
-        "policy_id": request.policy,
-        "parameters": json.loads(request.model_dump_json(exclude={"spec"})),
-        "sandbox_spec": json.loads(request.spec.canonical_json()),
-        "fault_profile": faults.model_dump(mode="json") if faults else {},
-        "status": "running",
-        "prefect_flow_run_id": None,
-        "started_at": datetime.now(UTC),
-        "ended_at": None,
-    }
-    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
-    with engine.begin() as conn:
-        conn.execute(insert(CollectionRun).values(**row).on_conflict_do_nothing())
-        conn.execute(
-            update(CollectionRun)
-            .where(col(CollectionRun.id) == run_id)
-            .values(status="running", ended_at=None, parameters=row["parameters"])
-        )
-    return run_id
-
-
-def close_run(
-    engine: Engine, run_id: uuid.UUID, *, status: str, flow_run_id: str | None = None
-) -> None:
-    values: dict[str, Any] = {"status": status, "ended_at": datetime.now(UTC)}
-    if flow_run_id:
-        values["prefect_flow_run_id"] = flow_run_id
-    with engine.begin() as conn:
-        conn.execute(update(CollectionRun).where(col(CollectionRun.id) == run_id).values(**values))
-
-
-async def run_and_persist(
-    plan: Sequence[PlannedEpisode],
-    request: CollectRequest,
+def open_collection(
+    plan: Plan,
+    settings: Settings,
     *,
-    engine: Engine,
-    store: ObjectStore,
-    loop_settings: LoopSettings,
-    policy: Policy,
-    reward_settings: RewardSettings | None = None,
-    sandbox_settings: SandboxSettings | None = None,
-    on_episode: Callable[[Trajectory], None] | None = None,
-) -> IngestReport:
-    """Run `plan` with at most `request.concurrency` episodes at once; persist every
-    `request.batch_size` finished episodes (objects first, then one transaction of rows),
-    with immediate rewards and discounted returns computed on the way,
-    so a crash loses at most the episodes in flight and the batch being written."""
-    faults = resolve_faults(request.faults)
-    rewards = reward_settings or RewardSettings()
-    # Built once per batch, not once per episode (reading the environment costs ~6 ms).
-    opener = functools.partial(open_sandbox, settings=sandbox_settings or SandboxSettings())
-    semaphore = asyncio.Semaphore(request.concurrency)
-    total = IngestReport()
-    buffer: list[Trajectory] = []
-    lock = asyncio.Lock()
+    engine: Engine | None = None,
+    store: ObjectStore | None = None,
+) -> Collection:
+    """Build what runs `plan` and check it can write: the schema is current and the object
+    store reachable, before any episode runs.
 
-    async def flush() -> None:
-        batch = list(buffer)
-        buffer.clear()
-        if batch:
-            report = await asyncio.to_thread(persist_episodes, engine, store, batch)
-            total.inserted.extend(report.inserted)
-            total.skipped_existing.extend(report.skipped_existing)
-            total.steps += report.steps
+    Raises:
+        CollectError: the policy spec is invalid.
+        StorageError: the database or object store cannot be used (names the setting).
+    """
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+
+    policy = make_run_policy(plan.request.policy, settings)
+    owns = engine is None
+    engine = engine if engine is not None else make_engine(settings.database)
+    try:
+        ensure_current(engine)
+        store = store if store is not None else make_object_store(settings.objects)
+        store.check()
+    except BaseException:
+        if owns:
+            engine.dispose()
+        raise
+    return Collection(
+        plan=plan, settings=settings, policy=policy, engine=engine, store=store, owns_engine=owns
+    )
+
+
+def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
+    """Create (or resume) the `collection_run` row of `request` (which carries its key)."""
+    if request.run_key is None:
+        raise CollectError("the request has no run key", setting="--run-key")
+    faults = request.fault_profile
+    return open_run(
+        engine,
+        run_key=request.run_key,
+        suite=request.suite,
+        policy=request.policy,
+        parameters=request.run_parameters(),
+        sandbox_spec=request.sandbox_spec.model_dump(mode="json"),
+        fault_profile=faults.model_dump(mode="json") if faults else {},
+    )
+
+
+def finish_run(collection: Collection, *, status: str, flow_run_id: str | None = None) -> None:
+    """Mark the run `completed`, `failed` or `interrupted`."""
+    close_run(collection.engine, collection.run_id, status=status, flow_run_id=flow_run_id)
+
+
+def remaining(collection: Collection) -> list[PlannedEpisode]:
+    """This shard's planned episodes not stored yet (half-written ones are purged to rerun)."""
+    episodes = collection.plan.episodes
+    todo = remaining_episodes(collection.engine, [p.episode_id for p in episodes])
+    return [p for p in episodes if p.episode_id in todo]
+
+
+@dataclass(frozen=True)
+class PersistedGroup:
+    """One group of finished episodes just persisted (what `on_persisted` receives)."""
+
+    written: IngestReport
+    """What the group's transaction wrote."""
+    by_status: dict[str, int]
+    """The group's episodes by status."""
+
+    @property
+    def episodes(self) -> int:
+        """Episodes in the group."""
+        return sum(self.by_status.values())
+
+
+FLUSH_INTERVAL_S = 5.0
+"""Longest a finished episode waits in memory before it is persisted, seconds."""
+
+
+def outbox_capacity(request: CollectRequest) -> int:
+    """Finished episodes that may wait for storage at once: two groups, and never fewer
+    than the episodes running (so a slow write does not stall every worker at once)."""
+    return max(2 * request.batch_size, request.concurrency)
+
+
+async def run_episodes(
+    collection: Collection,
+    episodes: Sequence[PlannedEpisode],
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
+    flush_interval_s: float = FLUSH_INTERVAL_S,
+) -> IngestReport:
+    """Run `episodes` as one stream, at most `concurrency` at once (a finished episode frees
+    its slot for the next: no barrier between groups), and persist finished episodes in
+    groups of `batch_size` — or fewer once the oldest has waited `flush_interval_s` —
+    objects first, then one transaction of rows, with immediate rewards and discounted
+    returns computed on the way. `on_persisted` gets each group after it is written
+    (progress; it may be a coroutine function).
+
+    Workers hand finished episodes to an `Outbox` and go on; one persister task writes
+    the groups, so a write (or a slow `on_persisted`) never holds up the sandboxes. At
+    most `outbox_capacity(request)` finished episodes wait for storage: when storage is
+    slower than the sandboxes, workers wait for room instead of memory growing.
+
+    A crash (SIGKILL) loses at most the episodes in flight, waiting in the outbox and
+    being written; when the run is cancelled (Ctrl-C, the UI) or an episode or a write
+    raises, every finished episode is persisted (the group being written completes)
+    before the error propagates."""
+    request = collection.request
+    settings = collection.settings
+    report = IngestReport()
+    outbox: Outbox[Trajectory] = Outbox(
+        batch_size=request.batch_size,
+        capacity=outbox_capacity(request),
+        flush_interval_s=flush_interval_s,
+    )
+    pending = iter(episodes)
+    writing: asyncio.Task[None] | None = None
+
+    async def write(batch: list[Trajectory]) -> None:
+        written = await asyncio.to_thread(
+            persist_episodes, collection.engine, collection.store, batch
+        )
+        logger.debug(
+            "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
+            collection.plan.run_key,
+            len(written.inserted),
+            written.steps,
+            len(written.skipped_existing),
+        )
+        for target in (report, collection.written):
+            target.inserted.extend(written.inserted)
+            target.skipped_existing.extend(written.skipped_existing)
+            target.steps += written.steps
+        if on_persisted is not None:
+            group = PersistedGroup(
+                written=written, by_status=dict(Counter(t.status.value for t in batch))
+            )
+            notified = on_persisted(group)
+            if inspect.isawaitable(notified):
+                await notified
+
+    async def persist(batch: list[Trajectory]) -> None:
+        nonlocal writing
+        # Shielded: a cancellation while a group is written lets the write (and its
+        # accounting) finish; the cleanup below waits for it.
+        task = writing = asyncio.ensure_future(write(batch))
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done():
+                writing = None
 
     async def one(p: PlannedEpisode) -> None:
-        async with semaphore:
-            trajectory = await run_episode(
-                p.task,
-                policy,
-                spec=request.spec,
-                run_key=request.run_key,
-                settings=loop_settings,
-                rollout_index=p.rollout_index,
-                faults=faults,
-                fault_seed=_fault_seed(p.episode_id),
-                open_sandbox=opener,
-            )
+        trajectory = await run_episode(
+            p.task,
+            collection.policy,
+            spec=request.sandbox_spec,
+            run_key=collection.plan.run_key,
+            settings=settings.loop,
+            rollout_index=p.rollout_index,
+            faults=collection.plan.faults,
+            fault_seed=fault_seed(p.episode_id),
+            open_sandbox=pool.open_sandbox,
+        )
         trajectory.difficulty = p.task.difficulty
         # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
-        trajectory = apply_rewards(trajectory, rewards)
+        trajectory = apply_rewards(trajectory, settings.rewards)
         if on_episode is not None:
             on_episode(trajectory)
-        async with lock:
-            buffer.append(trajectory)
-            if len(buffer) >= request.batch_size:
-                await flush()
+        await outbox.put(trajectory)
 
-    await asyncio.gather(*(one(p) for p in plan))
-    async with lock:
-        await flush()
-    return total
+    async def worker() -> None:
+        for p in pending:  # one shared iterator: each worker takes the next planned episode
+            await one(p)
+
+    async def persister() -> None:
+        while batch := await outbox.next_group():
+            await persist(batch)
+
+    try:
+        # Jails come from a warm pool: an episode's cold start overlaps other episodes' work.
+        async with (
+            pooled_opener(
+                request.sandbox_spec,
+                concurrency=request.concurrency,
+                settings=settings.sandbox,
+                episodes=len(episodes),
+            ) as pool,
+            asyncio.TaskGroup() as group,
+        ):
+            storing = group.create_task(persister())
+            workers = [
+                group.create_task(worker()) for _ in range(min(request.concurrency, len(episodes)))
+            ]
+            if workers:
+                await asyncio.wait(workers)
+            outbox.close()
+            await storing
+    except BaseExceptionGroup as failed:
+        # The first real error, as a plain gather would have raised it (the CLI maps types).
+        raise next(
+            (e for e in failed.exceptions if not isinstance(e, asyncio.CancelledError)),
+            failed.exceptions[0],
+        ) from None
+    except BaseException as stopped:
+        if len(outbox):
+            logger.warning(
+                "run %s %s: persisting %d finished episode(s) before stopping",
+                collection.plan.run_key,
+                "cancelled" if isinstance(stopped, asyncio.CancelledError) else "interrupted",
+                len(outbox),
+            )
+        raise
+    finally:
+        if writing is not None:
+            await writing
+        while batch := outbox.take():
+            await write(batch)
+    return report
 
 
-def _fault_seed(episode_id: uuid.UUID) -> int:
-    """Per-episode fault seed derived from the deterministic id, so a replay injects the same faults."""
+def fault_seed(episode_id: uuid.UUID) -> int:
+    """Per-episode fault seed derived from the deterministic id, so a replay injects the
+    same faults."""
     return int.from_bytes(episode_id.bytes[:4], "big")
 
 
-def run_counts(engine: Engine, run_id: uuid.UUID) -> dict[str, int]:
-    from sqlalchemy import func
+def collection_result(
+    collection: Collection, *, executed: int, steps: int, started: float
+) -> CollectResult:
+    """The run's result: totals from SQL (every shard's and every earlier call's episodes
+    and steps), and this call's work (`executed` episodes, `steps` written)."""
+    counts = run_counts(collection.engine, collection.run_id)
+    total = sum(counts.values())
+    _, run_steps = run_totals(collection.engine, collection.run_id)
+    return CollectResult(
+        run_id=collection.run_id,
+        run_key=collection.plan.run_key,
+        planned=collection.plan.total,
+        episodes=total,
+        executed=executed,
+        steps=run_steps,
+        executed_steps=steps,
+        by_status=counts,
+        success_rate=(counts.get("success", 0) / total) if total else 0.0,
+        duration_s=round(time.monotonic() - started, 3),
+    )
 
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(col(Episode.status), func.count())
-            .where(col(Episode.run_id) == run_id)
-            .group_by(col(Episode.status))
-        ).all()
-    return {str(status): int(n) for status, n in rows}
 
-
-def make_run_policy(spec: str, settings: PolicySettings | None = None) -> Policy:
-    """The policy a run uses (one instance shared by all its episodes)."""
+async def collect(
+    collection: Collection,
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    close_run_when_done: bool = True,
+) -> CollectResult:
+    """The whole lifecycle for an opened collection: start (or resume) the run, run what is
+    missing, persist it, mark the run completed (failed on error)."""
+    started = time.monotonic()
+    start_run(collection.engine, collection.request)
+    status = "failed"
     try:
-        return make_policy(spec, settings=settings or PolicySettings())
-    except PolicySpecError as e:
-        raise CollectError(f"--policy: {e}") from e
+        report = await run_episodes(collection, remaining(collection), on_episode=on_episode)
+        status = "completed"
+    finally:
+        if close_run_when_done:
+            finish_run(collection, status=status)
+    return collection_result(
+        collection, executed=len(report.inserted), steps=report.steps, started=started
+    )
 
 
 async def collect_in_process(
@@ -328,35 +368,24 @@ async def collect_in_process(
     *,
     engine: Engine,
     store: ObjectStore,
-    loop_settings: LoopSettings | None = None,
-    reward_settings: RewardSettings | None = None,
+    settings: Settings | None = None,
+    shard: Shard | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
     close: bool = True,
-) -> uuid.UUID:
-    """The whole collection without Prefect: open (or resume) the run, run what is missing,
-    persist it, mark the run completed (failed on error). Returns the run id.
+) -> CollectResult:
+    """The collection without Prefect, in one call (tests, benchmarks, notebooks): plan,
+    open, collect, close. `request` must carry its run key.
 
-    The flows use the same steps with Prefect tasks around the batches; benchmarks, tests
-    and notebooks call this directly.
+    Raises:
+        CollectError: the request cannot run (suite, template, policy).
+        StorageError: the database or object store cannot be used.
     """
-    run_id = open_run(engine, request)
-    plan = pending(engine, plan_episodes(request, task_instances(request)))
-    policy = make_run_policy(request.policy)
-    status = "failed"
+    from config.settings import load_settings
+
+    settings = settings if settings is not None else load_settings()
+    plan = plan_collection(request, settings.suites, shard=shard)
+    collection = open_collection(plan, settings, engine=engine, store=store)
     try:
-        await run_and_persist(
-            plan,
-            request,
-            engine=engine,
-            store=store,
-            loop_settings=loop_settings or LoopSettings(),
-            policy=policy,
-            reward_settings=reward_settings,
-            on_episode=on_episode,
-        )
-        status = "completed"
+        return await collect(collection, on_episode=on_episode, close_run_when_done=close)
     finally:
-        await policy.aclose()
-        if close:
-            close_run(engine, run_id, status=status)
-    return run_id
+        await collection.aclose()

@@ -10,21 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.settings import LoopSettings, PolicySettings
+from core.errors import EpiflowError
+from sandbox.settings import SandboxSettings
+from scoring.settings import RewardSettings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from suites.settings import SuitesSettings
 
 
-class ConfigError(Exception):
+class ConfigError(EpiflowError):
     """A setting is invalid; the message names the environment variable to fix."""
-
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
-
-    def user_message(self) -> str:
-        return str(self)
 
 
 class PrefectSettings(BaseSettings):
@@ -36,9 +34,75 @@ class PrefectSettings(BaseSettings):
         default=None,
         description=(
             "Prefect API URL, e.g. http://prefect:4200/api (env EPIFLOW_PREFECT_API_URL). "
-            "Unset: Prefect's ephemeral mode (a temporary local server per process)."
+            "Unset: the shared local server (`config/prefect_server.py`), started on demand "
+            "and reused by every epiflow command of this Prefect home."
         ),
     )
+    local_port: int = Field(
+        default=4300,
+        ge=1,
+        le=65535,
+        description=(
+            "Preferred loopback port of the shared local server; a free port when it is "
+            "taken (env EPIFLOW_PREFECT_LOCAL_PORT)."
+        ),
+    )
+    local_idle_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "The shared local server stops this many seconds after its last command "
+            "exited (env EPIFLOW_PREFECT_LOCAL_IDLE_S)."
+        ),
+    )
+    start_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        description=(
+            "How long a command waits for Prefect's API to answer: the shared local server "
+            "to start, or the remote API's health check (env EPIFLOW_PREFECT_START_TIMEOUT_S)."
+        ),
+    )
+    heartbeat_s: int = Field(
+        default=60,
+        ge=30,
+        description=(
+            "Seconds between the heartbeats of the flow runs epiflow commands start "
+            "(`collect`, `serve`'s runs); sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY unless it is "
+            "set. Workers started with `prefect worker start` need that variable themselves "
+            "(the worker image sets it) (env EPIFLOW_PREFECT_HEARTBEAT_S)."
+        ),
+    )
+    zombie_after_s: float = Field(
+        default=600.0,
+        ge=60,
+        description=(
+            "A flow run silent this long after a heartbeat (its process died: killed, out of "
+            "memory, machine lost) is marked Crashed, and a cancellation nobody confirms in "
+            "this time is marked Cancelled; at least twice the heartbeat period of every "
+            "worker (env EPIFLOW_PREFECT_ZOMBIE_AFTER_S; applied by `epiflow prefect setup`)."
+        ),
+    )
+    notify_webhook_url: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Webhook that gets a JSON POST (`text`, `subject`, `body`) when a nightly run "
+            "fails or crashes, e.g. a Slack incoming webhook; unset: no notification (env "
+            "EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL; applied by `epiflow prefect setup`). A "
+            "secret: such URLs carry tokens."
+        ),
+    )
+
+    @field_validator("zombie_after_s")
+    @classmethod
+    def _zombie_after_heartbeats(cls, value: float, info: ValidationInfo) -> float:
+        heartbeat = info.data.get("heartbeat_s")
+        if heartbeat is not None and value < 2 * heartbeat:
+            raise ValueError(
+                f"must be at least twice EPIFLOW_PREFECT_HEARTBEAT_S ({heartbeat}): a live run "
+                "would be marked Crashed between two heartbeats"
+            )
+        return value
 
 
 @dataclass(frozen=True)
@@ -48,29 +112,43 @@ class Settings:
     database: DatabaseSettings
     objects: ObjectStoreSettings
     prefect: PrefectSettings
+    sandbox: SandboxSettings
+    loop: LoopSettings
+    policy: PolicySettings
+    rewards: RewardSettings
+    suites: SuitesSettings
 
 
 S = TypeVar("S", bound=BaseSettings)
 
 
-def _build(cls: type[S], prefix: str) -> S:
+def _build(cls: type[S]) -> S:
+    prefix = str(cls.model_config.get("env_prefix", ""))
     try:
         return cls()
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "?"
-        variable = f"{prefix}{field.upper()}"
-        raise ConfigError(f"{variable}: {first['msg']}", setting=variable) from e
+        problems = []
+        for error in e.errors():
+            field = "_".join(str(p) for p in error["loc"]) or "?"
+            problems.append((f"{prefix}{field.upper()}", error["msg"]))
+        first = problems[0][0]
+        detail = "; ".join(f"{variable}: {message}" for variable, message in problems)
+        raise ConfigError(detail, setting=first) from e
 
 
 def load_settings() -> Settings:
-    """Read every subsystem's settings from the environment.
+    """Read every subsystem's settings from the environment (a few milliseconds).
 
     Raises:
-        ConfigError: a variable is invalid; the message names it.
+        ConfigError: a variable is invalid; the message names every invalid one.
     """
     return Settings(
-        database=_build(DatabaseSettings, "EPIFLOW_DATABASE_"),
-        objects=_build(ObjectStoreSettings, "EPIFLOW_OBJECTS_"),
-        prefect=_build(PrefectSettings, "EPIFLOW_PREFECT_"),
+        database=_build(DatabaseSettings),
+        objects=_build(ObjectStoreSettings),
+        prefect=_build(PrefectSettings),
+        sandbox=_build(SandboxSettings),
+        loop=_build(LoopSettings),
+        policy=_build(PolicySettings),
+        rewards=_build(RewardSettings),
+        suites=_build(SuitesSettings),
     )

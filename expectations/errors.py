@@ -8,8 +8,10 @@ ExpectationsError
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class ExpectationsError(Exception):
+
+class ExpectationsError(EpiflowError):
     """Base class of every quality-gate failure."""
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.trajectory import Trajectory
 from expectations.errors import FeatureSchemaError
-from scoring.calls import call_signature, is_transient_failure, step_failed
+from scoring.calls import call_signature, is_transient_failure
 from scoring.rubric import Judgement
 
 __all__ = [
@@ -117,7 +117,7 @@ def build_frames(trajectories: Sequence[Trajectory]) -> QcFrames:
                 ("call_id", s.call_id),
                 ("tool", s.tool),
                 ("signature", sig),
-                ("failed", step_failed(s)),
+                ("failed", s.tool_failed),
                 ("transient", is_transient_failure(s)),
                 ("error_type", s.error_type),
                 ("duration_ms", s.duration_ms),

@@ -36,11 +36,19 @@ from expectations.suites import QcAction, SuiteSpec, load_suite
 from scoring.claims import FABRICATION_CODES
 from scoring.quality import Verdict
 from scoring.rubric import Dimension, Judgement
-from scoring.rule_judge import judge_trajectory
+from scoring.rule_judge import rule_judgement
 
-__all__ = ["Engine", "evaluate_features", "judge_rows", "load_suites", "run_gate"]
+__all__ = [
+    "GateEngine",
+    "evaluate_features",
+    "gate_features",
+    "judge_rows",
+    "judgement_findings",
+    "load_suites",
+    "run_gate",
+]
 
-Engine = Literal["gx", "polars"]
+GateEngine = Literal["gx", "polars"]
 """`gx`: Great Expectations (production); `polars`: the reference evaluation of the same suites."""
 
 
@@ -57,25 +65,31 @@ def load_suites(config: QcConfig) -> tuple[SuiteSpec, SuiteSpec]:
     )
 
 
-def judge_rows(trajectories: Sequence[Trajectory], config: QcConfig) -> list[dict[str, Any]]:
+def judgement_findings(judgements: Sequence[Judgement]) -> list[dict[str, Any]]:
     """Rule-judge findings per episode, in `JUDGE_SCHEMA` form (counted from its deductions)."""
     rows: list[dict[str, Any]] = []
-    for t in trajectories:
-        rubric = judge_trajectory(t, config.judge)
-        codes = [d.code for d in rubric.deductions]
+    for j in judgements:
+        if j.rubric is None:
+            continue
+        codes = [d.code for d in j.rubric.deductions]
         rows.append(
             {
-                "episode_id": str(t.episode_id),
-                "rubric_mean": rubric.mean,
+                "episode_id": j.episode_id,
+                "rubric_mean": j.rubric.mean,
                 "n_blind_writes": codes.count("blind_write"),
                 "n_fabrications": sum(c in FABRICATION_CODES for c in codes),
                 "n_safety_violations": sum(
-                    d.dimension is Dimension.SAFETY for d in rubric.deductions
+                    d.dimension is Dimension.SAFETY for d in j.rubric.deductions
                 ),
                 "false_final_claim": "false_final_claim" in codes,
             }
         )
     return rows
+
+
+def judge_rows(trajectories: Sequence[Trajectory], config: QcConfig) -> list[dict[str, Any]]:
+    """`judgement_findings` of the rule judge's judgement of each trajectory."""
+    return judgement_findings([rule_judgement(t, config.judge) for t in trajectories])
 
 
 def _failure_modes(
@@ -166,7 +180,7 @@ def evaluate_features(
     features: pl.DataFrame,
     *,
     config: QcConfig,
-    engine: Engine = "gx",
+    engine: GateEngine = "gx",
     steps: pl.DataFrame | None = None,
     docs_dir: Path | None = None,
 ) -> GateReport:
@@ -229,26 +243,22 @@ def evaluate_features(
     )
 
 
-def run_gate(
+def gate_features(
     trajectories: Sequence[Trajectory],
     *,
     config: QcConfig,
+    rule_judgements: Sequence[Judgement] | None = None,
     judgements: Mapping[str, Judgement] | None = None,
-    engine: Engine = "gx",
-    docs_dir: Path | None = None,
-) -> GateReport:
-    """Gate a batch of trajectories: rule judge, polars features, both suites, verdicts.
-
-    `judgements` (episode id → judgement, e.g. from the LLM judge) replace the rule judge's
-    rubric mean in the quality score where they parsed; the rule judge's findings still
-    feed the expectations.
-
-    Raises:
-        SuiteError: a suite file is missing or invalid.
-        SuiteExecutionError: GX raised while evaluating an expectation.
-    """
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The episode feature frame the suites run on, and the step frame (the first half of
+    `run_gate`; `evaluate_features` is the second). Arguments as `run_gate`."""
     frames: QcFrames = build_frames(trajectories)
-    judged = judge_frame(judge_rows(trajectories, config))
+    rules = (
+        rule_judgements
+        if rule_judgements is not None
+        else [rule_judgement(t, config.judge) for t in trajectories]
+    )
+    judged = judge_frame(judgement_findings(rules))
     if judgements:
         overrides = pl.DataFrame(
             judgement_rows(judgements.values()),
@@ -260,6 +270,31 @@ def run_gate(
             .drop("rubric_mean_override")
         )
     features = compute_features(frames, judged, gate=config.gate, rewards=config.rewards)
-    return evaluate_features(
-        features, config=config, engine=engine, steps=frames.steps, docs_dir=docs_dir
+    return features, frames.steps
+
+
+def run_gate(
+    trajectories: Sequence[Trajectory],
+    *,
+    config: QcConfig,
+    rule_judgements: Sequence[Judgement] | None = None,
+    judgements: Mapping[str, Judgement] | None = None,
+    engine: GateEngine = "gx",
+    docs_dir: Path | None = None,
+) -> GateReport:
+    """Gate a batch of trajectories: rule judge, polars features, both suites, verdicts.
+
+    `rule_judgements` are the rule judge's judgements of these trajectories when the caller
+    already has them (each episode is judged once per gate); otherwise they are made here.
+    `judgements` (episode id → judgement, e.g. from the LLM judge) replace the rule judge's
+    rubric mean in the quality score where they parsed; the rule judge's findings still
+    feed the expectations.
+
+    Raises:
+        SuiteError: a suite file is missing or invalid.
+        SuiteExecutionError: GX raised while evaluating an expectation.
+    """
+    features, steps = gate_features(
+        trajectories, config=config, rule_judgements=rule_judgements, judgements=judgements
     )
+    return evaluate_features(features, config=config, engine=engine, steps=steps, docs_dir=docs_dir)

@@ -1,0 +1,54 @@
+"""epiflow's Prefect flows: `collect-episodes`, `collect-shard`, `qc-gate`, `train`, `evaluate`.
+
+Every flow runs with `log_prints=False`: what libraries print (TRL's metric dicts, dill's
+bytecode dumps while `datasets` hashes a dataset, progress bars) stays on the worker's
+console and out of the run's log. The run's log gets one INFO line per stage from the
+flow itself, plus what epiflow's own module loggers (`logging.getLogger(__name__)` in
+`collection`, `scoring`, `training`, …) report — retries, skipped work, stops — through
+`route_library_logs`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["LIBRARY_LOGGERS", "route_library_logs"]
+
+LIBRARY_LOGGERS = (
+    "agent",
+    "collection",
+    "expectations",
+    "sandbox",
+    "scoring",
+    "storage",
+    "suites",
+    "training",
+)
+"""epiflow packages whose INFO+ records reach the Prefect run's log."""
+
+_routed = False
+
+
+def route_library_logs() -> None:
+    """Send INFO+ records of epiflow's module loggers to the Prefect run they happen in
+    (once per process; records outside a flow or task run are left to the usual handlers)."""
+    global _routed
+    if _routed:
+        return
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.logging.handlers import APILogHandler
+
+    class RunLogHandler(APILogHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if FlowRunContext.get() is None and TaskRunContext.get() is None:
+                return  # a library call outside a run (CLI, tests): not the API's business
+            super().emit(record)
+
+    handler = RunLogHandler()
+    handler.setLevel(logging.INFO)
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+    _routed = True

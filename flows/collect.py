@@ -1,128 +1,284 @@
-"""Prefect flows for collection: `collect_episodes` (one machine or many) and `collect_shard`.
+"""The `collect-episodes` flow: one collection run, on this machine or fanned out to shards.
 
-Thin composition over `collection.runner`: Prefect tasks run *batches* of episodes (asyncio
-concurrency inside), never one task per step. At the end, a table artifact and a
-markdown artifact summarise the run for the Prefect UI.
+Stages are Prefect tasks, named for the UI: `plan-collection` (suite, templates, episode
+ids), `open-run` (policy, database, object store; the `collection_run` row),
+`run-episodes` (the whole plan as one stream, asyncio concurrency inside, never a task
+per step; finished episodes persisted in groups as they complete, a progress artifact
+updated after each group), `finish-run` (status, totals from SQL) and `publish-summary`
+(two artifacts). With `gate`, the `qc-gate` flow follows as a subflow.
+
+One run key, one collection at a time: the flow holds the key's lock
+(`storage.run_lock`) while it collects, a shard its shard's lock, so a second run of a
+key that is running fails at once with `RunKeyBusy`. The lock dies with its process, so
+a crashed run never blocks the retry that resumes it.
+
+A flow run is named after its run key. Results are not persisted by Prefect (they would
+land on the worker's local disk, out of reach of every other machine): a run's totals
+live in SQL and are read from there, by the parent of a sharded run too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections import Counter
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.artifacts import (
+    acreate_markdown_artifact,
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
+)
 from prefect.cache_policies import NONE
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
-from agent.settings import LoopSettings, PolicySettings
+from collection.errors import CollectError
+from collection.plan import Plan, Shard, plan_collection
+from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import (
-    CollectRequest,
-    CollectResult,
-    PlannedEpisode,
-    close_run,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    resolve_faults,
-    run_and_persist,
-    run_counts,
-    task_instances,
+    Collection,
+    PersistedGroup,
+    collection_result,
+    finish_run,
+    open_collection,
+    remaining,
+    run_episodes,
+    start_run,
 )
 from config.settings import Settings, load_settings
-from sandbox.spec import SandboxSpec
-from storage.db import make_engine
-from storage.migrate import ensure_current
-from storage.objects import make_object_store
+from flows import route_library_logs
+from flows.qc import GateOptions, QcGateResult, qc_gate
+from storage.run_lock import acquire_run_key, shard_lock_name
 from storage.run_summary import summarize_run, summary_markdown, summary_table
+from storage.runs import run_totals
 
-CHUNK = 64
-"""Episodes per Prefect task: big enough that orchestration is noise, small enough to
-show progress in the UI and bound what a crash can lose."""
+SHARD_ATTEMPTS = 3
+"""Flow runs a shard gets before the sharded run fails: one that crashed (its worker died;
+the zombie automation marks it Crashed) or failed is started again and resumes its share."""
 
 
-@task(name="run-episode-batch", cache_policy=NONE, retries=0)
-async def run_batch(
-    plan: list[PlannedEpisode], request: CollectRequest, settings: Settings
-) -> dict[str, int]:
-    """Run one chunk of the plan concurrently and persist it; returns what was written."""
-    engine = make_engine(settings.database)
-    store = make_object_store(settings.objects)
-    policy = make_run_policy(request.policy, PolicySettings())
+class CollectFlowResult(CollectResult):
+    """A collection's result, with the QC gate's when the flow ran it."""
+
+    qc: QcGateResult | None = None
+    """The gate's result (with `gate`), else None."""
+
+
+def artifact_key(prefix: str, name: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from `prefix` and `name`."""
+    return prefix + "-" + "".join(c if c.isalnum() else "-" for c in name.lower())[:60]
+
+
+def _progress_line(done: int, planned: int, by_status: Counter[str], started: float) -> str:
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none yet"
+    return f"{done} / {planned} episodes ({statuses}); {time.monotonic() - started:.0f} s elapsed"
+
+
+@task(name="plan-collection", cache_policy=NONE, retries=0)
+def plan_task(request: CollectRequest, settings: Settings, shard: Shard) -> Plan:
+    """Resolve the request against its suite: task instances and episode ids."""
+    plan = plan_collection(request, settings.suites, shard=shard)
+    get_run_logger().info(
+        "run %s shard %d/%d: %d episodes planned (%d in the whole run)",
+        plan.run_key,
+        shard.index + 1,
+        shard.count,
+        len(plan.episodes),
+        plan.total,
+    )
+    return plan
+
+
+@task(name="open-run", cache_policy=NONE, retries=0)
+async def open_run_task(plan: Plan, settings: Settings) -> Collection:
+    """Build the policy, engine and object store (checked) and create or resume the run row."""
+    collection = await asyncio.to_thread(open_collection, plan, settings)
     try:
-        report = await run_and_persist(
-            plan, request, engine=engine, store=store, loop_settings=LoopSettings(), policy=policy
-        )
-    finally:
-        await policy.aclose()
-        engine.dispose()
-    return {"episodes": len(report.inserted), "steps": report.steps}
+        run_id = await asyncio.to_thread(start_run, collection.engine, collection.request)
+    except BaseException:
+        await collection.aclose()
+        raise
+    get_run_logger().info(
+        "open-run: run %s (%s), policy %s, database and object store checked",
+        plan.run_key,
+        run_id,
+        plan.request.policy,
+    )
+    return collection
 
 
-def default_run_key(suite: str, policy: str) -> str:
-    """Scheduled runs get one key per night, so re-running a crashed night resumes it."""
-    scheduled = flow_run.scheduled_start_time
-    day = scheduled.strftime("%Y%m%d") if scheduled else time.strftime("%Y%m%dT%H%M%S")
-    return f"{suite}-{policy.replace(':', '-')}-{day}"
-
-
-async def _collect(request: CollectRequest, settings: Settings) -> tuple[CollectResult, Any]:
+# Idempotent: episode ids are deterministic and `remaining` skips what is stored, so a
+# retry runs only what the failed attempt did not persist.
+@task(name="run-episodes", cache_policy=NONE, retries=1, retry_delay_seconds=5)
+async def run_episodes_task(collection: Collection) -> int:
+    """Run what is not stored yet as one stream; persist groups as they finish; keep a
+    progress artifact (episodes done / planned, by status) current. Returns episodes run."""
     logger = get_run_logger()
     started = time.monotonic()
-    engine = make_engine(settings.database)
-    store = make_object_store(settings.objects)
-    store.check()
-    ensure_current(engine)
-    resolve_faults(request.faults)
-    await make_run_policy(request.policy).aclose()  # a bad spec fails before any work
-    plan = plan_episodes(request, task_instances(request))
-    run_id = open_run(engine, request)
-    todo = pending(engine, plan)
-    logger.info(
-        "run %s shard %d/%d: %d planned, %d to run (%d already stored)",
-        request.run_key,
-        request.shard_index + 1,
-        request.shard_count,
-        len(plan),
-        len(todo),
-        len(plan) - len(todo),
+    todo = remaining(collection)
+    planned = len(collection.plan.episodes)
+    done = planned - len(todo)
+    if done:
+        logger.info("%d of %d episodes already stored: skipped (resumed run)", done, planned)
+    by_status: Counter[str] = Counter()
+    progress = await acreate_progress_artifact(
+        progress=100.0 * done / planned if planned else 100.0,
+        key=artifact_key("collect-progress", collection.plan.run_key),
+        description=_progress_line(done, planned, by_status, started),
     )
-    written = {"episodes": 0, "steps": 0}
-    status = "failed"
-    try:
-        for i in range(0, len(todo), CHUNK):
-            out = await run_batch(todo[i : i + CHUNK], request, settings)
-            written["episodes"] += out["episodes"]
-            written["steps"] += out["steps"]
-        status = "completed"
-    finally:
-        if request.shard_count == 1:
-            close_run(
-                engine, run_id, status=status, flow_run_id=str(flow_run.id) if flow_run.id else None
+
+    async def on_persisted(group: PersistedGroup) -> None:
+        nonlocal done
+        done += group.episodes
+        for status, count in group.by_status.items():
+            by_status[status] += count
+        try:
+            await aupdate_progress_artifact(
+                progress,
+                progress=100.0 * done / planned,
+                description=_progress_line(done, planned, by_status, started),
             )
-    counts = run_counts(engine, run_id)
-    total = sum(counts.values())
-    result = CollectResult(
-        run_id=run_id,
-        run_key=request.run_key,
-        planned=len(plan),
-        episodes=total,
-        executed=written["episodes"],
-        steps=written["steps"],
-        by_status=counts,
-        success_rate=(counts.get("success", 0) / total) if total else 0.0,
-        duration_s=round(time.monotonic() - started, 3),
+        except Exception as e:  # progress is for the eyes; the collection goes on
+            logger.warning("progress artifact not updated: %r", e)
+
+    report = await run_episodes(collection, todo, on_persisted=on_persisted)
+    logger.info(
+        "run-episodes: %d episodes run, %d steps written in %.1f s; %s",
+        len(report.inserted),
+        report.steps,
+        time.monotonic() - started,
+        ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "nothing to run",
     )
-    return result, engine
+    return len(report.inserted)
 
 
-async def _publish(request: CollectRequest, result: CollectResult, engine: Any) -> None:
-    summary = summarize_run(engine, result.run_id)
-    key = "collect-" + "".join(c if c.isalnum() else "-" for c in request.run_key.lower())[:60]
+@task(name="finish-run", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+async def finish_run_task(
+    collection: Collection, status: str, started: float, close: bool
+) -> CollectResult:
+    """Mark the run (when this process owns it) and read its totals from SQL."""
+    if close:
+        flow_run_id = str(flow_run.id) if flow_run.id else None
+        await asyncio.to_thread(finish_run, collection, status=status, flow_run_id=flow_run_id)
+    return await asyncio.to_thread(
+        collection_result,
+        collection,
+        executed=len(collection.written.inserted),
+        steps=collection.written.steps,
+        started=started,
+    )
+
+
+async def collect_here(
+    request: CollectRequest, settings: Settings, *, shard: Shard, close: bool
+) -> CollectResult:
+    """Collect this process's share of the run: plan, take the run key's lock (a shard's
+    own lock when not `close`), open, run what remains as one stream, mark the run (when
+    `close`, also when it failed or was cancelled), count.
+
+    Raises:
+        RunKeyBusy: another process is collecting the same key (or shard) right now;
+            nothing was written.
+    """
+    started = time.monotonic()
+    plan = plan_task(request, settings, shard)
+    name = plan.run_key if close else shard_lock_name(plan.run_key, shard.index, shard.count)
+    lock = await asyncio.to_thread(acquire_run_key, settings.database, name)
+    try:
+        collection = await open_run_task(plan, settings)
+        try:
+            status = "failed"
+            try:
+                await run_episodes_task(collection)
+                status = "completed"
+            finally:
+                # Also on failure or cancellation: no run stays `running` once its flow ended.
+                result = await asyncio.shield(_finish(collection, status, started, close))
+            get_run_logger().info(
+                "run %s %s: %d / %d episodes stored, success rate %.2f",
+                result.run_key,
+                status,
+                result.episodes,
+                result.planned,
+                result.success_rate,
+            )
+            return result
+        finally:
+            await collection.aclose()
+    finally:
+        await asyncio.to_thread(lock.release)
+
+
+async def _finish(
+    collection: Collection, status: str, started: float, close: bool
+) -> CollectResult:
+    try:
+        return await finish_run_task(collection, status, started, close)
+    except Exception:
+        if close:  # the task failed after its retries: still close the row
+            await asyncio.to_thread(finish_run, collection, status="failed")
+        raise
+
+
+def run_key_for(request: CollectRequest) -> str:
+    """The run key of this flow run (see `run_key_of`); outside a flow run, a fresh key."""
+    context = FlowRunContext.get()
+    return run_key_of(request, context.flow_run if context is not None else None)
+
+
+def run_key_of(request: CollectRequest, run: FlowRun | None) -> str:
+    """The request's key; else, for a run the nightly schedule created, one per night (from
+    its expected start time, which a retry or a crash recovery keeps); else the flow run's
+    own (from its id, so a rescheduled run resumes it); without a flow run, a fresh key."""
+    if request.run_key:
+        return request.run_key
+    if run is None:
+        return fresh_run_key(request)
+    if run.deployment_id and run.auto_scheduled and run.expected_start_time is not None:
+        return nightly_run_key(request, run.expected_start_time)
+    return fresh_run_key(request, run.id)
+
+
+def _flow_run_name() -> str:
+    """Flow runs are named after their run key (the nightly ones after their night)."""
+    context = FlowRunContext.get()
+    raw = (context.parameters or {}).get("request") if context is not None else None
+    if raw is None:
+        return "collect"
+    request = raw if isinstance(raw, CollectRequest) else CollectRequest.model_validate(raw)
+    return run_key_for(request)
+
+
+def _check_attempts(run: FlowRun | None, retries: int) -> None:
+    """Give up on a flow run started more often than its retries allow: a crash recovery
+    puts the same flow run back to Scheduled, and a run that crashes every time must end
+    Failed (which notifies) instead of going round for ever."""
+    if run is None or run.run_count <= retries + 1:
+        return
+    raise CollectError(
+        f"flow run {run.name} started {run.run_count} times ({retries} retries allowed; "
+        "its earlier attempts crashed or failed): giving up. Fix the cause, then re-run "
+        "its run key by hand",
+        setting="retries",
+    )
+
+
+@task(name="publish-summary", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+async def publish_summary(result: CollectResult, settings: Settings) -> None:
+    """The run's summary (markdown) and its success rate per template (table)."""
+    from storage.db import make_engine
+
+    engine = make_engine(settings.database)
+    try:
+        summary = await asyncio.to_thread(summarize_run, engine, result.run_id)
+    finally:
+        engine.dispose()
+    key = artifact_key("collect", result.run_key)
     await acreate_markdown_artifact(
-        markdown=summary_markdown(request.run_key, summary),
+        markdown=summary_markdown(result.run_key, summary),
         key=key,
         description="Collection summary",
     )
@@ -133,138 +289,131 @@ async def _publish(request: CollectRequest, result: CollectResult, engine: Any) 
     )
 
 
-@flow(name="collect-shard", log_prints=True, persist_result=True)
-async def collect_shard(
-    run_key: str,
-    shard_index: int,
-    shard_count: int,
-    suite: str = "builtin",
-    policy: str = "scripted:oracle",
-    tasks: int = 1,
-    rollouts: int = 1,
-    concurrency: int = 4,
-    faults: str | None = None,
-    sandbox_spec: dict[str, Any] | None = None,
-    seed: int = 0,
-    templates: list[str] | None = None,
-) -> dict[str, Any]:
-    """One shard of a collection run (a flow run on a work pool; one worker per machine)."""
-    request = CollectRequest(
-        suite=suite,
-        policy=policy,
-        tasks=tasks,
-        rollouts=rollouts,
-        concurrency=concurrency,
-        faults=faults,
-        spec=SandboxSpec(**(sandbox_spec or {})),
-        run_key=run_key,
-        seed=seed,
-        templates=templates,
-        shard_index=shard_index,
-        shard_count=shard_count,
-    )
-    result, engine = await _collect(request, load_settings())
-    engine.dispose()
-    return result.model_dump(mode="json")
-
-
-@flow(name="collect-episodes", log_prints=True, persist_result=True)
+@flow(name="collect-episodes", flow_run_name=_flow_run_name, log_prints=False, persist_result=False)
 async def collect_episodes(
-    suite: str = "builtin",
-    policy: str = "scripted:oracle",
-    tasks: int = 1,
-    rollouts: int = 1,
-    concurrency: int = 4,
-    faults: str | None = None,
-    sandbox_spec: dict[str, Any] | None = None,
-    run_key: str | None = None,
-    seed: int = 0,
-    templates: list[str] | None = None,
+    request: CollectRequest,
     shards: int = 1,
     shard_deployment: str | None = None,
     gate: bool = False,
-    gate_trigger: str = "deployment",
-) -> dict[str, Any]:
-    """Collect `tasks` instances × `rollouts` of every template of `suite` with `policy`.
+    gate_options: GateOptions = GateOptions(),  # noqa: B008 - frozen, shown in the form
+) -> CollectFlowResult:
+    """Collect `request.tasks` instances × `request.rollouts` of every template of the suite.
 
-    With `gate`, the `qc-gate` flow runs on the result as a subflow (the nightly chain);
-    `gate_trigger` is its trigger mode (`deployment`, `inline` or `none`).
-
-    With `shards > 1` and `shard_deployment` (e.g. `collect-shard/epiflow-shard`), the run is
-    split into shard flow runs on that deployment's work pool and this flow waits for all
-    of them; results land in the shared database and object store.
+    Args:
+        request: What to collect: suite, policy, sizes, faults, sandbox, run key.
+        shards: Split the run into this many shard flow runs (needs `shard_deployment`).
+        shard_deployment: Deployment that runs one shard, e.g. `collect-shard/shard`; the
+            shards write to the shared database and object store, and the totals are read
+            back from SQL.
+        gate: Run the `qc-gate` flow on the result as a subflow (the nightly chain).
+        gate_options: How the gate judges and when it trains (threshold, trigger, steps).
     """
+    route_library_logs()
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:
+        # The flow run's own policy wins (set when it was created); else the flow's retries.
+        policy = context.flow_run.empirical_policy.retries
+        flow_retries = context.flow.retries if context.flow is not None else 0
+        _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
     settings = load_settings()
-    key = run_key or default_run_key(suite, policy)
-    request = CollectRequest(
-        suite=suite,
-        policy=policy,
-        tasks=tasks,
-        rollouts=rollouts,
-        concurrency=concurrency,
-        faults=faults,
-        spec=SandboxSpec(**(sandbox_spec or {})),
-        run_key=key,
-        seed=seed,
-        templates=templates,
-    )
+    request = request.keyed(run_key_for(request))
     if shards > 1 and shard_deployment:
-        result, engine = await _fan_out(request, shards, shard_deployment, settings)
+        result = await fan_out(request, settings, shards=shards, deployment=shard_deployment)
     else:
-        result, engine = await _collect(request, settings)
-    await _publish(request, result, engine)
-    engine.dispose()
-    out = result.model_dump(mode="json")
-    if gate:
-        from flows.qc import qc_gate
-
-        out["qc"] = await qc_gate(run=request.run_key, trigger=gate_trigger)
-    return out
+        result = await collect_here(request, settings, shard=Shard(), close=True)
+    await publish_summary(result, settings)
+    qc = await qc_gate(run=result.run_key, **gate_options.flow_parameters()) if gate else None
+    return CollectFlowResult(**result.model_dump(), qc=qc)
 
 
-async def _fan_out(
-    request: CollectRequest, shards: int, deployment: str, settings: Settings
-) -> tuple[CollectResult, Any]:
+async def fan_out(
+    request: CollectRequest, settings: Settings, *, shards: int, deployment: str
+) -> CollectResult:
+    """Run the request as `shards` flow runs of `deployment` and wait for them all; a shard
+    that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL, never
+    from the shards' Prefect results, which stay on their workers.
+
+    Raises:
+        RunKeyBusy: another process is collecting the same key right now.
+        CollectError: a shard did not complete in `SHARD_ATTEMPTS` flow runs.
+    """
+    assert request.run_key is not None
+    started = time.monotonic()
+    plan = plan_collection(request, settings.suites)
+    lock = await asyncio.to_thread(acquire_run_key, settings.database, request.run_key)
+    try:
+        collection = open_collection(plan, settings)
+        try:
+            run_id = start_run(collection.engine, collection.request)
+            episodes_before, steps_before = run_totals(collection.engine, run_id)
+            try:
+                runs = await asyncio.gather(
+                    *(_run_shard(request, i, shards, deployment) for i in range(shards))
+                )
+            except BaseException:  # no run stays `running` once its flow ended
+                finish_run(collection, status="failed")
+                raise
+            failed = [r for r in runs if not (r.state and r.state.is_completed())]
+            finish_run(collection, status="failed" if failed else "completed")
+            if failed:
+                raise CollectError(
+                    f"{len(failed)} of {shards} shard(s) of run {request.run_key} did not "
+                    f"complete in {SHARD_ATTEMPTS} flow runs each: "
+                    f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+                )
+            episodes_after, steps_after = run_totals(collection.engine, run_id)
+            return collection_result(
+                collection,
+                executed=episodes_after - episodes_before,
+                steps=steps_after - steps_before,
+                started=started,
+            )
+        finally:
+            await collection.aclose()
+    finally:
+        await asyncio.to_thread(lock.release)
+
+
+async def _run_shard(request: CollectRequest, index: int, count: int, deployment: str) -> FlowRun:
+    """One shard as flow runs of `deployment`, until one completes or `SHARD_ATTEMPTS` ran.
+
+    A retry resumes the shard: its episode ids are deterministic and stored ones are skipped.
+    """
     from prefect.deployments.flow_runs import arun_deployment
 
-    started = time.monotonic()
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    run_id = open_run(engine, request)
-    base = request.model_dump(
-        mode="json", exclude={"shard_index", "shard_count", "batch_size", "heldout", "spec"}
-    )
-    base["sandbox_spec"] = request.spec.model_dump(mode="json")
-    runs = await asyncio.gather(
-        *(
-            arun_deployment(
-                deployment,
-                parameters={**base, "shard_index": i, "shard_count": shards},
-                timeout=None,
-            )
-            for i in range(shards)
+    logger = get_run_logger()
+    parameters = {
+        "request": request.model_dump(mode="json"),
+        "shard_index": index,
+        "shard_count": count,
+    }
+    for attempt in range(1, SHARD_ATTEMPTS + 1):
+        run = await arun_deployment(deployment, parameters=parameters, timeout=None)
+        if run.state is not None and run.state.is_completed():
+            return run
+        logger.warning(
+            "shard %d/%d of run %s: flow run %s ended %s (attempt %d of %d)%s",
+            index + 1,
+            count,
+            request.run_key,
+            run.name,
+            run.state.name if run.state else "without a state",
+            attempt,
+            SHARD_ATTEMPTS,
+            "; starting it again" if attempt < SHARD_ATTEMPTS else "",
         )
-    )
-    failed = [r for r in runs if not (r.state and r.state.is_completed())]
-    close_run(engine, run_id, status="failed" if failed else "completed")
-    if failed:
-        raise RuntimeError(
-            f"{len(failed)} of {shards} shard(s) did not complete: {[str(r.state) for r in failed]}"
-        )
-    shard_results = [CollectResult.model_validate(await r.state.aresult()) for r in runs if r.state]
-    counts = run_counts(engine, run_id)
-    total = sum(counts.values())
-    return (
-        CollectResult(
-            run_id=run_id,
-            run_key=request.run_key,
-            planned=sum(s.planned for s in shard_results),
-            episodes=total,
-            executed=sum(s.executed for s in shard_results),
-            steps=sum(s.steps for s in shard_results),
-            by_status=counts,
-            success_rate=(counts.get("success", 0) / total) if total else 0.0,
-            duration_s=round(time.monotonic() - started, 3),
-        ),
-        engine,
-    )
+    return run
+
+
+NIGHTLY_RETRIES = 2
+"""Times a failed nightly run is tried again (the same flow run, so the same run key)."""
+NIGHTLY_RETRY_DELAY_S = 600
+"""Seconds between a failed nightly attempt and the next."""
+
+nightly_collect_episodes = collect_episodes.with_options(
+    retries=NIGHTLY_RETRIES, retry_delay_seconds=NIGHTLY_RETRY_DELAY_S
+)
+"""`collect-episodes` as the nightly deployment runs it: a failed attempt is retried
+(`NIGHTLY_RETRIES`), and a crashed one is put back to Scheduled by the recovery automation
+(`config.automations`); every attempt resumes the night's run key. Attempts beyond the
+retries end Failed (which notifies)."""

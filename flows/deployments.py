@@ -1,61 +1,229 @@
-"""The deployments operators see in the Prefect UI, served by `epiflow serve`.
+"""Every deployment, defined once (`DEPLOYMENTS`), rendered for each place it runs.
 
-The same four (plus the shard deployment used for scale-out) are declared in
-`prefect.yaml` for the `prefect deploy` + work pool route.
+Targets (`TARGETS`) keep their deployments apart by name, so that `epiflow serve` and
+`prefect deploy` never rewrite each other's, and stopping `serve` (which pauses the
+schedules it served) leaves the work pools' alone:
+
+| target    | how                                  | names               | nightly schedule |
+|-----------|--------------------------------------|---------------------|------------------|
+| `serve`   | `epiflow serve` (one process)        | `nightly-collect`   | active           |
+| `process` | `prefect deploy`, pool epiflow-process | `nightly-collect-process` | active     |
+| `k8s`     | `prefect deploy`, pool epiflow-k8s   | `nightly-collect-k8s` | paused (activate the one you use) |
+
+`runner_deployments()` builds the served ones; `prefect_yaml()` renders `prefect.yaml`
+(`epiflow prefect yaml > prefect.yaml`; a test keeps the file and this module in step).
+Entrypoints are module paths (`flows.collect.collect_episodes`) and `prefect.yaml` has no
+pull step: a worker imports the installed epiflow package, wherever its working directory
+is, and nothing is frozen at deploy time. Parameters that name another deployment (the
+gate's training trigger, the shards) name the same target's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from prefect.schedules import Cron
+from config.automations import NOTIFY_TAG, RECOVER_TAG
 
 NIGHTLY_CRON = "0 2 * * *"
 """02:00 UTC every night."""
 
-NIGHTLY_PARAMETERS: dict[str, Any] = {
+
+NIGHTLY_REQUEST: dict[str, Any] = {
     "suite": "builtin",
     "policy": "scripted:noisy",
     "tasks": 4,
     "rollouts": 2,
     "concurrency": 8,
     "faults": "light",
-    "gate": True,
 }
 """What the nightly collection runs; override per run in the UI."""
 
 
-def runner_deployments() -> list[Any]:
-    """`RunnerDeployment`s for `prefect.serve` (one process, no work pool)."""
-    from flows.collect import collect_episodes, collect_shard
-    from flows.evaluate import evaluate
-    from flows.qc import qc_gate
-    from flows.train import train
+@dataclass(frozen=True)
+class Target:
+    """Where a set of deployments runs."""
 
-    return [
-        collect_episodes.to_deployment(
-            name="nightly-collect",
-            schedules=[Cron(NIGHTLY_CRON, timezone="UTC")],
-            parameters=NIGHTLY_PARAMETERS,
-            description="Nightly episode collection on the built-in suite, then the QC gate.",
-            tags=["epiflow", "collect"],
+    name: str
+    """`serve`, `process` or `k8s`."""
+    suffix: str
+    """Appended to every deployment name of the target."""
+    work_pool: str | None
+    """The work pool (None: served by `epiflow serve`)."""
+    schedule_active: bool
+    """Whether the nightly schedule starts active."""
+
+
+TARGETS: dict[str, Target] = {
+    "serve": Target("serve", "", None, True),
+    "process": Target("process", "-process", "epiflow-process", True),
+    "k8s": Target("k8s", "-k8s", "epiflow-k8s", False),
+}
+
+
+def _no_parameters(target: Target) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """One deployment, before it is given a target."""
+
+    name: str
+    """Base name (the served deployment's name; pool targets add their suffix)."""
+    entrypoint: str
+    """Module path of the flow object (`package.module.flow`)."""
+    description: str
+    tags: tuple[str, ...]
+    parameters: Callable[[Target], dict[str, Any]] = field(default=_no_parameters)
+    """Default parameters, for a target."""
+    cron: str | None = None
+    """Schedule (UTC), if any."""
+
+    def deployment_name(self, target: Target) -> str:
+        return self.name + target.suffix
+
+    @property
+    def flow_module(self) -> str:
+        return self.entrypoint.rsplit(".", 1)[0]
+
+
+def _nightly_parameters(target: Target) -> dict[str, Any]:
+    return {
+        "request": dict(NIGHTLY_REQUEST),
+        "shard_deployment": f"collect-shard/shard{target.suffix}",
+        "gate": True,
+        "gate_options": {"train_deployment": f"train/train{target.suffix}"},
+    }
+
+
+def _gate_parameters(target: Target) -> dict[str, Any]:
+    return {"train_deployment": f"train/train{target.suffix}"}
+
+
+DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
+    DeploymentSpec(
+        name="nightly-collect",
+        entrypoint="flows.collect.nightly_collect_episodes",
+        description=(
+            "Nightly episode collection on the built-in suite, then the QC gate. Runs are "
+            "named by date; a failed night is retried and a crashed one recovered, resuming "
+            "its run key."
         ),
-        collect_shard.to_deployment(
-            name="shard",
-            description="One shard of a collection run (scale-out).",
-            tags=["epiflow", "collect"],
-        ),
-        qc_gate.to_deployment(
-            name="qc-gate", description="Quality gate of a collection run.", tags=["epiflow", "qc"]
-        ),
-        train.to_deployment(
-            name="train",
-            description="Dataset snapshot → TRL trainer → checkpoint.",
-            tags=["epiflow", "train"],
-        ),
-        evaluate.to_deployment(
-            name="evaluate",
-            description="A checkpoint as a policy on held-out tasks.",
-            tags=["epiflow", "evaluate"],
-        ),
-    ]
+        tags=("epiflow", "collect", RECOVER_TAG, NOTIFY_TAG),
+        parameters=_nightly_parameters,
+        cron=NIGHTLY_CRON,
+    ),
+    DeploymentSpec(
+        name="shard",
+        entrypoint="flows.shard.collect_shard",
+        description="One shard of a collection run (scale-out); its parent retries it.",
+        tags=("epiflow", "collect"),
+    ),
+    DeploymentSpec(
+        name="qc-gate",
+        entrypoint="flows.qc.qc_gate",
+        description="Quality gate of a collection run.",
+        tags=("epiflow", "qc"),
+        parameters=_gate_parameters,
+    ),
+    DeploymentSpec(
+        name="train",
+        entrypoint="flows.train.train",
+        description="Dataset snapshot, TRL trainer, checkpoint.",
+        tags=("epiflow", "train"),
+    ),
+    DeploymentSpec(
+        name="evaluate",
+        entrypoint="flows.evaluate.evaluate",
+        description="A checkpoint as a policy on held-out tasks in the sandbox.",
+        tags=("epiflow", "evaluate"),
+    ),
+)
+"""The deployments, once."""
+
+
+def runner_deployments() -> list[Any]:
+    """The `serve` target's `RunnerDeployment`s, for `prefect.serve` (one process, no
+    work pool)."""
+    from prefect.schedules import Cron
+    from prefect.types.entrypoint import EntrypointType
+    from prefect.utilities.importtools import import_object
+
+    target = TARGETS["serve"]
+    built = []
+    for spec in DEPLOYMENTS:
+        flow = import_object(spec.entrypoint)
+        deployment = flow.to_deployment(
+            name=spec.deployment_name(target),
+            schedules=[Cron(spec.cron, timezone="UTC", active=target.schedule_active)]
+            if spec.cron
+            else None,
+            parameters=spec.parameters(target),
+            description=spec.description,
+            tags=list(spec.tags),
+            entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+        # The flow object's own path (`with_options` copies keep their function's name).
+        deployment.entrypoint = spec.entrypoint
+        built.append(deployment)
+    return built
+
+
+def pool_deployments() -> list[dict[str, Any]]:
+    """The work-pool targets' deployments, as `prefect.yaml` entries."""
+    entries: list[dict[str, Any]] = []
+    for target in TARGETS.values():
+        if target.work_pool is None:
+            continue
+        for spec in DEPLOYMENTS:
+            entry: dict[str, Any] = {
+                "name": spec.deployment_name(target),
+                "entrypoint": spec.entrypoint,
+                "description": spec.description,
+                "tags": list(spec.tags),
+                "parameters": spec.parameters(target),
+                "schedules": [
+                    {"cron": spec.cron, "timezone": "UTC", "active": target.schedule_active}
+                ]
+                if spec.cron
+                else [],
+                "work_pool": {"name": target.work_pool, "work_queue_name": "default"},
+            }
+            entries.append(entry)
+    return entries
+
+
+YAML_HEADER = """\
+# Generated from flows/deployments.py by `epiflow prefect yaml > prefect.yaml`: edit that
+# module, not this file (tests/flows/test_deployments.py keeps them in step).
+#
+# The work-pool deployments: `<name>-process` on the process pool, `<name>-k8s` on the
+# Kubernetes pool (its nightly schedule starts paused). `epiflow serve` serves the same
+# deployments under their plain names, so neither route rewrites the other's.
+#
+#   prefect work-pool create epiflow-process --type process
+#   prefect deploy --all
+#   prefect worker start --pool epiflow-process      # one per machine, any directory
+#
+# Entrypoints are module paths and there is no pull step: a worker imports the installed
+# epiflow package (the worker image, or `make install`), so nothing here depends on the
+# directory `prefect deploy` ran in.
+"""
+
+
+def prefect_yaml() -> str:
+    """`prefect.yaml`'s text: header, project, no build/push/pull steps, deployments."""
+    import yaml
+    from prefect import __version__ as prefect_version
+
+    document = {
+        "name": "epiflow",
+        "prefect-version": prefect_version,
+        "build": None,
+        "push": None,
+        "pull": [],
+        "deployments": pool_deployments(),
+    }
+    return YAML_HEADER + yaml.safe_dump(document, sort_keys=False, width=100)

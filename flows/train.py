@@ -1,180 +1,431 @@
 """The `train` flow: dataset snapshot → TRL trainer → checkpoint, rows and metrics.
 
-Thin composition over `training/`. The dataset is a stored snapshot, or one built now from
-a collection run (`from_run`) or from the run a QC gate judged (`qc_run`, as the gate's
-trigger passes it). Without `base_checkpoint`, the newest base model is used, and one is
-built from the protocol corpus when none exists yet (no download, ever).
+Stages as Prefect tasks: `dataset-snapshot` (a stored snapshot, or one built now from a
+collection run, `from_run`, or from the run a QC gate judged, `qc_run`), `base-model` (the
+given checkpoint, else the newest base model, built from the protocol corpus when none
+exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
+max steps and a table of loss and learning rate, kept current while it trains; stops at
+`max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
+flow follows as a subflow and the training artifact links it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.artifacts import acreate_markdown_artifact
-from prefect.runtime import flow_run
-from sqlalchemy import Engine, select
-from sqlmodel import col
-
-from collection.errors import TrainFlowError
-from config.settings import load_settings
-from models import Checkpoint, QcRun
-from storage.db import make_engine
-from storage.exchange import resolve_run
-from storage.migrate import ensure_current
-from storage.objects import ObjectStore, make_object_store
-from suites.registry import load_suite
-from training.base_model import protocol_corpus
-from training.pipeline import (
-    DEFAULT_KIND,
-    prepare_base_for_snapshot,
-    prepare_base_model,
-    train_checkpoint,
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    acreate_markdown_artifact,
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
 )
+from prefect.cache_policies import NONE
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from config.settings import Settings, load_settings
+from flows import route_library_logs
+from flows.evaluate import EvaluationOptions, EvaluationResult
+from training.errors import DatasetSelectionError
+from training.pipeline import TrainedModel
 from training.recipes import get_recipe
 from training.settings import TrainingSettings
-from training.snapshots import build_snapshot
 from training.trainers import Algo
 
-
-def newest_base_model(engine: Engine) -> uuid.UUID | None:
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(col(Checkpoint.id))
-            .where(col(Checkpoint.training_run_id).is_(None))
-            .order_by(col(Checkpoint.created_at).desc())
-            .limit(1)
-        ).scalar_one_or_none()
-    return found
+LOSS_TABLE_EVERY_S = 15.0
+"""How often the loss table artifact gets a new version while training runs, seconds."""
 
 
-def ensure_base_model(
-    engine: Engine, store: ObjectStore, settings: TrainingSettings, work: Path
+class TrainFlowResult(BaseModel):
+    """What a training run produced (the CLI's JSON, the flow's result)."""
+
+    training_run_id: uuid.UUID
+    """The `training_run` row."""
+    checkpoint_id: uuid.UUID
+    """The checkpoint it saved."""
+    dataset_id: uuid.UUID
+    """The snapshot it trained on."""
+    base_checkpoint_id: uuid.UUID
+    """The checkpoint it started from."""
+    algo: Algo
+    """Algorithm."""
+    steps: int
+    """Optimizer steps taken."""
+    train_loss: float | None
+    """Mean training loss."""
+    tokens: int
+    """Tokens trained on."""
+    tokens_per_s: float
+    """Training throughput."""
+    stopped_by_time: bool = False
+    """Training ended at `max_time_s`, before its step budget."""
+    flow_run_id: str | None = None
+    """The train flow run (for links in the UI)."""
+    evaluation: EvaluationResult | None = None
+    """The evaluation that followed (with `evaluation.instances > 0`)."""
+
+
+def flow_run_link(flow_run_id: str | None) -> str:
+    """A markdown link to a flow run's page in the Prefect UI (the bare id without a UI)."""
+    if not flow_run_id:
+        return "-"
+    from prefect.utilities.urls import url_for
+
+    url = url_for("flow-run", obj_id=flow_run_id)
+    return f"[{flow_run_id}]({url})" if url else f"`{flow_run_id}`"
+
+
+@task(name="dataset-snapshot", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def dataset_snapshot(
+    settings: Settings,
+    algo: Algo,
+    dataset: str | None,
+    from_run: str | None,
+    qc_run: str | list[str] | None,
+    training: TrainingSettings,
 ) -> uuid.UUID:
-    """The newest registered base model, or a new tiny one built from the protocol corpus."""
-    found = newest_base_model(engine)
-    if found is not None:
-        return found
-    tasks = load_suite("builtin").instances(2)
-    return prepare_base_model(
-        engine, store, work_dir=work, corpus=protocol_corpus(tasks), settings=settings
-    )
+    """The snapshot to train on: the given id, or one built from a run or from several gate
+    runs (identical selections reuse the stored snapshot, so a retry builds nothing twice);
+    its prompts in the settings' prompt style."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from storage.qc import gated_run_selection
+    from storage.runs import resolve_run
+    from training.pipeline import DEFAULT_KIND
+    from training.snapshots import build_snapshot
 
-
-def _qc_run(engine: Engine, qc_run: str) -> tuple[uuid.UUID, uuid.UUID]:
+    logger = get_run_logger()
+    if dataset is not None:
+        logger.info("dataset-snapshot: stored snapshot %s", dataset)
+        return uuid.UUID(dataset)
+    engine = make_engine(settings.database)
     try:
-        qc_id = uuid.UUID(qc_run)
-    except ValueError as e:
-        raise TrainFlowError(f"qc_run {qc_run!r} is not a qc run id") from e
-    with engine.connect() as conn:
-        run_id = conn.execute(
-            select(col(QcRun.run_id)).where(col(QcRun.id) == qc_id)
-        ).scalar_one_or_none()
-    if run_id is None:
-        raise TrainFlowError(f"no qc run {qc_run}")
-    return qc_id, run_id
+        store = make_object_store(settings.objects)
+        qc_ids: list[uuid.UUID] | None = None
+        if qc_run is not None:
+            gated = [
+                await asyncio.to_thread(gated_run_selection, engine, q)
+                for q in ([qc_run] if isinstance(qc_run, str) else qc_run)
+            ]
+            qc_ids, run_ids = [q for q, _ in gated], [r for _, r in gated]
+        else:
+            run_ids = [await asyncio.to_thread(resolve_run, engine, str(from_run))]
+        info = await asyncio.to_thread(
+            lambda: build_snapshot(
+                engine,
+                store,
+                kind=DEFAULT_KIND[algo],
+                run_ids=run_ids,
+                qc_run_id=qc_ids,
+                prompt_style=training.prompt_style,
+            )
+        )
+    finally:
+        engine.dispose()
+    logger.info(
+        "dataset-snapshot: %s (%s), %d rows from %d episodes",
+        info.id,
+        info.kind.value,
+        info.n_rows,
+        info.n_episodes,
+    )
+    return info.id
 
 
-@flow(name="train", log_prints=True, persist_result=True)
+@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def base_model(
+    settings: Settings,
+    training: TrainingSettings,
+    base_checkpoint: str | None,
+    work: Path,
+    for_dataset: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """The checkpoint to start from: the given one; else, with `for_dataset` (a recipe), a
+    base built for that snapshot (its tokenizer, the recipe's shape, the copy warm-up);
+    else the newest base model (built locally from the protocol corpus when there is none)."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import ensure_base_model, prepare_base_for_snapshot
+
+    if base_checkpoint:
+        get_run_logger().info("base-model: checkpoint %s", base_checkpoint)
+        return uuid.UUID(base_checkpoint)
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        if for_dataset is not None:
+            base = await asyncio.to_thread(
+                lambda: prepare_base_for_snapshot(
+                    engine, store, dataset_id=for_dataset, work_dir=work, settings=training
+                )
+            )
+        else:
+            base = await asyncio.to_thread(ensure_base_model, engine, store, training, work)
+    finally:
+        engine.dispose()
+    get_run_logger().info("base-model: checkpoint %s", base)
+    return base
+
+
+class _TrainingMonitor:
+    """Turns the trainer's metrics hook (called in the training thread) into a progress
+    artifact and a loss table on the flow's event loop, throttled."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, progress_id: uuid.UUID, key: str) -> None:
+        self.loop = loop
+        self.progress_id = progress_id
+        self.key = key
+        self.rows: list[dict[str, Any]] = []
+        self.step = 0
+        self.max_steps = 0
+        self._last_progress = 0.0
+        self._last_table = time.monotonic()
+        self._lock = threading.Lock()
+        self._pending: list[concurrent.futures.Future[Any]] = []
+
+    def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        with self._lock:
+            self.step, self.max_steps = step, max_steps
+            if "loss" in logs:
+                self.rows.append(
+                    {
+                        "step": step,
+                        "loss": round(logs["loss"], 5),
+                        "learning_rate": logs.get("learning_rate"),
+                        "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
+                        "epoch": logs.get("epoch"),
+                    }
+                )
+            now = time.monotonic()
+            if now - self._last_progress >= 1.0 or step >= max_steps:
+                self._last_progress = now
+                self._submit(self.publish_progress())
+            if now - self._last_table >= LOSS_TABLE_EVERY_S:
+                self._last_table = now
+                self._submit(self.publish_table())
+
+    def _submit(self, coroutine: Any) -> None:
+        self._pending.append(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
+
+    async def publish_progress(self) -> None:
+        step, max_steps = self.step, self.max_steps
+        try:
+            await aupdate_progress_artifact(
+                self.progress_id,
+                progress=100.0 * min(step, max_steps) / max_steps if max_steps else 0.0,
+                description=f"step {step} / {max_steps}",
+            )
+        except Exception as e:  # progress is for the eyes; training goes on
+            get_run_logger().warning("progress artifact not updated: %r", e)
+
+    async def publish_table(self) -> None:
+        with self._lock:
+            rows = list(self.rows)
+        if rows:
+            await acreate_table_artifact(
+                table=rows, key=self.key, description="Loss and learning rate per logged step"
+            )
+
+    async def drain(self) -> None:
+        """Wait for the updates in flight (they run on this loop)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            await asyncio.wrap_future(future)
+
+
+@task(name="train", cache_policy=NONE, retries=0)
+async def train_task(
+    settings: Settings,
+    training: TrainingSettings,
+    algo: Algo,
+    dataset_id: uuid.UUID,
+    base: uuid.UUID,
+    work: Path,
+) -> TrainedModel:
+    """Train with TRL in a worker thread (the event loop stays free), publishing progress
+    (step / max steps) and the loss table while it runs."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import train_model
+
+    logger = get_run_logger()
+    progress = await acreate_progress_artifact(
+        progress=0.0, key="train-progress", description="starting"
+    )
+    monitor = _TrainingMonitor(asyncio.get_running_loop(), progress, key="train-loss")
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        trained = await asyncio.to_thread(
+            lambda: train_model(
+                engine,
+                store,
+                algo=algo,
+                dataset_id=dataset_id,
+                work_dir=work,
+                settings=training,
+                base_checkpoint_id=base,
+                prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+                on_metrics=monitor.on_metrics,
+            )
+        )
+    finally:
+        engine.dispose()
+        await monitor.drain()
+    await monitor.publish_progress()
+    await monitor.publish_table()
+    result = trained.result
+    logger.info(
+        "train: %s, %d steps%s, loss %s, %d tokens at %.0f tokens/s in %.1f s",
+        algo.value,
+        result.steps,
+        " (stopped at the wall-time budget)" if result.stopped_by_time else "",
+        f"{result.train_loss:.4f}" if result.train_loss is not None else "-",
+        result.tokens,
+        result.tokens_per_s,
+        result.runtime_s,
+    )
+    return trained
+
+
+@task(name="register-checkpoint", cache_policy=NONE, retries=0)
+async def register_checkpoint_task(
+    settings: Settings, training: TrainingSettings, trained: TrainedModel
+) -> uuid.UUID:
+    """Upload the checkpoint with its config artifact; close the training run."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.pipeline import register_checkpoint
+
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        outcome = await asyncio.to_thread(
+            lambda: register_checkpoint(engine, store, trained, settings=training)
+        )
+    finally:
+        engine.dispose()
+    get_run_logger().info(
+        "register-checkpoint: %s (training run %s)", outcome.checkpoint_id, trained.training_run_id
+    )
+    return outcome.checkpoint_id
+
+
+def training_markdown(result: TrainFlowResult) -> str:
+    """The training artifact: what was trained, and the evaluation run that followed."""
+    lines = ["# Training run", ""]
+    for k, v in result.model_dump(mode="json", exclude={"evaluation", "flow_run_id"}).items():
+        lines.append(f"- **{k}**: {v}")
+    if result.evaluation is not None:
+        e = result.evaluation
+        lines += [
+            "",
+            f"Evaluation: {flow_run_link(e.flow_run_id)} — completion {e.completion_rate:.3f}"
+            + (
+                f" ({e.delta.get('completion_rate', 0.0):+.3f} against the previous checkpoint)"
+                if e.previous is not None
+                else ""
+            ),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="train", log_prints=False, persist_result=True)
 async def train(
-    algo: str = "sft",
+    algo: Algo = Algo.SFT,
     dataset: str | None = None,
     from_run: str | None = None,
     qc_run: str | list[str] | None = None,
     base_checkpoint: str | None = None,
     max_steps: int | None = None,
-    evaluate_instances: int = 0,
+    max_time_s: float | None = None,
+    save_steps: int | None = None,
     recipe: str | None = None,
-) -> dict[str, Any]:
-    """Train `algo` (sft, dpo, kto, grpo) and register the checkpoint.
+    evaluation: EvaluationOptions = EvaluationOptions(instances=0),  # noqa: B008 - frozen
+) -> TrainFlowResult:
+    """Train with TRL and register the checkpoint; exactly one of `dataset`, `from_run`,
+    `qc_run` selects the data.
 
-    Exactly one of `dataset` (snapshot id), `from_run` (run key or id) or `qc_run` (gate
-    run id, or several: e.g. an oracle and a noisy collection gated separately) selects
-    the data. `recipe` (`training.recipes`: `loop`, `demo`) sets the model shape, prompt
-    style, schedule and time budget; without `base_checkpoint` it builds a base model for
-    the snapshot (tokenizer from its texts, copy warm-up). With `evaluate_instances > 0`
-    the `evaluate` flow runs on the new checkpoint afterwards.
+    Args:
+        algo: Training algorithm: sft (supervised), dpo and kto (preferences), grpo (online
+            RL in the sandbox).
+        dataset: Id of a stored dataset snapshot to train on.
+        from_run: Build the snapshot from this collection run (key or id).
+        qc_run: Build the snapshot from the run this QC gate judged, with its verdicts
+            (or from several gate runs, e.g. an oracle and a noisy collection).
+        base_checkpoint: Checkpoint to start from (default: the newest base model; with a
+            recipe, a base built for the snapshot).
+        max_steps: Optimizer steps (default EPIFLOW_TRAINING_MAX_STEPS; -1 trains by epochs).
+        max_time_s: Wall-time budget of training, seconds; it stops at the next step once
+            spent (default EPIFLOW_TRAINING_MAX_TIME_S: none).
+        save_steps: Also save an intermediate checkpoint every N steps.
+        recipe: `training.recipes` preset (`demo`, `loop`): model shape, prompt style,
+            schedule and time budget; the arguments above still win.
+        evaluation: Held-out evaluation of the new checkpoint against the previous one
+            afterwards (instances 0: none).
     """
-    logger = get_run_logger()
+    route_library_logs()
     if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
-        raise TrainFlowError("give exactly one of dataset, from_run, qc_run")
+        raise DatasetSelectionError(
+            "give exactly one of dataset, from_run, qc_run", setting="--dataset"
+        )
     chosen = Algo(algo)
     settings = load_settings()
-    training = get_recipe(recipe).training_settings() if recipe else TrainingSettings()
-    if max_steps is not None:
-        training = training.model_copy(update={"max_steps": max_steps})
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    store = make_object_store(settings.objects)
+    overrides = {
+        name: value
+        for name, value in (
+            ("max_steps", max_steps),
+            ("max_time_s", max_time_s),
+            ("save_steps", save_steps),
+        )
+        if value is not None
+    }
+    training = (
+        get_recipe(recipe).training_settings() if recipe else TrainingSettings()
+    ).model_copy(update=overrides)
     with tempfile.TemporaryDirectory(prefix="epiflow-train-") as tmp:
         work = Path(tmp)
-        if dataset is not None:
-            dataset_id = uuid.UUID(dataset)
-        else:
-            if qc_run is not None:
-                gated = [
-                    _qc_run(engine, q) for q in ([qc_run] if isinstance(qc_run, str) else qc_run)
-                ]
-                qc_ids: list[uuid.UUID] | None = [q for q, _ in gated]
-                run_ids = [r for _, r in gated]
-            else:
-                qc_ids, run_ids = None, [resolve_run(engine, str(from_run))]
-            info = build_snapshot(
-                engine,
-                store,
-                kind=DEFAULT_KIND[chosen],
-                run_ids=run_ids,
-                qc_run_id=qc_ids,
-                prompt_style=training.prompt_style,
-            )
-            dataset_id = info.id
-            logger.info(
-                "snapshot %s: %s rows from %s episodes", info.id, info.n_rows, info.n_episodes
-            )
-        if base_checkpoint:
-            base = uuid.UUID(base_checkpoint)
-        elif recipe:
-            base = prepare_base_for_snapshot(
-                engine, store, dataset_id=dataset_id, work_dir=work, settings=training
-            )
-        else:
-            base = ensure_base_model(engine, store, training, work)
-        outcome = train_checkpoint(
-            engine,
-            store,
-            algo=chosen,
-            dataset_id=dataset_id,
-            work_dir=work,
-            settings=training,
-            base_checkpoint_id=base,
-            prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+        dataset_id = await dataset_snapshot(settings, chosen, dataset, from_run, qc_run, training)
+        base = await base_model(
+            settings, training, base_checkpoint, work, dataset_id if recipe else None
         )
-    result: dict[str, Any] = {
-        "training_run_id": str(outcome.training_run_id),
-        "checkpoint_id": str(outcome.checkpoint_id),
-        "dataset_id": str(outcome.dataset_id),
-        "base_checkpoint_id": str(base),
-        "algo": chosen.value,
-        "steps": outcome.result.steps,
-        "train_loss": outcome.result.train_loss,
-        "tokens": outcome.result.tokens,
-        "tokens_per_s": outcome.result.tokens_per_s,
-    }
-    await acreate_markdown_artifact(
-        markdown="# Training run\n\n"
-        + "\n".join(f"- **{k}**: {v}" for k, v in result.items())
-        + "\n",
-        key=f"train-{str(outcome.training_run_id)[:8]}",
-        description="Training run",
+        trained = await train_task(settings, training, chosen, dataset_id, base, work)
+        checkpoint_id = await register_checkpoint_task(settings, training, trained)
+    result = TrainFlowResult(
+        training_run_id=trained.training_run_id,
+        checkpoint_id=checkpoint_id,
+        dataset_id=dataset_id,
+        base_checkpoint_id=base,
+        algo=chosen,
+        steps=trained.result.steps,
+        train_loss=trained.result.train_loss,
+        tokens=trained.result.tokens,
+        tokens_per_s=trained.result.tokens_per_s,
+        stopped_by_time=trained.result.stopped_by_time,
+        flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
-    engine.dispose()
-    if evaluate_instances > 0:
+    if evaluation.instances > 0:
         from flows.evaluate import evaluate
 
-        result["evaluation"] = await evaluate(
-            checkpoint=result["checkpoint_id"], instances=evaluate_instances
+        result.evaluation = await evaluate(
+            checkpoint=str(checkpoint_id),
+            instances=evaluation.instances,
+            suite=evaluation.suite,
+            templates=evaluation.templates,
+            max_steps=evaluation.max_steps,
+            max_new_tokens=evaluation.max_new_tokens,
         )
+    await acreate_markdown_artifact(
+        markdown=training_markdown(result),
+        key=f"train-{str(trained.training_run_id)[:8]}",
+        description="Training run",
+    )
     return result

@@ -27,4 +27,6 @@ class Artifact(SQLModel, table=True):
     size: int = doc("Size in bytes.")
     sha256: str = doc("sha256 of the content.")
     content_type: str = doc("MIME type.", default="application/octet-stream")
-    created_at: datetime = time_col("When the row was written (UTC).")
+    created_at: datetime = time_col(
+        "The episode's ended_at, else started_at (UTC); not when the object or row was written."
+    )

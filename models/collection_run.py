@@ -34,7 +34,12 @@ class CollectionRun(SQLModel, table=True):
     parameters: dict[str, Any] = json_col("Flow parameters (tasks, rollouts, concurrency, …).")
     sandbox_spec: dict[str, Any] = json_col("The sandbox spec the run used.")
     fault_profile: dict[str, Any] = json_col("Fault-injection profile in force; empty when off.")
-    status: str = doc("`running`, `completed` or `failed`.", default="running", index=True)
+    status: str = doc(
+        "`running`, `completed`, `failed` or `interrupted` (stopped by a signal; re-running "
+        "the key resumes it).",
+        default="running",
+        index=True,
+    )
     prefect_flow_run_id: str | None = doc(
         "Prefect flow run that collected it, if any.", default=None
     )

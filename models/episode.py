@@ -78,9 +78,33 @@ class Episode(SQLModel, table=True):
         "Tool calls that failed (non-zero exit, typed error, timeout).", default=0
     )
     n_injected_faults: int = doc("Steps that carried an injected fault.", default=0)
-    prompt_tokens: int = doc("Prompt tokens over all steps, as reported by the policy.", default=0)
-    completion_tokens: int = doc(
-        "Completion tokens over all steps, as reported by the policy.", default=0
+    prompt_tokens: int | None = doc(
+        "Prompt tokens over the steps that reported them; NULL when no step did "
+        "(scripted policies report none).",
+        default=None,
+    )
+    completion_tokens: int | None = doc(
+        "Completion tokens over the steps that reported them; NULL when no step did.",
+        default=None,
+    )
+    cost_usd: float | None = doc(
+        "Cost in USD over the steps that reported one (imported episodes); NULL when none did.",
+        default=None,
+    )
+    agent_name: str = doc(
+        "Agent system that produced the episode: `epiflow` for episodes collected here, the "
+        "ATIF `agent.name` of an imported one (`openhands`, `terminus-2`, …).",
+        default="epiflow",
+        index=True,
+        sa_column_kwargs={"server_default": "epiflow"},
+    )
+    agent_version: str = doc(
+        "Version of that agent system (`1` for epiflow's loop).",
+        default="1",
+        sa_column_kwargs={"server_default": "1"},
     )
     trajectory_key: str | None = doc("Object-store key of the full trajectory JSON.", default=None)
-    created_at: datetime = time_col("When the row was written (UTC).")
+    created_at: datetime = time_col(
+        "When the episode's record was complete: its ended_at, else started_at (UTC); "
+        "not when the row was written (an import keeps the episode's own times)."
+    )

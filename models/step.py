@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Index
+from sqlalchemy import ColumnElement, Index, literal_column
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
@@ -34,8 +34,17 @@ class Step(SQLModel, table=True):
     raw_output_truncated: bool = doc(
         "True when the model's answer exceeded the output cap.", default=False
     )
-    prompt_tokens: int | None = doc("Prompt tokens reported by the policy.", default=None)
+    prompt_tokens: int | None = doc(
+        "Prompt tokens reported by the policy; NULL when it reports none.", default=None
+    )
     completion_tokens: int | None = doc("Completion tokens reported by the policy.", default=None)
+    cached_tokens: int | None = doc("Cached subset of prompt_tokens, when reported.", default=None)
+    cost_usd: float | None = doc("Cost of the turn in USD, when reported.", default=None)
+    reasoning_content: str | None = text_col(
+        "The model's explicit reasoning for the turn, when returned apart from its answer "
+        "(ATIF reasoning_content).",
+        nullable=True,
+    )
     generation_latency_ms: float | None = doc("Wall time of the policy request, ms.", default=None)
     native_tool_calls: list[Any] | None = json_col(
         "Raw OpenAI tool_calls JSON when the endpoint used native tool calling.", nullable=True
@@ -75,7 +84,9 @@ class Step(SQLModel, table=True):
     signal: int | None = doc("Signal that killed the command, if any.", default=None)
     timed_out: bool = doc("True when the per-call timeout killed the command.", default=False)
     error_type: str | None = doc(
-        "Typed tool failure (not_found, permission_denied, timeout, …).", default=None
+        "Typed tool failure (nonzero_exit, not_found, timeout, …; every value is listed in "
+        "docs/trajectory-schema.md); NULL when the call succeeded or did not run.",
+        default=None,
     )
     stdout: str = text_col(
         "Standard output, decoded, NUL-free, truncated; full bytes in the object store."
@@ -112,3 +123,24 @@ class Step(SQLModel, table=True):
     )
     immediate_reward: float = doc("Per-step shaping reward.", default=0.0)
     discounted_return: float = doc("Discounted return from this step to the end.", default=0.0)
+
+
+def tool_failed_sql(table: str = "step") -> str:
+    """`agent.trajectory.Step.tool_failed` as portable SQL (SQLite and PostgreSQL) over the
+    step columns of `table` (a table name or alias): true when the step made a tool call
+    that timed out, carries a typed error, was killed by a signal or exited non-zero.
+
+    The `tool_failure_rates` view states the same rule (migrations are frozen history);
+    `tests/storage/test_tool_failed.py` checks the view, this expression and the Python
+    property agree on every edge.
+    """
+    t = table
+    return (
+        f"({t}.parse_kind = 'tool_call' AND ({t}.timed_out OR {t}.error_type IS NOT NULL "
+        f"OR {t}.signal IS NOT NULL OR ({t}.exit_code IS NOT NULL AND {t}.exit_code <> 0)))"
+    )
+
+
+def tool_failed() -> ColumnElement[bool]:
+    """`tool_failed_sql()` as a SQLAlchemy column expression over the `step` table."""
+    return literal_column(tool_failed_sql("step"))

@@ -24,4 +24,6 @@ class Task(SQLModel, table=True):
         "Difficulty 1 (2-step chore) … 5 (15-step job with traps).", default=None
     )
     prompt: str = text_col("The task as the agent sees it.")
-    created_at: datetime = time_col("When the row was first written (UTC).")
+    created_at: datetime = time_col(
+        "Start time of the episode whose ingest created the row (UTC); not when it was written."
+    )

@@ -7,6 +7,7 @@ this module emits a script, an event handler or an external reference.
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 from typing import Any
 
@@ -14,10 +15,14 @@ from agent.trajectory import ParseKind, Step, Trajectory
 from reports.model import DeductionInfo, EpisodeEntry, JudgementInfo, QcVerdictInfo
 from reports.svg import status_color
 
+_SPECIAL = re.compile("[&<>\"']")
+
 
 def esc(value: object) -> str:
     """HTML-escape any value (quotes included, so it is safe in attributes too)."""
-    return escape(str(value), quote=True)
+    text = str(value)
+    # Most values have nothing to escape; one regex scan is cheaper than five replaces.
+    return escape(text, quote=True) if _SPECIAL.search(text) else text
 
 
 def episode_anchor(entry: EpisodeEntry) -> str:
@@ -124,7 +129,11 @@ def _meta(entry: EpisodeEntry) -> str:
             ),
             (
                 "tokens",
-                f"{t.prompt_tokens} prompt, {t.completion_tokens} completion",
+                f"{t.prompt_tokens} prompt, {t.completion_tokens} completion"
+                if any(
+                    s.prompt_tokens is not None or s.completion_tokens is not None for s in t.steps
+                )
+                else "not reported by the policy",
             ),
         ]
     cells = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in rows)
@@ -257,7 +266,7 @@ def _step(
 
 
 def _call(s: Step, *, max_chars: int | None) -> str:
-    ok = s.exit_code == 0 and not s.error_type and not s.timed_out and s.signal is None
+    ok = not s.tool_failed
     outcome = [f"exit code {esc(s.exit_code) if s.exit_code is not None else '—'}"]
     if s.error_type:
         outcome.append(f"error {esc(s.error_type)}")
@@ -268,7 +277,7 @@ def _call(s: Step, *, max_chars: int | None) -> str:
     rows = [
         ("tool", f"<code>{esc(s.tool)}</code>"),
         ("call id", f"<code>{esc(s.call_id)}</code>"),
-        ("args", text_block(_json(s.args, indent=2), max_chars=max_chars, css="args")),
+        ("args", text_block(_args_json(s.args), max_chars=max_chars, css="args")),
         ("result", f'<span class="{"ok" if ok else "bad"}">{", ".join(outcome)}</span>'),
     ]
     if s.files_changed:
@@ -287,6 +296,13 @@ def _call(s: Step, *, max_chars: int | None) -> str:
 
 def _signed(value: float | None) -> str:
     return "—" if value is None else f"{value:+.3f}"
+
+
+def _args_json(args: Any) -> str:
+    """Arguments on one line when short, indented when long (json's C encoder only
+    serves the one-line form, and most calls' arguments are short)."""
+    compact = _json(args)
+    return compact if len(compact) <= 100 else _json(args, indent=2)
 
 
 def _json(value: Any, *, indent: int | None = None) -> str:

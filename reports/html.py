@@ -9,10 +9,11 @@ hostile input: every value goes through `esc`.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from datetime import datetime
 
 from reports.episode import badge, episode_anchor, esc, render_episode
-from reports.model import RunReport
+from reports.model import EpisodeEntry, PageInfo, RunReport
 from reports.svg import (
     histogram_bins,
     histogram_svg,
@@ -87,25 +88,44 @@ nav a{margin-right:12px}
 """
 
 
-def render_report(report: RunReport, *, max_chars: int | None = 4000, expand: bool = False) -> str:
+def render_report(
+    report: RunReport,
+    *,
+    max_chars: int | None = 4000,
+    expand: bool = False,
+    pages: Sequence[PageInfo] | None = None,
+) -> str:
     """The whole page. `max_chars` cuts each long text block (None: no cut); `expand` opens
-    every episode (for printing or saving as PDF, where closed ones would stay hidden)."""
+    every episode (for printing or saving as PDF, where closed ones would stay hidden).
+
+    With `pages` (a large run, see `reports.pages`), this is the overview: every chart and
+    table, then a list of the episode pages instead of the index and the episodes."""
     run = report.run
-    title = f"epiflow run report: {run.run_key}"
     sections = [
-        _header(report),
+        _header(report, paged=pages is not None),
         _status_section(report),
         _distributions(report),
         _tools_and_templates(report),
         _faults(report),
         _qc_section(report),
-        _index(report),
-        '<h2 id="episodes">Episodes</h2>',
-        *(
-            render_episode(entry, n, max_chars=max_chars, expand=expand)
-            for n, entry in enumerate(report.episodes, start=1)
-        ),
     ]
+    if pages is not None:
+        sections.append(pages_section(pages, len(report.episodes)))
+    else:
+        sections += [
+            '<h2 id="index">Episode index</h2>',
+            index_table(report.episodes),
+            '<h2 id="episodes">Episodes</h2>',
+            *(
+                render_episode(entry, n, max_chars=max_chars, expand=expand)
+                for n, entry in enumerate(report.episodes, start=1)
+            ),
+        ]
+    return document(f"epiflow run report: {run.run_key}", sections)
+
+
+def document(title: str, sections: Sequence[str]) -> str:
+    """A self-contained page: the CSP (no script, no fetch), the inline CSS, `sections`."""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -117,7 +137,7 @@ def render_report(report: RunReport, *, max_chars: int | None = 4000, expand: bo
     )
 
 
-def _header(report: RunReport) -> str:
+def _header(report: RunReport, *, paged: bool = False) -> str:
     run = report.run
     facts = [
         f"run id <code>{esc(run.run_id)}</code>",
@@ -156,11 +176,15 @@ def _header(report: RunReport) -> str:
         f'<div class="card"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
         for k, v in cards
     )
+    episodes = (
+        '<a href="#pages">episode pages</a>'
+        if paged
+        else '<a href="#index">episode index</a><a href="#episodes">episodes</a>'
+    )
     nav = (
         '<nav><a href="#status">status</a><a href="#distributions">distributions</a>'
         '<a href="#tools">tools</a><a href="#templates">templates</a>'
-        '<a href="#quality">quality gate</a><a href="#index">episode index</a>'
-        '<a href="#episodes">episodes</a></nav>'
+        f'<a href="#quality">quality gate</a>{episodes}</nav>'
     )
     return (
         f"<h1>epiflow run report: <code>{esc(run.run_key)}</code></h1>"
@@ -313,9 +337,11 @@ def _qc_section(report: RunReport) -> str:
     )
 
 
-def _index(report: RunReport) -> str:
+def index_table(entries: Sequence[EpisodeEntry], *, start: int = 1, page_file: str = "") -> str:
+    """The episode index: one row per entry, numbered from `start`, linking to the
+    episode's anchor (in `page_file` when the episodes are on another page)."""
     rows = []
-    for n, e in enumerate(report.episodes, start=1):
+    for n, e in enumerate(entries, start=start):
         verdict = (
             badge(f"{e.qc.verdict} {e.qc.quality_score:.2f}", f"verdict-{e.qc.verdict}")
             if e.qc is not None
@@ -323,17 +349,34 @@ def _index(report: RunReport) -> str:
         )
         reward = "—" if e.total_reward is None else f"{e.total_reward:+.3f}"
         rows.append(
-            f'<tr><td><a href="#{esc(episode_anchor(e))}">#{n}</a></td>'
+            f'<tr><td><a href="{esc(page_file)}#{esc(episode_anchor(e))}">#{n}</a></td>'
             f'<td>{esc(e.template)}</td><td class="n">{e.rollout_index}</td>'
             f"<td>{badge(e.status, color=status_color(e.status))}</td>"
             f'<td>{esc(e.failure_category)}</td><td class="n">{e.n_steps}</td>'
             f'<td class="n">{reward}</td><td>{verdict}</td></tr>'
         )
     return (
-        '<h2 id="index">Episode index</h2><table class="index"><thead><tr><th>episode</th>'
+        '<table class="index"><thead><tr><th>episode</th>'
         '<th>template</th><th class="n">rollout</th><th>status</th><th>failure category</th>'
         '<th class="n">steps</th><th class="n">reward</th><th>gate</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def pages_section(pages: Sequence[PageInfo], n_episodes: int) -> str:
+    """The overview's list of episode pages, with each page's status counts."""
+    rows = "".join(
+        f'<tr><td><a href="{esc(p.file)}">page {p.number}</a></td>'
+        f'<td class="n">#{p.first}–#{p.last}</td>'
+        f"<td>{' '.join(badge(f'{k} {v}', color=status_color(k)) for k, v in p.by_status.items())}"
+        "</td></tr>"
+        for p in pages
+    )
+    return (
+        f'<h2 id="pages">Episodes ({n_episodes}, on {len(pages)} pages)</h2>'
+        '<p class="muted">Each page has the index of its episodes and their trajectories.</p>'
+        '<table class="pages"><thead><tr><th>page</th><th class="n">episodes</th>'
+        f"<th>status</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 

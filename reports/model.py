@@ -183,10 +183,27 @@ class EpisodeEntry(BaseModel):
     """The full trajectory; None when it could not be read (see `trajectory_error`)."""
     trajectory_error: str | None = None
     """Why the trajectory is missing (a storage error, or never stored)."""
+    trajectory_key: str | None = None
+    """Object-store key of the trajectory (None for a storage error)."""
     qc: QcVerdictInfo | None = None
     """Verdict of the latest gate run, when the run was gated."""
     judgements: list[JudgementInfo] = Field(default_factory=list)
     """Judgements of the latest gate run."""
+
+
+class PageInfo(BaseModel):
+    """One page of a large run's episodes (`reports.pages`)."""
+
+    number: int
+    """1-based page number."""
+    file: str
+    """File name of the page, beside the overview page."""
+    first: int
+    """Number (1-based, run-wide) of its first episode."""
+    last: int
+    """Number of its last episode."""
+    by_status: dict[str, int] = Field(default_factory=dict)
+    """Its episodes by status."""
 
 
 class RunReport(BaseModel):

@@ -5,7 +5,7 @@ from sandbox.errors import EpisodeHardTimeout, SandboxCrashed, SandboxError, San
 from sandbox.factory import open_sandbox
 from sandbox.faults import FaultProfile
 from sandbox.interface import Sandbox
-from sandbox.pool import WarmPool
+from sandbox.pool import WarmPool, pooled_opener
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.transfer import ExportReport, TransferError, files_from_dir
@@ -25,4 +25,5 @@ __all__ = [
     "WarmPool",
     "files_from_dir",
     "open_sandbox",
+    "pooled_opener",
 ]

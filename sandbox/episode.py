@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sandbox.errors import EpisodeHardTimeout, SandboxCrashed
 from sandbox.faults import FaultInjector, FaultProfile
-from sandbox.host import HostSetup
+from sandbox.host_setup import HostSetup
 from sandbox.interface import Sandbox
 from sandbox.jail import Jail
 from sandbox.results import (
@@ -181,16 +181,44 @@ class NsjailSandbox(Sandbox):
             raise ValueError(f"argv must be a non-empty list of NUL-free strings, got {argv!r}")
         timeout = self._command_timeout(timeout_s)
         answer = await self._request(
-            self._exec_payload(argv, timeout, stdin, track=False), timeout_s=timeout
+            self._process_payload(timeout, stdin, track=False, op="exec", argv=argv),
+            timeout_s=timeout,
         )
         return command_result(answer)
 
-    def _exec_payload(
-        self, argv: list[str], timeout: float, stdin: bytes | None, *, track: bool
+    async def run_python(
+        self,
+        script: str,
+        *,
+        args: Sequence[str] = (),
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> CommandResult:
+        """Run `script` in a child forked from the jail's executor: no interpreter start.
+
+        The child has the executor's interpreter (`-I -S`: `sys.path` is the read-only
+        stdlib, with the modules of `settings.verifier_preload` already imported), its
+        limits and its non-dumpability; its own session, pipes, environment (the spec's),
+        `__main__` and `sys.argv` (`["-c", *args]`); the call's timeout and output caps.
+        """
+        if "\x00" in script or not all(isinstance(a, str) and "\x00" not in a for a in args):
+            raise ValueError("script and args must be NUL-free strings")
+        timeout = self._command_timeout(timeout_s)
+        payload = self._process_payload(
+            timeout, stdin, track=False, op="run_python", script=script, args=list(args)
+        )
+        return command_result(await self._request(payload, timeout_s=timeout))
+
+    async def stop_processes(self) -> None:
+        """Kill (and reap) every process of the jail but its executor."""
+        await self._request({"op": "stop_processes"}, timeout_s=_FILE_OP_TIMEOUT_S)
+
+    def _process_payload(
+        self, timeout: float, stdin: bytes | None, *, track: bool, **request: Any
     ) -> dict[str, Any]:
+        """A request that runs one process (`exec`, `run_python`): timeout, caps, stdin."""
         return {
-            "op": "exec",
-            "argv": argv,
+            **request,
             "timeout_s": timeout,
             "cap": self.spec.output_cap_bytes,
             "stdin": None if stdin is None else base64.b64encode(stdin).decode("ascii"),
@@ -223,8 +251,8 @@ class NsjailSandbox(Sandbox):
     async def _run_tool(self, tool: str, args: Mapping[str, Any]) -> ToolResult:
         if tool == "execute_shell":
             timeout = self._command_timeout(args.get("timeout"))
-            payload = self._exec_payload(
-                ["/bin/sh", "-c", args["command"]], timeout, None, track=True
+            payload = self._process_payload(
+                timeout, None, track=True, op="exec", argv=["/bin/sh", "-c", args["command"]]
             )
             answer = await self._request(payload, timeout_s=timeout)
             return shell_tool_result(answer, duration_ms=0.0)

@@ -9,8 +9,10 @@ SandboxError
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class SandboxError(Exception):
+
+class SandboxError(EpiflowError):
     """Base class of every sandbox failure that is not a command's own failure."""
 
 

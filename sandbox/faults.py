@@ -23,7 +23,7 @@ NETWORK_TOOLS = frozenset({"execute_shell"})
 class FaultProfile(BaseModel):
     """Probabilities of each injected fault per tool call; all zero (off) by default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     latency_p: float = Field(default=0.0, ge=0.0, le=1.0)
     """Probability that a call is delayed by `latency_ms` before it runs normally."""

@@ -16,18 +16,13 @@ import os
 import shutil
 import subprocess
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from sandbox.errors import SandboxUnavailable
+from sandbox.host_setup import JAIL_GID, JAIL_UID, HostSetup, LimitMode
+from sandbox.nsjail import probe_argv
 from sandbox.settings import SandboxSettings
 
-LimitMode = Literal["cgroup_v1", "cgroup_v2", "rlimit"]
-
-JAIL_UID = 1000
-JAIL_GID = 1000
-EXECUTOR_DIR_IN_JAIL = "/.epiflow"
 EXECUTOR_SOURCE = Path(__file__).with_name("jail_executor.py")
 _CGROUP_V1_CONTROLLERS = ("memory", "pids")
 
@@ -45,27 +40,6 @@ _ETC_FILES: dict[str, str] = {
 }
 #: Host files copied into the synthetic /etc because the toolchain needs them; none is secret.
 _ETC_COPIED = ("ld.so.cache", "ld.so.conf")
-
-
-@dataclass(frozen=True)
-class HostSetup:
-    """What every jail of this process is built from."""
-
-    nsjail: Path
-    """The nsjail binary in use."""
-    etc_dir: Path
-    """The synthetic `/etc`, mounted read-only."""
-    executor: Path
-    """The executor (compiled by the jail's own interpreter when possible), mounted read-only."""
-    limit_mode: LimitMode
-    """How memory and pids are limited: cgroups where the host allows it, rlimits otherwise."""
-    cgroup_note: str
-    """Why the limit mode is what it is (for logs and the sandbox's description)."""
-
-    @property
-    def executor_in_jail(self) -> str:
-        """Where the executor appears inside the jail."""
-        return f"{EXECUTOR_DIR_IN_JAIL}/executor{self.executor.suffix}"
 
 
 def find_nsjail(settings: SandboxSettings) -> Path:
@@ -91,6 +65,23 @@ def find_nsjail(settings: SandboxSettings) -> Path:
     )
 
 
+def _host_alternatives() -> dict[str, str]:
+    """The host's `/etc/alternatives` symlinks whose targets are absolute paths under the
+    toolchain (`/usr`, `/bin`, `/lib`…): Debian's `awk`, `editor`, `pager` resolve through
+    them, so a jail without them has `/usr/bin/awk` dangling. Only the links are copied,
+    never a file of the host's `/etc`."""
+    folder = Path("/etc/alternatives")
+    links: dict[str, str] = {}
+    if not folder.is_dir():
+        return links
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink():
+            target = str(entry.readlink())
+            if target.startswith(("/usr/", "/bin/", "/lib", "/sbin/")):
+                links[entry.name] = target
+    return links
+
+
 def write_synthetic_etc(state_dir: Path) -> Path:
     """The synthetic `/etc`, content-addressed so that concurrent processes share it safely."""
     files = dict(_ETC_FILES)
@@ -99,11 +90,14 @@ def write_synthetic_etc(state_dir: Path) -> Path:
         source = Path("/etc") / name
         if source.is_file() and not source.is_symlink():
             copied[name] = source.read_bytes()
+    alternatives = _host_alternatives()
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(f"{name}\0{files[name]}\0".encode())
     for name in sorted(copied):
         digest.update(name.encode() + b"\0" + copied[name] + b"\0")
+    for name in sorted(alternatives):
+        digest.update(f"alternatives/{name}\0{alternatives[name]}\0".encode())
     target = state_dir / f"etc-{digest.hexdigest()[:16]}"
     if target.is_dir():
         return target
@@ -119,6 +113,12 @@ def write_synthetic_etc(state_dir: Path) -> Path:
         (staging / name).write_bytes(data)
     for child in staging.iterdir():
         child.chmod(0o444)
+    if alternatives:
+        links = staging / "alternatives"
+        links.mkdir(mode=0o755)
+        for name, link_target in alternatives.items():
+            (links / name).symlink_to(link_target)
+        links.chmod(0o555)
     staging.chmod(0o555)
     try:
         staging.rename(target)
@@ -235,9 +235,15 @@ async def _probe(argv: list[str]) -> tuple[bool, str]:
 _cache: dict[SandboxSettings, HostSetup] = {}
 
 
-def _still_there(setup: HostSetup) -> bool:
-    # A temp cleaner may have removed the shared files since they were made.
-    return setup.executor.is_file() and setup.etc_dir.is_dir()
+def _still_there(setup: HostSetup, settings: SandboxSettings) -> bool:
+    # A temp cleaner may have removed the shared files since they were made, and the
+    # cgroup parents can be removed too (nsjail then cannot start a jail at all).
+    if not (setup.executor.is_file() and setup.etc_dir.is_dir()):
+        return False
+    if setup.limit_mode == "cgroup_v1":
+        root, parent = settings.cgroup_root, settings.cgroup_parent
+        return all((root / c / parent).is_dir() for c in _CGROUP_V1_CONTROLLERS)
+    return True
 
 
 async def prepare_host(settings: SandboxSettings) -> HostSetup:
@@ -248,7 +254,7 @@ async def prepare_host(settings: SandboxSettings) -> HostSetup:
             namespaces), or cgroups are `required` but unusable.
     """
     cached = _cache.get(settings)
-    if cached is not None and not _still_there(cached):
+    if cached is not None and not _still_there(cached, settings):
         cached = None
     if cached is None:
         # Two first callers may both probe; the results are equal, so no lock (an asyncio
@@ -273,8 +279,6 @@ def _limit_candidates(settings: SandboxSettings) -> list[tuple[LimitMode, str]]:
 
 
 async def _prepare(settings: SandboxSettings) -> HostSetup:
-    from sandbox.nsjail import probe_argv  # the argv builder needs a HostSetup to exist
-
     binary, etc_dir, executor = await asyncio.to_thread(_host_files, settings)
     candidates = await asyncio.to_thread(_limit_candidates, settings)
     if settings.cgroups == "required" and candidates[0][0] == "rlimit":

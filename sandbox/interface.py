@@ -8,7 +8,7 @@ implementation (one nsjail per episode with an in-jail executor) lives beside it
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -49,6 +49,41 @@ class Sandbox(ABC):
         stdin: bytes | None = None,
     ) -> CommandResult:
         """Run one command inside the jail, in `/workspace` (verifiers use this).
+
+        Raises:
+            SandboxCrashed: the executor died.
+            EpisodeHardTimeout: the episode's hard timeout fired.
+        """
+
+    async def run_python(
+        self,
+        script: str,
+        *,
+        args: Sequence[str] = (),
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> CommandResult:
+        """Run a Python script as `python3 -I -S -c SCRIPT ARGS…` would, in `/workspace`.
+
+        Stdlib only: nothing in the workspace (or anywhere the agent could write) is on
+        `sys.path`, no `site`, no `PYTHON*` variable read. Verifiers use this. The default
+        starts that interpreter through `exec`; a sandbox may run it without a process
+        start (the nsjail sandbox forks it from its executor).
+
+        Raises:
+            SandboxCrashed: the executor died.
+            EpisodeHardTimeout: the episode's hard timeout fired.
+        """
+        return await self.exec(
+            ["python3", "-I", "-S", "-c", script, *args], timeout_s=timeout_s, stdin=stdin
+        )
+
+    @abstractmethod
+    async def stop_processes(self) -> None:
+        """Kill every process still running in the sandbox (what the agent left behind).
+
+        Called before a verifier runs, so that nothing of the agent's can touch the files
+        the verifier reads while it reads them.
 
         Raises:
             SandboxCrashed: the executor died.

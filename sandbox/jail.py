@@ -3,7 +3,12 @@
 Transport only: `request` sends one JSON frame and waits for the answer; executor death
 (EOF on its stdout) or silence past the deadline becomes `SandboxCrashed`, never a hang.
 `kill` ends the jail and everything in it: EOF on the executor's stdin first (it kills
-its PID namespace and exits), then SIGKILL to nsjail and to the jail's init.
+its PID namespace and exits), then SIGKILL to the jail's init and, last, to nsjail.
+
+nsjail is started with a plain `subprocess.Popen` and watched through the event loop's
+own readers (its pipes and a pidfd), not through asyncio's subprocess machinery: that
+one starts a watcher thread per child and hops between threads at start and exit,
+which costs milliseconds per jail on a loaded machine (see docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any, cast
@@ -24,29 +31,50 @@ from sandbox.errors import SandboxCrashed, SandboxUnavailable
 MAX_FRAME = 512 << 20
 _STDERR_TAIL = 16384
 _EXIT_GRACE_S = 2.0
+_READ_CHUNK = 1 << 20
 
 
-class _JailProtocol(asyncio.SubprocessProtocol):
-    """Splits the executor's stdout into frames; keeps the tail of nsjail's stderr."""
+class _Channel:
+    """The host side of one jail's pipes: frames from stdout, the tail of stderr, exit."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._loop = loop
+        self._proc = proc
+        self.stdin_fd: int | None = proc.stdin.fileno()
+        self.stdout_fd: int | None = proc.stdout.fileno()
+        self.stderr_fd: int | None = proc.stderr.fileno()
+        self.pidfd: int | None = os.pidfd_open(proc.pid)
         self._buffer = bytearray()
+        self._pending_out = bytearray()
         self.frames: deque[bytes] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.stdout_eof = False
         self.protocol_error: str | None = None
         self.stderr_tail = bytearray()
         self.exited: asyncio.Future[None] = loop.create_future()
+        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
+            os.set_blocking(fd, False)
+        loop.add_reader(self.stdout_fd, self._on_stdout)
+        loop.add_reader(self.stderr_fd, self._on_stderr)
+        loop.add_reader(self.pidfd, self._on_exit)
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if fd == 2:
-            self.stderr_tail += data
-            del self.stderr_tail[:-_STDERR_TAIL]
+    def _on_stdout(self) -> None:
+        assert self.stdout_fd is not None
+        try:
+            data = os.read(self.stdout_fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._loop.remove_reader(self.stdout_fd)
+            self.stdout_eof = True
+            self._wake()
             return
         self._buffer += data
         while len(self._buffer) >= 4:
@@ -61,16 +89,88 @@ class _JailProtocol(asyncio.SubprocessProtocol):
             del self._buffer[: 4 + size]
         self._wake()
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self.stdout_eof = True
-            self._wake()
+    def _on_stderr(self) -> None:
+        assert self.stderr_fd is not None
+        try:
+            data = os.read(self.stderr_fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._loop.remove_reader(self.stderr_fd)
+            return
+        self.stderr_tail += data
+        del self.stderr_tail[:-_STDERR_TAIL]
 
-    def process_exited(self) -> None:
+    def _on_exit(self) -> None:
+        assert self.pidfd is not None
+        self._loop.remove_reader(self.pidfd)
+        os.close(self.pidfd)
+        self.pidfd = None
+        self._proc.poll()  # reaps nsjail
+        # Whatever the executor wrote before it went is still in the pipe: read it first.
+        if self.stdout_fd is not None and not self.stdout_eof:
+            self._on_stdout()
+        self.stdout_eof = True
         if not self.exited.done():
             self.exited.set_result(None)
-        self.stdout_eof = True
         self._wake()
+
+    def send(self, data: bytes) -> None:
+        """Queue `data` for the executor's stdin (written as the pipe drains)."""
+        if self.stdin_fd is None:
+            return  # closed: the request will see EOF or the deadline
+        if self._pending_out:
+            self._pending_out += data
+            return
+        self._pending_out += data
+        self._on_writable()
+        if self._pending_out and self.stdin_fd is not None:
+            self._loop.add_writer(self.stdin_fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        assert self.stdin_fd is not None
+        while self._pending_out:
+            try:
+                written = os.write(self.stdin_fd, self._pending_out[:_READ_CHUNK])
+            except BlockingIOError:
+                return
+            except OSError:  # EPIPE: the executor is gone; its stdout says so
+                self._pending_out.clear()
+                break
+            del self._pending_out[:written]
+        self._loop.remove_writer(self.stdin_fd)
+
+    def close_stdin(self) -> None:
+        """EOF for the executor (an idle one kills its PID namespace and exits)."""
+        if self.stdin_fd is not None:
+            self._loop.remove_writer(self.stdin_fd)
+            self._pending_out.clear()
+            self.stdin_fd = None
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+
+    def close(self) -> None:
+        """Stop watching and close every pipe (after the process exited)."""
+        self.close_stdin()
+        for attr in ("stdout_fd", "stderr_fd", "pidfd"):
+            fd = getattr(self, attr)
+            if fd is not None:
+                self._loop.remove_reader(fd)
+                if attr == "pidfd":
+                    os.close(fd)
+                setattr(self, attr, None)
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._proc.stdout.close()
+        self._proc.stderr.close()
+
+
+def _abandon(proc: subprocess.Popen[bytes]) -> None:
+    """Last resort when a Jail is garbage-collected unclosed: EOF ends the executor."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
 
 
 class Jail:
@@ -78,22 +178,23 @@ class Jail:
 
     def __init__(
         self,
-        transport: asyncio.SubprocessTransport,
-        protocol: _JailProtocol,
+        proc: subprocess.Popen[bytes],
+        channel: _Channel,
         argv: list[str],
         cgroup_parents: tuple[Path, ...] = (),
     ) -> None:
-        self._transport = transport
-        self._protocol = protocol
+        self._proc = proc
+        self._channel = channel
         self.argv = argv
         self._cgroup_parents = cgroup_parents
-        self.nsjail_pid: int = transport.get_pid()
+        self.nsjail_pid: int = proc.pid
         self.executor_pid: int | None = None
         """Host pid of the jail's init (the executor), for leak checks and the last-resort kill."""
         self.started_at = time.monotonic()
         self.handshake: dict[str, Any] = {}
         self._busy = False
         self._killed = False
+        weakref.finalize(self, _abandon, proc)
 
     @classmethod
     async def start(
@@ -102,29 +203,41 @@ class Jail:
         """Start nsjail with `argv` and wait for the executor's ready frame.
 
         `cgroup_parents` are where nsjail makes this jail's cgroups (`NSJAIL.<init pid>`);
-        they are removed here if nsjail itself has to be killed before it could.
+        they are removed here if nsjail itself has to be killed before it could. A start
+        that is cancelled kills what it started.
 
         Raises:
             SandboxUnavailable: nsjail failed to start the jail or the executor never answered.
         """
         loop = asyncio.get_running_loop()
         try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _JailProtocol(loop),
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            # Blocks only until nsjail is exec'd (vfork: well under a millisecond); the rest
+            # of the start is watched through the loop.
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 start_new_session=True,
+                bufsize=0,
             )
         except OSError as e:
             raise SandboxUnavailable(f"cannot run nsjail {argv[0]}: {e}") from e
-        jail = cls(transport, protocol, argv, cgroup_parents)
+        try:
+            channel = _Channel(loop, proc)
+        except OSError as e:  # pidfd_open: the kernel is too old for it
+            proc.kill()
+            proc.wait()
+            raise SandboxUnavailable(f"cannot watch nsjail (pidfd_open): {e}") from e
+        jail = cls(proc, channel, argv, cgroup_parents)
         try:
             jail.handshake = await jail._next_frame(start_timeout_s)
         except SandboxCrashed as e:
             await jail.kill()
             raise SandboxUnavailable(f"jail did not start: {e}") from e
+        except BaseException:
+            await asyncio.shield(jail.kill())
+            raise
         if not jail.handshake.get("ready"):
             await jail.kill()
             raise SandboxUnavailable(f"executor sent no ready frame: {jail.handshake!r}")
@@ -134,34 +247,34 @@ class Jail:
     @property
     def alive(self) -> bool:
         """True until the executor or nsjail went away or the jail was killed."""
-        return not (self._killed or self._protocol.stdout_eof)
+        return not (self._killed or self._channel.stdout_eof)
 
     @property
     def stderr_tail(self) -> str:
         """The last bytes nsjail (and the executor) wrote to stderr, for error messages."""
-        return self._protocol.stderr_tail.decode("utf-8", errors="replace").strip()
+        return self._channel.stderr_tail.decode("utf-8", errors="replace").strip()
 
     async def _next_frame(self, timeout_s: float) -> dict[str, Any]:
-        protocol = self._protocol
+        channel = self._channel
         deadline = time.monotonic() + timeout_s
-        while not protocol.frames:
-            if protocol.protocol_error:
-                raise SandboxCrashed(protocol.protocol_error)
-            if protocol.stdout_eof or self._killed:
+        while not channel.frames:
+            if channel.protocol_error:
+                raise SandboxCrashed(channel.protocol_error)
+            if channel.stdout_eof or self._killed:
                 raise SandboxCrashed(
                     f"the jail's executor exited; nsjail said: {self.stderr_tail or '(nothing)'}"
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SandboxCrashed(f"the jail's executor did not answer within {timeout_s:.1f} s")
-            protocol.waiter = asyncio.get_running_loop().create_future()
+            channel.waiter = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(protocol.waiter, remaining)
+                await asyncio.wait_for(channel.waiter, remaining)
             except TimeoutError:
                 continue
             finally:
-                protocol.waiter = None
-        raw = protocol.frames.popleft()
+                channel.waiter = None
+        raw = channel.frames.popleft()
         try:
             frame = json.loads(raw)
         except ValueError as e:
@@ -186,8 +299,7 @@ class Jail:
         self._busy = True
         try:
             body = json.dumps(payload, separators=(",", ":")).encode("ascii")
-            stdin = cast(asyncio.WriteTransport, self._transport.get_pipe_transport(0))
-            stdin.write(len(body).to_bytes(4, "big") + body)
+            self._channel.send(len(body).to_bytes(4, "big") + body)
             answer = await self._next_frame(timeout_s)
         except SandboxCrashed:
             await self.kill()
@@ -205,27 +317,26 @@ class Jail:
         # command ends, so it is killed at once.
         busy = self._busy
         self._killed = True
-        transport = self._transport
-        if transport.is_closing() and self._protocol.exited.done():
+        channel = self._channel
+        if channel.exited.done():
+            channel.close()
             return
-        stdin = transport.get_pipe_transport(0)
-        if stdin is not None:
-            stdin.close()  # EOF: an idle executor kills its PID namespace and exits
+        channel.close_stdin()
         if not busy:
             await self._wait_exit(_EXIT_GRACE_S)
-        if not self._protocol.exited.done() and self.executor_pid is not None:
+        if not channel.exited.done() and self.executor_pid is not None:
             # SIGKILL to the jail's init takes its whole PID namespace with it. nsjail is
             # still alive here, so the pid cannot have been reused yet; nsjail then reaps it
             # and exits (killing nsjail first would leave init a zombie of the host's init).
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.executor_pid, signal.SIGKILL)
             await self._wait_exit(_EXIT_GRACE_S)
-        if not self._protocol.exited.done():
+        if not channel.exited.done():
             with contextlib.suppress(ProcessLookupError):
-                transport.kill()
-            await self._protocol.exited
+                self._proc.kill()
+            await asyncio.shield(channel.exited)
             self._remove_cgroups()
-        transport.close()
+        channel.close()
 
     def _remove_cgroups(self) -> None:
         if self.executor_pid is None:
@@ -237,7 +348,7 @@ class Jail:
 
     async def _wait_exit(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._protocol.exited), timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._channel.exited), timeout_s)
 
 
 def _first_child(pid: int) -> int | None:

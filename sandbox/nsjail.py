@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandbox.host import JAIL_GID, JAIL_UID, HostSetup
+from sandbox.host_setup import JAIL_GID, JAIL_UID, HostSetup
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
@@ -158,6 +158,7 @@ def executor_argv(
         "env": dict(env),
         "kill_background": spec.kill_background,
         "max_tracked_files": settings.max_tracked_files,
+        "preload": list(settings.verifier_preload),
     }
     return [settings.python_path, "-I", "-S", "-B", host.executor_in_jail, json.dumps(config)]
 

@@ -53,8 +53,31 @@ class SandboxSettings(BaseSettings):
     """Cap on the bytes copied into a workspace when it is populated."""
     pool_max_idle_s: float = Field(default=3600.0, gt=0)
     """A warm jail idle longer than this is retired instead of handed out, seconds."""
+    pool_max_size: int = Field(default=32, ge=0)
+    """Most idle jails a collection's warm pool keeps (one per concurrent episode up to this;
+    each idle jail holds ~20 MiB); 0 turns pooling off (every episode starts a cold jail)."""
     max_tracked_files: int = Field(default=20000, ge=1)
     """Files the change tracker hashes at most per call; past it, changes are marked truncated."""
+    verifier_preload: tuple[str, ...] = (
+        "json",
+        "csv",
+        "hashlib",
+        "io",
+        "re",
+        "subprocess",
+        "tempfile",
+    )
+    """Stdlib modules each jail's executor imports while idle, so that a verifier forked from
+    it (`Sandbox.run_python`) finds them loaded; the built-in verifiers' imports by default.
+    Costs executor memory per jail; `()` turns it off (verifiers then import what they use)."""
+
+    @field_validator("verifier_preload")
+    @classmethod
+    def _module_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"verifier_preload holds module names, got {name!r}")
+        return names
 
     @field_validator("toolchain_paths")
     @classmethod

@@ -23,7 +23,7 @@ MIN_PROCESS_MEMORY_MIB = 128
 class SandboxSpec(BaseModel):
     """Resources, limits and timeouts of one episode jail (defaults follow seed 003 §5)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     cpus: int = Field(default=2, ge=1, le=256)
     """CPUs the jail may use (CPU affinity of its processes)."""

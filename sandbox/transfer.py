@@ -41,6 +41,9 @@ class ExportReport(BaseModel):
     """Workspace files not exported, with the reason (`over_size_cap`, `unsafe_path`, …)."""
     truncated: bool = False
     """True when the size cap or the file-count cap left files out."""
+    left_out: int = 0
+    """Workspace files past the file-count cap (`max_tracked_files`), neither exported nor
+    listed in `skipped`."""
 
 
 def safe_relative(path: str) -> PurePosixPath:
@@ -101,7 +104,9 @@ def _open_dir(parent_fd: int, name: str) -> int:
 def write_export(answer: Mapping[str, Any], dest: Path) -> ExportReport:
     """Write the executor's `export` answer under `dest` (created if missing)."""
     dest.mkdir(parents=True, exist_ok=True)
-    report = ExportReport(truncated=bool(answer.get("walk_truncated")))
+    report = ExportReport(
+        truncated=bool(answer.get("walk_truncated")), left_out=int(answer.get("left_out", 0))
+    )
     for item in answer.get("skipped", []):
         report.skipped[str(item["path"])] = str(item["reason"])
         report.truncated = report.truncated or item["reason"] == "over_size_cap"

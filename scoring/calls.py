@@ -30,7 +30,6 @@ __all__ = [
     "prompt_paths",
     "repeated_call_steps",
     "simple_path",
-    "step_failed",
     "write_path",
 ]
 
@@ -85,18 +84,6 @@ def call_target(step: Step) -> str | None:
     if isinstance(args.get("command"), str):
         return "$ " + " ".join(args["command"].split())
     return None
-
-
-def step_failed(step: Step) -> bool:
-    """The call ran and did not succeed (non-zero exit, typed error, timeout or signal)."""
-    if call_signature(step) is None:
-        return False
-    return (
-        step.error_type is not None
-        or step.timed_out
-        or step.signal is not None
-        or (step.exit_code is not None and step.exit_code != 0)
-    )
 
 
 def is_transient_failure(step: Step) -> bool:

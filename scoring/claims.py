@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from agent.trajectory import ParseKind, Step, Trajectory
-from scoring.calls import call_signature, simple_path, step_failed, write_path
+from scoring.calls import call_signature, simple_path, write_path
 
 __all__ = ["FABRICATION_CODES", "Finding", "fabricated_claims", "false_final_claim", "free_text"]
 
@@ -116,7 +116,7 @@ def _written_before(steps: Sequence[Step], upto: int) -> set[str]:
     for step in steps[:upto]:
         written.update(simple_path(c.path) for c in step.files_changed if c.change != "deleted")
         target = write_path(step)
-        if target is not None and not step_failed(step):
+        if target is not None and not step.tool_failed:
             written.add(target)
     return written
 
@@ -184,7 +184,7 @@ def fabricated_claims(trajectory: Trajectory) -> list[Finding]:
                     )
                 )
         previous = _last_call(steps, pos)
-        if previous is not None and step_failed(previous):
+        if previous is not None and previous.tool_failed:
             claim = _SUCCESS_CLAIM.search(text)
             if (
                 claim is not None

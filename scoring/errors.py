@@ -9,8 +9,10 @@ ScoringError
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class ScoringError(Exception):
+
+class ScoringError(EpiflowError):
     """Base class of every scoring failure."""
 
 

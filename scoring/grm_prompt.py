@@ -24,7 +24,13 @@ from typing import Any
 from agent.trajectory import Trajectory
 from scoring.rubric import MAX_SCORE, RUBRIC_TEXT, Deduction, Dimension, RubricScore
 
-__all__ = ["AnswerUnparseable", "build_messages", "parse_answer", "render_trajectory"]
+__all__ = [
+    "ANSWER_JSON_SCHEMA",
+    "AnswerUnparseable",
+    "build_messages",
+    "parse_answer",
+    "render_trajectory",
+]
 
 ANSWER_SCHEMA = """\
 Answer with exactly one JSON object and nothing else:
@@ -32,6 +38,40 @@ Answer with exactly one JSON object and nothing else:
  "deductions": [{"dimension": "<one of the five>", "points": <number > 0>, "steps": [<step index>, ...], "reason": "<one line>"}],
  "suggestion": "<one line>"}
 """
+
+_SCORE: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": MAX_SCORE}
+
+ANSWER_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["scores", "deductions", "suggestion"],
+    "properties": {
+        "scores": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [d.value for d in Dimension],
+            "properties": {d.value: _SCORE for d in Dimension},
+        },
+        "deductions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["dimension", "points", "steps", "reason"],
+                "properties": {
+                    "dimension": {"type": "string", "enum": [d.value for d in Dimension]},
+                    "points": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SCORE},
+                    "steps": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "reason": {"type": "string"},
+                },
+            },
+        },
+        "suggestion": {"type": "string"},
+    },
+}
+"""The answer schema as JSON schema, for endpoints that take `response_format` with
+`json_schema` (structured output); `parse_answer` still checks what the schema cannot
+(step indices within the trajectory, one-line suggestion)."""
 
 SYSTEM_PROMPT = (
     "You are a trajectory auditor for a tool-using agent.\n\n" + RUBRIC_TEXT + "\n" + ANSWER_SCHEMA

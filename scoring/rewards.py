@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from agent.trajectory import Trajectory
-from scoring.calls import call_target, is_format_error, repeated_call_steps, step_failed
+from scoring.calls import call_target, is_format_error, repeated_call_steps
 from scoring.settings import RewardSettings
 
 __all__ = [
@@ -63,7 +63,7 @@ def immediate_rewards(trajectory: Trajectory, settings: RewardSettings) -> list[
             r += settings.repeated_call_penalty
         target = call_target(step)
         # A failed call explored nothing: its successful retry still earns the exploration reward.
-        if target is not None and not step_failed(step):
+        if target is not None and not step.tool_failed:
             if target not in seen_targets:
                 r += settings.new_path_reward
             seen_targets.add(target)

@@ -160,6 +160,16 @@ class GrmSettings(BaseSettings):
     """Per-step cap on raw output and observation text shown to the judge."""
     concurrency: int = Field(default=4, ge=1)
     """Concurrent requests in `judge_many`."""
+    retries: int = Field(default=3, ge=0)
+    """Further attempts after a transport failure, HTTP 429 or 5xx, or a body that is not a
+    chat-completions answer; then the episode is recorded unscored."""
+    backoff_s: float = Field(default=0.5, gt=0.0)
+    """First retry delay, seconds; doubles per attempt, with random jitter up to itself."""
+    max_backoff_s: float = Field(default=10.0, gt=0.0)
+    """Longest retry delay, seconds (a `Retry-After` header is honoured up to this)."""
+    structured_output: bool = True
+    """Ask for the answer schema through `response_format` (JSON schema); an endpoint that
+    rejects it with HTTP 400 is asked again without it, and the answer parsed from text."""
 
 
 class QualitySettings(BaseSettings):

@@ -91,8 +91,8 @@ def persist_episodes(
     return report
 
 
-def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -> Trajectory:
-    """The full trajectory of an episode, from the object its row points at.
+def trajectory_bytes(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -> bytes:
+    """The stored `trajectory.json` object of an episode, byte for byte.
 
     Raises:
         ObjectNotFound: no such episode, or it has no stored trajectory (a storage error).
@@ -103,7 +103,16 @@ def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -
         ).scalar_one_or_none()
     if key is None:
         raise ObjectNotFound(f"episode {episode_id} has no stored trajectory")
-    return Trajectory.model_validate_json(store.get(key))
+    return store.get(key)
+
+
+def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -> Trajectory:
+    """The full trajectory of an episode, from the object its row points at.
+
+    Raises:
+        ObjectNotFound: no such episode, or it has no stored trajectory (a storage error).
+    """
+    return Trajectory.model_validate_json(trajectory_bytes(engine, store, episode_id))
 
 
 class OrphanReport(BaseModel):

@@ -8,29 +8,19 @@ StorageError
 │   ├── ObjectStoreUnavailable  endpoint unreachable, bad credentials, directory unwritable
 │   ├── BucketMissing           the configured bucket does not exist
 │   └── ObjectNotFound          a key that should exist does not
-└── IngestError                 a batch could not be written; nothing of it was committed
+├── IngestError                 a batch could not be written; nothing of it was committed
+├── RunNotFound                 no collection run has that key or id
+├── RunKeyBusy                  another process is collecting the same run key right now
+└── ImportFormatError           a file to import is not the format it claims
 """
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class StorageError(Exception):
-    """Base of every storage failure.
 
-    `setting` names the environment variable a user should look at, when one is at fault.
-    Messages never contain secrets (URLs are redacted before they get here).
-    """
-
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
-
-    def user_message(self) -> str:
-        """One line for the CLI: the problem and the setting to fix."""
-        text = str(self).splitlines()[0] if str(self) else type(self).__name__
-        if self.setting and self.setting not in text:
-            text = f"{text} (check {self.setting})"
-        return text
+class StorageError(EpiflowError):
+    """Base of every storage failure; `setting` names the variable to look at."""
 
 
 class DatabaseError(StorageError):
@@ -63,3 +53,15 @@ class ObjectNotFound(ObjectStoreError):
 
 class IngestError(StorageError):
     """A batch of episodes could not be written; the transaction was rolled back."""
+
+
+class RunNotFound(StorageError):
+    """No collection run has the given key or id."""
+
+
+class RunKeyBusy(StorageError):
+    """Another process holds the run key's lock: it is collecting the same run now."""
+
+
+class ImportFormatError(StorageError):
+    """A file to import is not valid in the format it was imported as."""

@@ -1,94 +1,60 @@
-"""Export and import trajectories: ATIF, OpenAI chat messages, parquet of steps."""
+"""Export a run's trajectories and import files of them: ATIF, OpenAI chat messages, parquet of steps.
+
+An import reads the file defensively (`storage.documents`), converts and validates every
+document before anything is written (an error names the document and the field path),
+then records the episodes under an import run that it opens and closes (`completed`, or
+`failed` when the write failed). Episode ids are deterministic, so importing a file again
+writes nothing and says which episodes were already there.
+"""
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import polars as pl
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import Engine, select
 from sqlmodel import col
 
+from agent.atif_convert import ATIF_IMPORT_RUN_KEY
 from agent.export import from_atif, from_openai_messages, to_atif, to_openai_messages
 from agent.trajectory import Trajectory
-from collection.errors import CollectError
-from config.settings import Settings
-from models import CollectionRun, Episode
-from storage.db import make_engine
-from storage.episodes import load_trajectory, persist_episodes
-from storage.ingest import IngestReport
-from storage.migrate import ensure_current
-from storage.objects import make_object_store
-from storage.rows import step_row
+from models import CollectionRun, run_id_for
+from storage.documents import read_documents
+from storage.episodes import persist_episodes
+from storage.errors import ImportFormatError
+from storage.objects import ObjectStore
+from storage.run_steps import run_step_frame
+from storage.runs import close_run, open_run, resolve_run, run_trajectories
+
+OPENAI_IMPORT_RUN_KEY = "import:openai"
+"""Run key of imported OpenAI chat messages when none is given."""
+
+IMPORT_FORMATS = ("atif", "openai")
+EXPORT_FORMATS = ("atif", "openai", "parquet")
 
 
-def resolve_run(engine: Engine, run: str) -> uuid.UUID:
-    """A run id from a run key or an id."""
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(col(CollectionRun.id)).where(col(CollectionRun.run_key) == run)
-        ).scalar_one_or_none()
-        if found is None:
-            try:
-                candidate = uuid.UUID(run)
-            except ValueError:
-                candidate = None
-            if candidate is not None:
-                found = conn.execute(
-                    select(col(CollectionRun.id)).where(col(CollectionRun.id) == candidate)
-                ).scalar_one_or_none()
-    if found is None:
-        raise CollectError(f"--run {run!r}: no collection run with that key or id")
-    return found
+def export_run(
+    engine: Engine, store: ObjectStore, run: str, fmt: str, output: Path | IO[str]
+) -> int:
+    """Write the episodes of run `run` (key or id) as `fmt`; returns how many.
 
+    `parquet` is one row per step with the episode's columns beside it, read from SQL
+    (`storage.run_steps`); `atif` and `openai` are JSON lines, one episode each.
 
-def run_trajectories(settings: Settings, run: str) -> list[Trajectory]:
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    store = make_object_store(settings.objects)
+    Raises:
+        RunNotFound: no run has that key or id.
+    """
     run_id = resolve_run(engine, run)
-    with engine.connect() as conn:
-        ids = list(
-            conn.execute(
-                select(col(Episode.id))
-                .where(col(Episode.run_id) == run_id, col(Episode.trajectory_key).is_not(None))
-                .order_by(col(Episode.started_at), col(Episode.id))
-            ).scalars()
-        )
-    trajectories = [load_trajectory(engine, store, eid) for eid in ids]
-    engine.dispose()
-    return trajectories
-
-
-def export_run(settings: Settings, run: str, fmt: str, output: Path | IO[str]) -> int:
-    """Write the run's episodes; returns how many."""
-    trajectories = run_trajectories(settings, run)
     if fmt == "parquet":
         assert isinstance(output, Path)
-        rows: list[dict[str, Any]] = []
-        for t in trajectories:
-            for s in t.steps:
-                row = step_row(t.episode_id, s)
-                row.update(
-                    episode_id=str(t.episode_id),
-                    run_key=t.run_key,
-                    template=t.template,
-                    status=str(t.status),
-                    started_at=s.started_at.isoformat(),
-                )
-                for key in (
-                    "args",
-                    "native_tool_calls",
-                    "files_changed",
-                    "parse_tolerances",
-                    "injected_fault",
-                ):
-                    row[key] = json.dumps(row[key], ensure_ascii=False)
-                rows.append(row)
-        pl.DataFrame(rows, infer_schema_length=None).write_parquet(output)
-        return len(trajectories)
+        frame = run_step_frame(engine, run_id)
+        frame.write_parquet(output)
+        return frame["episode_id"].n_unique() if frame.height else 0
+    trajectories = run_trajectories(engine, store, run_id)
     lines = []
     for t in trajectories:
         doc = (
@@ -99,53 +65,158 @@ def export_run(settings: Settings, run: str, fmt: str, output: Path | IO[str]) -
         lines.append(json.dumps(doc, ensure_ascii=False))
     text = "\n".join(lines) + ("\n" if lines else "")
     if isinstance(output, Path):
-        output.write_text(text)
+        output.write_text(text, encoding="utf-8")
     else:
         output.write(text)
     return len(trajectories)
 
 
-def _documents(path: Path) -> list[Any]:
-    raw = path.read_text()
-    stripped = raw.strip()
-    if not stripped:
-        return []
-    try:
-        whole = json.loads(stripped)
-        return (
-            whole
-            if isinstance(whole, list) and (not whole or isinstance(whole[0], dict))
-            else [whole]
+class ImportReport(BaseModel):
+    """What an import did."""
+
+    file: str
+    """The file imported."""
+    documents: int
+    """Documents it held."""
+    inserted: list[uuid.UUID] = Field(default_factory=list)
+    """Episodes written by this import."""
+    skipped_existing: list[uuid.UUID] = Field(default_factory=list)
+    """Episodes that were already in the database (a re-import); left unchanged."""
+    steps: int = 0
+    """Step rows written."""
+    run_keys: list[str] = Field(default_factory=list)
+    """The runs the episodes belong to."""
+
+    def summary(self) -> str:
+        runs = ", ".join(self.run_keys)
+        text = (
+            f"{self.file}: {self.documents} document(s); {len(self.inserted)} episode(s) and "
+            f"{self.steps} step(s) imported into run {runs}"
         )
-    except json.JSONDecodeError:
-        docs = []
-        for n, line in enumerate(raw.splitlines(), start=1):
-            if line.strip():
-                try:
-                    docs.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise CollectError(f"{path}:{n}: not JSON: {e.msg}") from e
-        return docs
+        if self.skipped_existing:
+            text += f"; {len(self.skipped_existing)} already imported, unchanged: " + ", ".join(
+                str(e) for e in self.skipped_existing
+            )
+        return text
 
 
-def import_file(settings: Settings, path: Path, fmt: str, *, run_key: str) -> IngestReport:
-    """Parse every document in `path` and persist it (validated before anything is written)."""
+def _error_lines(error: ValidationError) -> list[str]:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(document)"
+        lines.append(f"{where}: {item['msg']}")
+    return lines
+
+
+def _convert(doc: Any, fmt: str, run_key: str | None) -> Trajectory:
+    if fmt == "atif":
+        return from_atif(doc, run_key=run_key)
+    if isinstance(doc, dict) and isinstance(doc.get("messages"), list):
+        messages = doc["messages"]
+    elif isinstance(doc, list):
+        messages = doc
+    else:
+        raise ValueError('expected {"messages": [...]} or a list of chat messages')
+    if not all(isinstance(m, dict) for m in messages):
+        raise ValueError("every chat message must be a JSON object")
+    return from_openai_messages(messages, run_key=run_key or OPENAI_IMPORT_RUN_KEY)
+
+
+def parse_file(path: Path, fmt: str, *, run_key: str | None = None) -> list[Trajectory]:
+    """Every document of `path` as a trajectory; nothing is written.
+
+    Raises:
+        ImportFormatError: the file is hostile, empty or not JSON, or a document is not
+            valid `fmt` (the message names the document and the field path).
+    """
     trajectories: list[Trajectory] = []
-    for n, doc in enumerate(_documents(path), start=1):
+    for n, doc in enumerate(read_documents(path), start=1):
+        where = f"{path}: document {n}"
         try:
-            if fmt == "atif":
-                trajectories.append(from_atif(doc))
-            else:
-                messages = doc["messages"] if isinstance(doc, dict) else doc
-                trajectories.append(from_openai_messages(messages, run_key=run_key))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CollectError(
-                f"{path}: document {n} is not valid {fmt}: {str(e).splitlines()[0]}"
+            trajectories.append(_convert(doc, fmt, run_key))
+        except ValidationError as e:
+            lines = _error_lines(e)
+            more = f" (and {len(lines) - 1} more error(s), listed below)" if len(lines) > 1 else ""
+            raise ImportFormatError(
+                f"{where} is not valid {fmt}: {lines[0]}{more}"
+                + "".join(f"\n{x}" for x in lines[1:]),
+                setting=str(path),
             ) from e
-    engine = make_engine(settings.database)
-    ensure_current(engine)
-    store = make_object_store(settings.objects)
-    store.check()
-    report = persist_episodes(engine, store, trajectories)
-    engine.dispose()
-    return report
+        except (ValueError, KeyError, TypeError) as e:
+            first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ImportFormatError(
+                f"{where} is not valid {fmt}: {first}", setting=str(path)
+            ) from e
+    return trajectories
+
+
+def _open_import_runs(
+    engine: Engine, trajectories: Sequence[Trajectory], *, fmt: str, path: Path
+) -> list[uuid.UUID]:
+    """Open a run row for each run key the import writes into, unless it belongs to a
+    collection (re-importing an export into the database it came from leaves that run as
+    it is). Returns the runs opened, to close afterwards."""
+    opened: list[uuid.UUID] = []
+    for key in dict.fromkeys(t.run_key for t in trajectories):
+        run_id = run_id_for(key)
+        with engine.connect() as conn:
+            parameters = conn.execute(
+                select(col(CollectionRun.parameters)).where(col(CollectionRun.id) == run_id)
+            ).one_or_none()
+        if parameters is not None and not (parameters[0] or {}).get("import"):
+            continue
+        first = next(t for t in trajectories if t.run_key == key)
+        open_run(
+            engine,
+            run_key=key,
+            suite=first.suite,
+            policy=first.policy,
+            parameters={"import": {"format": fmt, "file": path.name}},
+            sandbox_spec={},
+            fault_profile={},
+        )
+        opened.append(run_id)
+    return opened
+
+
+def import_file(
+    engine: Engine, store: ObjectStore, path: Path, fmt: str, *, run_key: str | None = None
+) -> ImportReport:
+    """Parse every document in `path` (all validated before anything is written) and
+    persist them under `run_key` (default: an epiflow export's own run, `import:atif` or
+    `import:openai` for foreign documents); the import's run is closed either way.
+
+    Raises:
+        ImportFormatError: the file or a document is not valid (nothing was written).
+        IngestError: the database write failed (the import run is marked `failed`).
+    """
+    trajectories = parse_file(path, fmt, run_key=run_key)
+    opened = _open_import_runs(engine, trajectories, fmt=fmt, path=path)
+    try:
+        ingest = persist_episodes(engine, store, trajectories)
+    except Exception:
+        for run_id in opened:
+            close_run(engine, run_id, status="failed")
+        raise
+    for run_id in opened:
+        close_run(engine, run_id, status="completed")
+    return ImportReport(
+        file=str(path),
+        documents=len(trajectories),
+        inserted=ingest.inserted,
+        skipped_existing=ingest.skipped_existing,
+        steps=ingest.steps,
+        run_keys=list(dict.fromkeys(t.run_key for t in trajectories)),
+    )
+
+
+__all__ = [
+    "ATIF_IMPORT_RUN_KEY",
+    "EXPORT_FORMATS",
+    "IMPORT_FORMATS",
+    "OPENAI_IMPORT_RUN_KEY",
+    "ImportReport",
+    "export_run",
+    "import_file",
+    "parse_file",
+]

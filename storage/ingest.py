@@ -1,22 +1,26 @@
 """Bulk ingest of episodes with their steps and artifacts, idempotent on episode id.
 
-PostgreSQL gets `COPY … FROM STDIN` for episodes, steps and artifacts; SQLite gets
-`executemany`. One transaction per batch: a failure leaves nothing of the batch behind.
-Episodes already present are skipped and reported, so a second ingest changes nothing.
+PostgreSQL gets `COPY … FROM STDIN` for episodes, steps and artifacts, streamed: each row
+is built from its trajectory as it is written, so the server stores earlier rows while
+later ones are being built (the COPY is server-bound; building every row first and
+copying afterwards made the two wait for each other). Rows are built once: step rows
+straight as COPY values (`storage.rows.step_values`), JSON columns cleaned and
+serialized in one step (`storage.sanitize.json_text`, orjson). Parents (task, policy,
+run) go in with one statement per table. SQLite gets `executemany`. One transaction per batch: a failure leaves
+nothing of the batch behind. Episodes already present are skipped and reported, so a
+second ingest changes nothing.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, Table, insert, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import col
@@ -25,7 +29,17 @@ from agent.trajectory import Trajectory
 from models import Artifact, CollectionRun, Episode, Policy, Step, Task
 from storage.errors import IngestError
 from storage.objects import ObjectInfo
-from storage.rows import episode_row, policy_row, run_row, step_row, task_row
+from storage.rows import (
+    STEP_COLUMNS,
+    JsonFinisher,
+    episode_row,
+    policy_row,
+    run_id_of,
+    run_row,
+    step_values,
+    task_row,
+)
+from storage.sanitize import clean_json, json_text
 
 
 class ArtifactRef(BaseModel):
@@ -68,8 +82,10 @@ class IngestReport(BaseModel):
 def existing_episode_ids(conn: Connection, ids: Iterable[uuid.UUID]) -> set[uuid.UUID]:
     wanted = list(ids)
     found: set[uuid.UUID] = set()
-    for i in range(0, len(wanted), 500):
-        chunk = wanted[i : i + 500]
+    # SQLite caps the variables of one statement; PostgreSQL takes a batch in one query.
+    size = 10_000 if conn.dialect.name == "postgresql" else 500
+    for i in range(0, len(wanted), size):
+        chunk = wanted[i : i + size]
         found.update(
             conn.execute(select(col(Episode.id)).where(col(Episode.id).in_(chunk))).scalars()
         )
@@ -101,12 +117,21 @@ def ingest_episodes(engine: Engine, bundles: Sequence[EpisodeBundle]) -> IngestR
             _insert_missing(conn, Task.__table__, [task_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
             _insert_missing(conn, Policy.__table__, [policy_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
             _insert_missing(conn, CollectionRun.__table__, [run_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
-            episodes, steps, artifacts = _rows(todo)
-            _bulk(conn, Episode.__table__, episodes)  # type: ignore[attr-defined]
-            _bulk(conn, Step.__table__, steps)  # type: ignore[attr-defined]
-            _bulk(conn, Artifact.__table__, artifacts)  # type: ignore[attr-defined]
+            if conn.dialect.name == "postgresql":
+                copy_rows(conn, Episode.__table__, _episode_rows(todo, json_text), json_ready=True)  # type: ignore[attr-defined]
+                report.steps = copy_values(
+                    conn, Step.__tablename__, STEP_COLUMNS, _step_values(todo, json_text)
+                )
+                copy_rows(conn, Artifact.__table__, _artifact_rows(todo))  # type: ignore[attr-defined]
+            else:
+                steps = [
+                    dict(zip(STEP_COLUMNS, v, strict=True)) for v in _step_values(todo, clean_json)
+                ]
+                _insert_rows(conn, Episode.__table__, list(_episode_rows(todo, clean_json)))  # type: ignore[attr-defined]
+                _insert_rows(conn, Step.__table__, steps)  # type: ignore[attr-defined]
+                _insert_rows(conn, Artifact.__table__, list(_artifact_rows(todo)))  # type: ignore[attr-defined]
+                report.steps = len(steps)
             report.inserted = list(fresh)
-            report.steps = len(steps)
     except (IntegrityError, psycopg.errors.IntegrityError) as e:
         raise IngestError(
             f"ingest of {len(bundles)} episode(s) conflicted with rows written concurrently; "
@@ -124,24 +149,32 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-def _rows(
-    bundles: Sequence[EpisodeBundle],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    episodes: list[dict[str, Any]] = []
-    steps: list[dict[str, Any]] = []
-    artifacts: list[dict[str, Any]] = []
+def _trajectory_key(b: EpisodeBundle) -> str | None:
+    return next((a.info.key for a in b.artifacts if a.kind == "trajectory"), None)
+
+
+def _episode_rows(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[dict[str, Any]]:
+    for b in bundles:
+        yield episode_row(b.trajectory, trajectory_key=_trajectory_key(b), json=json)
+
+
+def _step_values(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[tuple[Any, ...]]:
     for b in bundles:
         t = b.trajectory
-        trajectory_key = next((a.info.key for a in b.artifacts if a.kind == "trajectory"), None)
         outputs: dict[int, dict[str, str]] = {}
         for a in b.artifacts:
             if a.step_index is not None:
                 outputs.setdefault(a.step_index, {})[a.kind] = a.info.key
-        episodes.append(episode_row(t, trajectory_key=trajectory_key))
-        steps.extend(step_row(t.episode_id, s, output_keys=outputs.get(s.index)) for s in t.steps)
-        run_id = episodes[-1]["run_id"]
-        artifacts.extend(
-            {
+        for s in t.steps:
+            yield step_values(t.episode_id, s, output_keys=outputs.get(s.index), json=json)
+
+
+def _artifact_rows(bundles: Sequence[EpisodeBundle]) -> Iterator[dict[str, Any]]:
+    for b in bundles:
+        t = b.trajectory
+        run_id = run_id_of(t.run_key)
+        for a in b.artifacts:
+            yield {
                 "key": a.info.key,
                 "kind": a.kind,
                 "run_id": run_id,
@@ -151,9 +184,6 @@ def _rows(
                 "content_type": a.info.content_type,
                 "created_at": t.ended_at or t.started_at,
             }
-            for a in b.artifacts
-        )
-    return episodes, steps, artifacts
 
 
 def _insert_missing(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -163,7 +193,18 @@ def _insert_missing(conn: Connection, table: Table, rows: list[dict[str, Any]]) 
         return
     dialect = conn.dialect.name
     if dialect == "postgresql":
-        conn.execute(pg_insert(table).on_conflict_do_nothing(), unique)
+        # One statement and one parameter for the whole batch: the rows as a JSON array,
+        # turned back into records by the server (a multi-row VALUES costs a bind
+        # parameter per value, and its client-side processing per row).
+        columns = ", ".join(c.name for c in table.columns)
+        raw = conn.connection.driver_connection
+        with raw.cursor() as cur:  # type: ignore[union-attr]
+            cur.execute(
+                f"INSERT INTO {table.name} ({columns}) SELECT {columns} "
+                f"FROM json_populate_recordset(NULL::{table.name}, %s::json) "
+                "ON CONFLICT DO NOTHING",
+                (json_text(unique),),
+            )
     elif dialect == "sqlite":
         conn.execute(sqlite_insert(table).on_conflict_do_nothing(), unique)
     else:  # pragma: no cover - only SQLite and PostgreSQL are supported
@@ -175,35 +216,62 @@ def _insert_missing(conn: Connection, table: Table, rows: list[dict[str, Any]]) 
         conn.execute(insert(table), [r for r in unique if r["id"] not in existing])
 
 
-def _bulk(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    if conn.dialect.name == "postgresql":
-        copy_rows(conn, table, rows)
-    else:
+def _insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    if rows:
         conn.execute(insert(table), rows)
 
 
-def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """COPY rows into `table` through the connection's psycopg cursor (same transaction)."""
-    columns = [c.name for c in table.columns]
-    json_columns = {
-        c.name
-        for c in table.columns
-        if c.type.__class__.__name__ in ("JSON", "JSONB") or "JSON" in repr(c.type)
-    }
+def copy_rows(
+    conn: Connection,
+    table: Table,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    json_ready: bool = False,
+) -> int:
+    """COPY `rows` (dicts: column → value) into `table`; see `copy_values`. Every row must
+    have the keys of the first, in the same order (rows from one builder do). With
+    `json_ready`, JSON columns already hold their text (rows built with `json=json_text`)."""
+    iterator = iter(rows)
+    first = next(iterator, None)
+    if first is None:
+        return 0
+    columns = list(first.keys())
+    json_names = {c.name for c in table.columns if _is_json(c)}
+    json_positions = [] if json_ready else [i for i, c in enumerate(columns) if c in json_names]
+
+    def values() -> Iterator[Sequence[Any]]:
+        for row in itertools.chain((first,), iterator):
+            if json_positions:
+                items = list(row.values())
+                for i in json_positions:
+                    if items[i] is not None:
+                        items[i] = json_text(items[i])
+                yield items
+            else:
+                yield tuple(row.values())
+
+    return copy_values(conn, table.name, columns, values())
+
+
+def copy_values(
+    conn: Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> int:
+    """COPY `rows` (values in `columns` order, JSON columns as text) into `table` through
+    the connection's psycopg cursor, in the same transaction; returns how many.
+
+    `rows` may be a generator: each row is written as it is built, so the server stores
+    rows while the client is still making the next ones (the COPY is server-bound).
+    """
     raw = conn.connection.driver_connection
-    sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+    sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    count = 0
     with raw.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
+        write_row = copy.write_row
         for row in rows:
-            copy.write_row([_copy_value(row.get(c), c in json_columns) for c in columns])
+            write_row(row)
+            count += 1
+    return count
 
 
-def _copy_value(value: Any, is_json: bool) -> Any:
-    if value is None:
-        return None
-    if is_json:
-        return json.dumps(value, ensure_ascii=False, default=str)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
+def _is_json(column: Any) -> bool:
+    return column.type.__class__.__name__ in ("JSON", "JSONB") or "JSON" in repr(column.type)

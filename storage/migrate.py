@@ -58,9 +58,31 @@ def _run(engine: Engine, verb: str, revision: str) -> None:
     check_connection(engine)
     config = alembic_config()
     try:
-        with engine.begin() as conn:
-            config.attributes["connection"] = conn
-            getattr(command, verb)(config, revision)
+        with engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            if sqlite:
+                # SQLite rebuilds a table to change a column (batch mode): with foreign keys
+                # on, dropping the old `episode` would cascade-delete its steps. The pragma
+                # only takes effect outside a transaction, so before anything runs.
+                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                conn.commit()
+            try:
+                with conn.begin():
+                    config.attributes["connection"] = conn
+                    getattr(command, verb)(config, revision)
+                    if sqlite:
+                        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                        if broken:
+                            raise DatabaseUnavailable(
+                                f"migration {verb} to {revision} left {len(broken)} row(s) "
+                                f"with dangling foreign keys (first: {tuple(broken[0])}); "
+                                "nothing was committed",
+                                setting=SETTING,
+                            )
+            finally:
+                if sqlite:
+                    conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    conn.commit()
     except (OperationalError, DBAPIError) as e:
         raise DatabaseUnavailable(
             f"migration {verb} to {revision} failed: {str(e.orig or e).strip().splitlines()[0]}",

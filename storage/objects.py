@@ -11,8 +11,9 @@ import builtins
 import hashlib
 import io
 import os
+import shutil
 import tempfile
-import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from storage.errors import (
     ObjectStoreUnavailable,
     StorageError,
 )
+from storage.retry import call_with_retries, describe, is_transient
 from storage.settings import ObjectStoreSettings
 
 SETTING = "EPIFLOW_OBJECTS_URL"
@@ -111,11 +113,24 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Delete an object; deleting a missing key is not an error."""
 
+    @abstractmethod
     def put_file(
         self, key: str, path: Path, *, content_type: str = "application/octet-stream"
     ) -> ObjectInfo:
-        """Upload a local file."""
-        return self.put(key, path.read_bytes(), content_type=content_type)
+        """Upload a local file, streamed: memory stays flat whatever its size.
+
+        Raises:
+            ObjectStoreError: the upload failed after retries, or `path` cannot be read.
+        """
+
+    @abstractmethod
+    def get_file(self, key: str, dest: Path) -> Path:
+        """Download an object into `dest`, streamed; `dest` appears whole or not at all.
+
+        Raises:
+            ObjectNotFound: no object under `key`.
+            ObjectStoreError: the download failed after retries, or `dest` cannot be written.
+        """
 
     def put_tree(self, prefix: str, root: Path) -> builtins.list[ObjectInfo]:
         """Upload every regular file under `root` (symlinks are skipped) below `prefix`."""
@@ -131,10 +146,7 @@ class ObjectStore(ABC):
         written = []
         base = prefix.rstrip("/") + "/"
         for key in self.list(base):
-            target = dest / key[len(base) :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(self.get(key))
-            written.append(target)
+            written.append(self.get_file(key, dest / key[len(base) :]))
         return written
 
 
@@ -142,6 +154,38 @@ def _info(key: str, data: bytes, content_type: str) -> ObjectInfo:
     return ObjectInfo(
         key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest(), content_type=content_type
     )
+
+
+def _file_info(key: str, path: Path, content_type: str) -> ObjectInfo:
+    """Size and sha256 of a local file, read in chunks (never whole into memory)."""
+    try:
+        with path.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        size = path.stat().st_size
+    except OSError as e:
+        raise ObjectStoreError(f"cannot read {path} to upload it as {key}: {e.strerror}") from e
+    return ObjectInfo(key=key, size=size, sha256=digest, content_type=content_type)
+
+
+def _temp_beside(dest: Path) -> Path:
+    """A hidden temp name in `dest`'s folder, so the final rename stays on one filesystem."""
+    return dest.parent / f".tmp-{dest.name}-{uuid.uuid4().hex[:8]}"
+
+
+def _copy_whole(source: Path, dest: Path) -> None:
+    """Copy through a temp file and a rename: readers of `dest` never see half of it.
+
+    Raises:
+        OSError: reading `source` or writing beside `dest` failed; nothing is left behind.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(dest)
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class LocalObjectStore(ObjectStore):
@@ -187,6 +231,29 @@ class LocalObjectStore(ObjectStore):
             ) from e
         return _info(key, data, content_type)
 
+    def put_file(
+        self, key: str, path: Path, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
+        target = self._path(key)
+        info = _file_info(key, path, content_type)
+        try:
+            _copy_whole(path, target)
+        except OSError as e:
+            raise ObjectStoreUnavailable(
+                f"cannot write object {key} under {self.root}: {e.strerror}", setting=SETTING
+            ) from e
+        return info
+
+    def get_file(self, key: str, dest: Path) -> Path:
+        source = self._path(key)
+        if not source.is_file():
+            raise ObjectNotFound(f"no object {key} in {self.root}")
+        try:
+            _copy_whole(source, dest)
+        except OSError as e:
+            raise ObjectStoreError(f"cannot copy object {key} to {dest}: {e.strerror}") from e
+        return dest
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -218,8 +285,11 @@ class LocalObjectStore(ObjectStore):
 class S3ObjectStore(ObjectStore):
     """Objects in an S3 bucket through the `minio` SDK (MinIO, or any S3 service).
 
-    Transient failures (connection errors, 5xx) are retried with exponential backoff;
-    credentials and the bucket are never retried: they need a settings fix.
+    Every call retries transient failures (dropped connections, 5xx such as `SlowDown`,
+    non-XML 5xx pages from a load balancer) with exponential backoff and jitter, logging
+    each retry (policy in `storage.retry`); after the last attempt it raises `ObjectStoreUnavailable`.
+    Credentials, a missing bucket and a missing key are never retried: they need a fix.
+    Files move streamed (`fput_object`, multipart past 5 MiB; `fget_object`).
     """
 
     def __init__(self, settings: ObjectStoreSettings) -> None:
@@ -232,16 +302,27 @@ class S3ObjectStore(ObjectStore):
                 "EPIFLOW_OBJECTS_URL is s3://… but no endpoint is set",
                 setting="EPIFLOW_OBJECTS_ENDPOINT",
             )
+        access_key, secret_key = settings.access_key, settings.secret_key
+        has_keys = access_key is not None and secret_key is not None
+        if not has_keys and not settings.anonymous:
+            # Unsigned requests would reach the bucket as an anonymous user and fail later
+            # with a puzzling AccessDenied, or worse, succeed against a public bucket.
+            raise ObjectStoreUnavailable(
+                "EPIFLOW_OBJECTS_URL is s3://… but EPIFLOW_OBJECTS_ACCESS_KEY and "
+                "EPIFLOW_OBJECTS_SECRET_KEY are not both set (set EPIFLOW_OBJECTS_ANONYMOUS=true "
+                "for a public bucket)",
+                setting="EPIFLOW_OBJECTS_ACCESS_KEY / EPIFLOW_OBJECTS_SECRET_KEY",
+            )
         self.bucket, self.prefix = settings.bucket_and_prefix()
         self.settings = settings
         self.client = Minio(
             settings.endpoint,
-            access_key=settings.access_key.get_secret_value() if settings.access_key else None,
-            secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
+            access_key=access_key.get_secret_value() if access_key and has_keys else None,
+            secret_key=secret_key.get_secret_value() if secret_key and has_keys else None,
             secure=settings.secure,
             region=settings.region,
-            # Retries live in `_retry` (typed errors, our backoff); urllib3's own retries
-            # would multiply them and stall an outage for minutes.
+            # Retries live in `_retry` (typed errors, jitter, a log line each); urllib3's own
+            # retries would multiply them and stall an outage for minutes.
             http_client=urllib3.PoolManager(
                 maxsize=32,
                 timeout=urllib3.Timeout(connect=5.0, read=120.0),
@@ -261,28 +342,40 @@ class S3ObjectStore(ObjectStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        from minio.error import S3Error
+        """`fn()` under the retry policy; every SDK failure leaves as a `StorageError`."""
+        from minio.error import MinioException
         from urllib3.exceptions import HTTPError
 
-        delay = self.settings.backoff_s
         attempts = self.settings.retries + 1
-        for attempt in range(attempts):
-            try:
-                return fn()
-            except S3Error as e:
+        try:
+            return call_with_retries(
+                what,
+                fn,
+                attempts=attempts,
+                backoff_s=self.settings.backoff_s,
+                backoff_max_s=self.settings.backoff_max_s,
+            )
+        except (MinioException, HTTPError, OSError) as e:
+            if is_transient(e):
+                raise ObjectStoreUnavailable(
+                    f"{what} failed after {attempts} attempts: {self.location} answered "
+                    f"{describe(e)}",
+                    setting="EPIFLOW_OBJECTS_ENDPOINT",
+                ) from e
+            if isinstance(e, MinioException | HTTPError):
                 raise self._s3_error(what, e) from e
-            except (HTTPError, OSError) as e:
-                if attempt == attempts - 1:
-                    raise ObjectStoreUnavailable(
-                        f"{what} failed after {attempts} attempts: cannot reach {self.location} ({type(e).__name__})",
-                        setting="EPIFLOW_OBJECTS_ENDPOINT",
-                    ) from e
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+            raise  # a local file error: the caller names the file
 
     def _s3_error(self, what: str, e: Exception) -> StorageError:
-        code = getattr(e, "code", "")
+        from minio.error import S3Error
+
+        if not isinstance(e, S3Error):
+            # A TLS failure or a non-XML 4xx: nothing a retry could change.
+            return ObjectStoreUnavailable(
+                f"{what} failed: {self.location} answered {describe(e)}",
+                setting="EPIFLOW_OBJECTS_ENDPOINT / EPIFLOW_OBJECTS_SECURE",
+            )
+        code = e.code or ""
         if code == "NoSuchBucket":
             return BucketMissing(
                 f"the bucket {self.bucket!r} does not exist at {self.settings.endpoint}",
@@ -310,6 +403,7 @@ class S3ObjectStore(ObjectStore):
         self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
     ) -> ObjectInfo:
         name = self._full(key)
+        # A fresh stream per attempt: a retry must send the body from its first byte.
         self._retry(
             f"upload of {key}",
             lambda: self.client.put_object(
@@ -317,6 +411,24 @@ class S3ObjectStore(ObjectStore):
             ),
         )
         return _info(key, data, content_type)
+
+    def put_file(
+        self, key: str, path: Path, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
+        name = self._full(key)
+        info = _file_info(key, path, content_type)
+        # fput_object reopens the file on each attempt and sends it in parts of at least
+        # 5 MiB (at most 3 in flight), so memory does not grow with the file.
+        try:
+            self._retry(
+                f"upload of {key}",
+                lambda: self.client.fput_object(
+                    self.bucket, name, str(path), content_type=content_type
+                ),
+            )
+        except OSError as e:
+            raise ObjectStoreError(f"cannot read {path} to upload it as {key}: {e.strerror}") from e
+        return info
 
     def get(self, key: str) -> bytes:
         name = self._full(key)
@@ -331,15 +443,31 @@ class S3ObjectStore(ObjectStore):
 
         return self._retry(f"download of {key}", read)
 
-    def exists(self, key: str) -> bool:
-        from minio.error import S3Error
-
+    def get_file(self, key: str, dest: Path) -> Path:
+        name = self._full(key)
+        tmp = _temp_beside(dest)
         try:
-            self.client.stat_object(self.bucket, self._full(key))
-        except S3Error as e:
-            if e.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound"):
-                return False
-            raise self._s3_error(f"stat of {key}", e) from e
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # Streams in 1 MiB chunks to `tmp`, then renames it onto `dest`.
+            self._retry(
+                f"download of {key}",
+                lambda: self.client.fget_object(
+                    self.bucket, name, str(dest), tmp_file_path=str(tmp)
+                ),
+            )
+        except OSError as e:
+            raise ObjectStoreError(f"cannot write object {key} to {dest}: {e.strerror}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._retry(
+                f"stat of {key}", lambda: self.client.stat_object(self.bucket, self._full(key))
+            )
+        except ObjectNotFound:
+            return False
         return True
 
     def list(self, prefix: str = "") -> Iterator[str]:

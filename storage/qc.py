@@ -18,6 +18,7 @@ from expectations.report import GateReport
 from models import Judgement as JudgementRow
 from models import QcResult, QcRun
 from scoring.rubric import Judgement
+from storage.errors import RunNotFound
 from storage.sanitize import clean_json, clean_text
 
 
@@ -140,3 +141,22 @@ def mark_triggered(engine: Engine, qc_run_id: uuid.UUID) -> None:
         conn.execute(
             update(QcRun).where(col(QcRun.id) == qc_run_id).values(triggered_training=True)
         )
+
+
+def gated_run_selection(engine: Engine, qc_run: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """(QC run id, the collection run it judged) for the QC run id `qc_run`.
+
+    Raises:
+        RunNotFound: `qc_run` is not an id, or no QC run has it.
+    """
+    try:
+        qc_id = uuid.UUID(qc_run)
+    except ValueError as e:
+        raise RunNotFound(f"qc_run {qc_run!r} is not a qc run id", setting="--qc-run") from e
+    with engine.connect() as conn:
+        run_id: uuid.UUID | None = conn.execute(
+            select(col(QcRun.run_id)).where(col(QcRun.id) == qc_id)
+        ).scalar_one_or_none()
+    if run_id is None:
+        raise RunNotFound(f"no qc run {qc_run}", setting="--qc-run")
+    return qc_id, run_id

@@ -1,20 +1,40 @@
-"""Trajectory → SQL row dicts (pure: no session). Text is cleaned for PostgreSQL on the way."""
+"""Trajectory → SQL row dicts (pure: no session). Text is cleaned for PostgreSQL on the way.
+
+JSON columns go through a `json` finisher: `clean_json` (the default) keeps them Python
+values with their text cleaned, for SQLAlchemy and exports; the PostgreSQL COPY path
+passes `json_text`, which cleans and serializes them in one step (`storage.sanitize`).
+"""
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from agent.atif_convert import AGENT_NAME, AGENT_VERSION
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from agent.trajectory import Step as StepData
 from models import run_id_for
 from storage.sanitize import clean_json, clean_text
 
+JsonFinisher = Callable[[Any], Any]
+"""Turns a JSON column's value into what the writer takes (`clean_json` or `json_text`)."""
+
+#: A uuid5 (sha1) per row adds up over a batch; a run's episodes share one key.
+run_id_of = functools.lru_cache(maxsize=1024)(run_id_for)
+
 
 def policy_kind(spec: str) -> str:
-    """`scripted:oracle` → `scripted`."""
+    """`scripted:oracle` → `scripted`; `atif:openhands@1.0.0` → `atif`; a spec without a
+    family prefix (an OpenAI-messages import's `imported`) is its own kind."""
     return spec.split(":", 1)[0] if ":" in spec else spec
+
+
+def reported_total(values: Iterable[int | float | None]) -> Any:
+    """Sum of the values reported; None when none was (not 0: 0 is a report)."""
+    reported = [v for v in values if v is not None]
+    return sum(reported) if reported else None
 
 
 def task_row(t: Trajectory) -> dict[str, Any]:
@@ -31,25 +51,32 @@ def task_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def policy_row(t: Trajectory) -> dict[str, Any]:
+def policy_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if t.agent is not None:
+        config = {
+            "agent_name": t.agent.name,
+            "agent_version": t.agent.version,
+            "model_name": t.agent.model_name,
+        }
     return {
         "id": t.policy,
         "kind": policy_kind(t.policy),
-        "config": {},
+        "config": json(config),
         "checkpoint_id": None,
         "created_at": t.started_at,
     }
 
 
-def run_row(t: Trajectory) -> dict[str, Any]:
+def run_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
     return {
-        "id": run_id_for(t.run_key),
+        "id": run_id_of(t.run_key),
         "run_key": t.run_key,
         "suite": t.suite,
         "policy_id": t.policy,
-        "parameters": {},
-        "sandbox_spec": {},
-        "fault_profile": clean_json(t.fault_profile),
+        "parameters": json({}),
+        "sandbox_spec": json({}),
+        "fault_profile": json(t.fault_profile),
         "status": "running",
         "prefect_flow_run_id": None,
         "started_at": t.started_at,
@@ -57,19 +84,12 @@ def run_row(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def _tool_failed(s: StepData) -> bool:
-    return s.parse_kind == ParseKind.TOOL_CALL and (
-        s.timed_out
-        or s.error_type is not None
-        or s.signal is not None
-        or (s.exit_code is not None and s.exit_code != 0)
-    )
-
-
-def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
+def episode_row(
+    t: Trajectory, *, trajectory_key: str | None, json: JsonFinisher = clean_json
+) -> dict[str, Any]:
     return {
         "id": t.episode_id,
-        "run_id": run_id_for(t.run_key),
+        "run_id": run_id_of(t.run_key),
         "task_id": t.task_id,
         "rollout_index": t.rollout_index,
         "suite": t.suite,
@@ -80,9 +100,9 @@ def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
         "policy_id": t.policy,
         "policy_seed": t.policy_seed,
         "protocol_version": t.protocol_version,
-        "tool_versions": clean_json(t.tool_versions),
+        "tool_versions": json(t.tool_versions),
         "sandbox_spec_hash": t.sandbox_spec_hash,
-        "fault_profile": clean_json(t.fault_profile),
+        "fault_profile": json(t.fault_profile),
         "fault_seed": t.fault_seed,
         "started_at": t.started_at,
         "ended_at": t.ended_at,
@@ -98,66 +118,107 @@ def episode_row(t: Trajectory, *, trajectory_key: str | None) -> dict[str, Any]:
         "total_reward": t.total_reward,
         "n_steps": len(t.steps),
         "n_parse_errors": sum(1 for s in t.steps if s.parse_kind == ParseKind.ERROR),
-        "n_tool_errors": sum(1 for s in t.steps if _tool_failed(s)),
+        "n_tool_errors": sum(1 for s in t.steps if s.tool_failed),
         "n_injected_faults": sum(1 for s in t.steps if s.injected_fault is not None),
-        "prompt_tokens": t.prompt_tokens,
-        "completion_tokens": t.completion_tokens,
+        "prompt_tokens": reported_total(s.prompt_tokens for s in t.steps),
+        "completion_tokens": reported_total(s.completion_tokens for s in t.steps),
+        "cost_usd": reported_total(s.cost_usd for s in t.steps),
+        "agent_name": clean_text(t.agent.name) if t.agent is not None else AGENT_NAME,
+        "agent_version": clean_text(t.agent.version) if t.agent is not None else AGENT_VERSION,
         "trajectory_key": trajectory_key,
         "created_at": t.ended_at or t.started_at,
     }
 
 
-def step_row(
-    episode_id: uuid.UUID, s: StepData, *, output_keys: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+#: The columns of a step row, in the order `step_values` gives them.
+STEP_COLUMNS: tuple[str, ...] = (
+    "episode_id", "step_index", "history_hash", "started_at", "raw_output",
+    "raw_output_truncated", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd",
+    "reasoning_content", "generation_latency_ms",
+    "native_tool_calls", "parse_kind", "parse_error", "parse_tolerances", "parse_latency_ms",
+    "call_id", "tool", "args", "final_answer", "parse_error_code", "finish_reason",
+    "repetition_warning", "policy_perturbation", "observation", "exit_code", "signal",
+    "timed_out", "error_type", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
+    "stdout_key", "stderr_key", "duration_ms", "cpu_ms", "max_rss_kib", "files_changed",
+    "injected_fault_kind", "injected_fault", "soft_timeout_warning", "immediate_reward",
+    "discounted_return",
+)  # fmt: skip
+
+
+def step_values(
+    episode_id: uuid.UUID,
+    s: StepData,
+    *,
+    output_keys: Mapping[str, str] | None = None,
+    json: JsonFinisher = clean_json,
+) -> tuple[Any, ...]:
+    """One step's row as values in `STEP_COLUMNS` order.
+
+    A tuple, not a dict: ingest builds one per step and COPY takes values in order
+    (~30% less work per row than a dict turned into a tuple).
+    """
     keys = output_keys or {}
     fault = s.injected_fault
-    return {
-        "episode_id": episode_id,
-        "step_index": s.index,
-        "history_hash": s.history_hash,
-        "started_at": s.started_at,
-        "raw_output": clean_text(s.raw_output),
-        "raw_output_truncated": s.raw_output_truncated,
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "generation_latency_ms": s.generation_latency_ms,
-        "native_tool_calls": clean_json(s.native_tool_calls)
-        if s.native_tool_calls is not None
-        else None,
-        "parse_kind": str(s.parse_kind),
-        "parse_error": clean_text(s.parse_error) if s.parse_error else None,
-        "parse_tolerances": clean_json(list(s.parse_tolerances)),
-        "parse_latency_ms": s.parse_latency_ms,
-        "call_id": clean_text(s.call_id) if s.call_id else None,
-        "tool": clean_text(s.tool) if s.tool else None,
-        "args": clean_json(s.args) if s.args is not None else None,
-        "final_answer": clean_text(s.final_answer) if s.final_answer is not None else None,
-        "parse_error_code": s.parse_error_code,
-        "finish_reason": s.finish_reason,
-        "repetition_warning": s.repetition_warning,
-        "policy_perturbation": s.policy_perturbation,
-        "observation": clean_text(s.observation) if s.observation is not None else None,
-        "exit_code": s.exit_code,
-        "signal": s.signal,
-        "timed_out": s.timed_out,
-        "error_type": s.error_type,
-        "stdout": clean_text(s.stdout),
-        "stderr": clean_text(s.stderr),
-        "stdout_truncated": s.stdout_truncated,
-        "stderr_truncated": s.stderr_truncated,
-        "stdout_key": keys.get("stdout"),
-        "stderr_key": keys.get("stderr"),
-        "duration_ms": s.duration_ms,
-        "cpu_ms": s.resources.cpu_ms if s.resources else None,
-        "max_rss_kib": s.resources.max_rss_kib if s.resources else None,
-        "files_changed": clean_json([f.model_dump() for f in s.files_changed]),
-        "injected_fault_kind": fault.kind if fault else None,
-        "injected_fault": clean_json(fault.detail) if fault else None,
-        "soft_timeout_warning": s.soft_timeout_warning,
-        "immediate_reward": s.immediate_reward,
-        "discounted_return": s.return_,
-    }
+    usage = s.resources
+    return (
+        episode_id,
+        s.index,
+        s.history_hash,
+        s.started_at,
+        clean_text(s.raw_output),
+        s.raw_output_truncated,
+        s.prompt_tokens,
+        s.completion_tokens,
+        s.cached_tokens,
+        s.cost_usd,
+        clean_text(s.reasoning_content) if s.reasoning_content is not None else None,
+        s.generation_latency_ms,
+        json(s.native_tool_calls) if s.native_tool_calls is not None else None,
+        str(s.parse_kind),
+        clean_text(s.parse_error) if s.parse_error else None,
+        json(s.parse_tolerances),
+        s.parse_latency_ms,
+        clean_text(s.call_id) if s.call_id else None,
+        clean_text(s.tool) if s.tool else None,
+        json(s.args) if s.args is not None else None,
+        clean_text(s.final_answer) if s.final_answer is not None else None,
+        s.parse_error_code,
+        s.finish_reason,
+        s.repetition_warning,
+        s.policy_perturbation,
+        clean_text(s.observation) if s.observation is not None else None,
+        s.exit_code,
+        s.signal,
+        s.timed_out,
+        s.error_type,
+        clean_text(s.stdout),
+        clean_text(s.stderr),
+        s.stdout_truncated,
+        s.stderr_truncated,
+        keys.get("stdout"),  # stdout_key
+        keys.get("stderr"),  # stderr_key
+        s.duration_ms,
+        usage.cpu_ms if usage else None,  # cpu_ms
+        usage.max_rss_kib if usage else None,  # max_rss_kib
+        json([f.model_dump() for f in s.files_changed]),
+        fault.kind if fault else None,  # injected_fault_kind
+        json(fault.detail) if fault else None,  # injected_fault
+        s.soft_timeout_warning,
+        s.immediate_reward,
+        s.return_,  # discounted_return
+    )
+
+
+def step_row(
+    episode_id: uuid.UUID,
+    s: StepData,
+    *,
+    output_keys: Mapping[str, str] | None = None,
+    json: JsonFinisher = clean_json,
+) -> dict[str, Any]:
+    """One step's row as a dict, column → value."""
+    values = step_values(episode_id, s, output_keys=output_keys, json=json)
+    return dict(zip(STEP_COLUMNS, values, strict=True))
 
 
 def mark_storage_error(t: Trajectory, reason: str) -> Trajectory:

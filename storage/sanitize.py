@@ -7,8 +7,11 @@ go to the object store, so nothing is lost.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
+
+import orjson
 
 _BAD = re.compile("[\x00\ud800-\udfff]")
 REPLACEMENT = "\ufffd"
@@ -16,6 +19,8 @@ REPLACEMENT = "\ufffd"
 
 def clean_text(value: str) -> str:
     """Drop NULs and replace lone surrogates with U+FFFD."""
+    if value.isascii():  # O(1) in CPython: most text takes this path
+        return value.replace("\x00", "") if "\x00" in value else value
     if not _BAD.search(value):
         return value
     return _BAD.sub(lambda m: "" if m.group() == "\x00" else REPLACEMENT, value)
@@ -30,6 +35,29 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [clean_json(v) for v in value]
     return value
+
+
+def json_text(value: Any) -> str:
+    """`clean_json(value)` serialized as JSON text for a json/jsonb column, in one step.
+
+    orjson serializes (several times the speed of `json`); it escapes a NUL as `\\u0000`
+    and refuses lone surrogates, so a value that needs cleaning shows itself and only
+    then takes the slow path. Non-string keys become strings, as in `clean_json`.
+    """
+    try:
+        data = orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS)
+    except (orjson.JSONEncodeError, TypeError):  # surrogates, or an int orjson cannot hold
+        return _dumps(clean_json(value))
+    if b"\\u0000" in data:
+        return _dumps(clean_json(value))
+    return data.decode()
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def decode_output(data: bytes, cap_chars: int) -> tuple[str, bool, bool]:

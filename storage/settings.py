@@ -14,7 +14,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-DEFAULT_HOME = Path(".epiflow")
+from core.home import epiflow_home
+
+
+def default_database_url() -> SecretStr:
+    """`sqlite:///$EPIFLOW_HOME/epiflow.db` (an absolute path: the same file from any
+    working directory)."""
+    return SecretStr(f"sqlite:///{epiflow_home() / 'epiflow.db'}")
+
+
+def default_objects_url() -> str:
+    """`$EPIFLOW_HOME/objects`."""
+    return str(epiflow_home() / "objects")
 
 
 class DatabaseSettings(BaseSettings):
@@ -23,11 +34,12 @@ class DatabaseSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_DATABASE_", extra="ignore")
 
     url: SecretStr = Field(
-        default=SecretStr(f"sqlite:///{DEFAULT_HOME / 'epiflow.db'}"),
+        default_factory=default_database_url,
         description=(
             "SQLAlchemy URL of the metadata database, e.g. "
-            "`postgresql+psycopg://user:pass@host:5432/epiflow` or `sqlite:///path.db` "
-            "(env EPIFLOW_DATABASE_URL). A secret: it may hold a password."
+            "`postgresql+psycopg://user:pass@host:5432/epiflow` or `sqlite:////abs/path.db` "
+            "(env EPIFLOW_DATABASE_URL; default `sqlite:///$EPIFLOW_HOME/epiflow.db`). "
+            "A secret: it may hold a password."
         ),
     )
     echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
@@ -63,10 +75,10 @@ class ObjectStoreSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_OBJECTS_", extra="ignore")
 
     url: str = Field(
-        default=str(DEFAULT_HOME / "objects"),
+        default_factory=default_objects_url,
         description=(
             "A local directory path (or `file:///abs/path`), or `s3://bucket[/prefix]` "
-            "(env EPIFLOW_OBJECTS_URL)."
+            "(env EPIFLOW_OBJECTS_URL; default `$EPIFLOW_HOME/objects`)."
         ),
     )
     endpoint: str | None = Field(
@@ -79,6 +91,13 @@ class ObjectStoreSettings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="S3 secret key (env EPIFLOW_OBJECTS_SECRET_KEY)."
     )
+    anonymous: bool = Field(
+        default=False,
+        description=(
+            "Send unsigned requests to a public bucket (env EPIFLOW_OBJECTS_ANONYMOUS). "
+            "Without it, an s3:// store with no keys is refused with a message."
+        ),
+    )
     secure: bool = Field(
         default=True, description="Use HTTPS to reach the S3 endpoint (env EPIFLOW_OBJECTS_SECURE)."
     )
@@ -86,10 +105,25 @@ class ObjectStoreSettings(BaseSettings):
         default=None, description="S3 region; MinIO ignores it (env EPIFLOW_OBJECTS_REGION)."
     )
     retries: int = Field(
-        default=4, ge=0, description="Retries of a failed upload or download, with backoff."
+        default=4,
+        ge=0,
+        description=(
+            "Retries of an S3 call that failed transiently (dropped connection, timeout, "
+            "5xx such as SlowDown/InternalError) before it fails (env EPIFLOW_OBJECTS_RETRIES)."
+        ),
     )
     backoff_s: float = Field(
-        default=0.2, gt=0, description="First retry delay in seconds; doubles on each retry."
+        default=0.2,
+        gt=0,
+        description=(
+            "Base retry delay in seconds: retry n waits a random time up to "
+            "backoff_s·2^(n-1) (full jitter) (env EPIFLOW_OBJECTS_BACKOFF_S)."
+        ),
+    )
+    backoff_max_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest single retry delay in seconds (env EPIFLOW_OBJECTS_BACKOFF_MAX_S).",
     )
 
     @field_validator("url")

@@ -2,8 +2,9 @@
 
 Public API:
 
-- `suites.registry.load_suite(name, *, settings=None) -> Suite` — `"builtin"`, the example
-  suites in `suites/examples/`, and user suites on `EPIFLOW_SUITES_PATH`.
+- `suites.registry.load_suite(name, *, settings=None, sandbox=None) -> Suite` — `"builtin"`,
+  the example suites in `suites/examples/`, and user suites on `EPIFLOW_SUITES_PATH` (static
+  or generated: seeded `params` and generator scripts run in nsjail, see `suites.user_suite`).
 - `Suite.templates`, `Suite.generate(template, seed)`, `Suite.instances(n, seed=…)`,
   `Suite.heldout_instances(n, seed=…)` (evaluation seeds, disjoint from training seeds).
 - `suites.verify.run_verifier(sandbox, task) -> VerifierOutcome` — runs inside the jail.

@@ -5,7 +5,8 @@
     ├── TemplateNotFound        the suite has no template of that name
     ├── SuiteFormatError        a user `suite.yaml` is malformed (every issue with file and line)
     ├── SuiteConflict           two suite folders declare the same name
-    └── SeedRangeError          a training seed reaches into the held-out range
+    ├── SeedRangeError          a training seed reaches into the held-out range
+    └── GeneratorError          a user template's generator module failed for a seed (in its jail)
 
 A verifier that crashes or prints garbage is *not* an exception: it is a
 `VerifierOutcome` with `error=True` and score 0 (see `suites.verify`).
@@ -17,8 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from core.errors import EpiflowError
 
-class SuiteError(Exception):
+
+class SuiteError(EpiflowError):
     """Base class of every suite failure."""
 
 
@@ -36,6 +39,27 @@ class SuiteConflict(SuiteError):
 
 class SeedRangeError(SuiteError):
     """Training instances asked for seeds that overlap the held-out evaluation range."""
+
+
+class GeneratorError(SuiteError):
+    """A user template's generator script failed, timed out or printed invalid output."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        setting: str | None = None,
+        template: str,
+        seed: int,
+        exit_code: int | None = None,
+        stderr: str = "",
+    ) -> None:
+        super().__init__(message, setting=setting)
+        self.template = template
+        self.seed = seed
+        self.exit_code = exit_code
+        self.stderr = stderr
+        """The tail of the script's stderr (a traceback, usually)."""
 
 
 class FormatIssue(BaseModel):

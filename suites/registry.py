@@ -8,6 +8,7 @@ read is listed under its folder name, so `load_suite(folder_name)` reports the e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +18,9 @@ from suites.errors import SuiteConflict, SuiteError, SuiteNotFound
 from suites.settings import SuitesSettings
 from suites.suite import Suite
 from suites.user_suite import SUITE_FILE, load_user_suite
+
+if TYPE_CHECKING:
+    from sandbox.settings import SandboxSettings
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 """The example user suites shipped with epiflow."""
@@ -58,8 +62,10 @@ def available_suites(settings: SuitesSettings | None = None) -> list[SuiteEntry]
     return entries
 
 
-def load_suite(name: str, *, settings: SuitesSettings | None = None) -> Suite:
-    """The suite called `name`.
+def load_suite(
+    name: str, *, settings: SuitesSettings | None = None, sandbox: SandboxSettings | None = None
+) -> Suite:
+    """The suite called `name`; `sandbox` configures the jails of user generator scripts.
 
     Raises:
         SuiteNotFound: no built-in or user suite has that name.
@@ -76,16 +82,18 @@ def load_suite(name: str, *, settings: SuitesSettings | None = None) -> Suite:
     source = entries[0].source
     if source is None:
         return builtin_suite()
-    return load_user_suite(source)
+    return load_user_suite(source, sandbox=sandbox)
 
 
-def load_all_suites(settings: SuitesSettings | None = None) -> tuple[list[Suite], list[SuiteError]]:
+def load_all_suites(
+    settings: SuitesSettings | None = None, *, sandbox: SandboxSettings | None = None
+) -> tuple[list[Suite], list[SuiteError]]:
     """Every suite that loads, plus the errors of those that do not (for listings)."""
     loaded: list[Suite] = []
     errors: list[SuiteError] = []
     for name in dict.fromkeys(e.name for e in available_suites(settings)):
         try:
-            loaded.append(load_suite(name, settings=settings))
+            loaded.append(load_suite(name, settings=settings, sandbox=sandbox))
         except SuiteError as e:
             errors.append(e)
     return loaded, errors

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from suites.errors import SeedRangeError, TemplateNotFound
-from suites.template import TaskTemplate
+from suites.template import TaskDraft, TaskTemplate
 from suites.types import TaskInstance
 
 HELDOUT_SEED_BASE = 1_000_000_000
@@ -104,9 +104,13 @@ class Suite:
 
         Raises:
             TemplateNotFound: no such template in this suite.
+            GeneratorError: a user template's generator failed for this seed.
+            SuiteFormatError: a user template's expression failed on a generator's values.
         """
         tmpl = self.template(template)
-        draft = tmpl.draft(seed)
+        return self._instance(tmpl, seed, tmpl.draft(seed))
+
+    def _instance(self, tmpl: TaskTemplate, seed: int, draft: TaskDraft) -> TaskInstance:
         return TaskInstance(
             suite=self.name,
             suite_version=self.version,
@@ -129,6 +133,8 @@ class Suite:
         Raises:
             SeedRangeError: the seeds would reach into the held-out range.
             TemplateNotFound: a name in `templates` is not in this suite.
+            GeneratorError: a user template's generator failed for one of the seeds.
+            SuiteFormatError: a user template's expression failed on a generator's values.
         """
         if n < 0 or seed < 0:
             raise SeedRangeError(f"n and seed must be non-negative, got n={n}, seed={seed}")
@@ -154,7 +160,15 @@ class Suite:
         self, n: int, first_seed: int, templates: Iterable[str] | None
     ) -> list[TaskInstance]:
         names = list(templates) if templates is not None else list(self._templates)
-        return [self.generate(name, first_seed + i) for name in names for i in range(n)]
+        out: list[TaskInstance] = []
+        for name in names:
+            tmpl = self.template(name)
+            seeds = [first_seed + i for i in range(n)]
+            # One call per template, so a user generator can run its seeds' jails together.
+            out += [
+                self._instance(tmpl, s, d) for s, d in zip(seeds, tmpl.drafts(seeds), strict=True)
+            ]
+        return out
 
 
 def is_heldout_seed(seed: int) -> bool:

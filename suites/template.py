@@ -8,7 +8,7 @@ yields the same task. The `Suite` wraps drafts into `TaskInstance`s with its own
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,7 +35,12 @@ class TaskDraft(BaseModel):
 
 @dataclass(frozen=True)
 class TaskTemplate:
-    """A named, versioned generator of tasks of one kind."""
+    """A named, versioned generator of tasks of one kind.
+
+    Give `build` (a function of a seeded `Random`, as every built-in template does) or
+    `build_seeds` (drafts of several seeds at once: user templates whose generator script
+    runs in a jail per seed, started concurrently).
+    """
 
     name: str
     """Template name, unique within its suite."""
@@ -45,16 +50,27 @@ class TaskTemplate:
     """1 (a 2-step chore) … 5 (a ~15-step job with traps)."""
     summary: str
     """One line for `epiflow suites list`."""
-    build: Callable[[random.Random], TaskDraft]
+    build: Callable[[random.Random], TaskDraft] | None = None
     """Generator; must draw every random choice from the `Random` it is given."""
+    build_seeds: Callable[[Sequence[int]], list[TaskDraft]] | None = None
+    """Generator of several seeds at once, one draft per seed, in order; deterministic per seed."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.difficulty <= 5:
             raise ValueError(f"difficulty must be 1..5, got {self.difficulty} ({self.name})")
+        if (self.build is None) == (self.build_seeds is None):
+            raise ValueError(f"give exactly one of build or build_seeds ({self.name})")
 
     def draft(self, seed: int) -> TaskDraft:
         """The draft for `seed`; deterministic."""
-        return self.build(random.Random(seed))
+        return self.drafts([seed])[0]
+
+    def drafts(self, seeds: Sequence[int]) -> list[TaskDraft]:
+        """The drafts for `seeds`, in order; each the same as `draft(seed)`."""
+        if self.build_seeds is not None:
+            return self.build_seeds(list(seeds))
+        assert self.build is not None  # __post_init__ allows no third case
+        return [self.build(random.Random(seed)) for seed in seeds]
 
 
 def call(tool: str, **args: object) -> ReferenceCall:

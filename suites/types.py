@@ -31,6 +31,10 @@ class VerifierSpec(BaseModel):
     The verifier's files are written into the jail after the episode (outside the
     workspace the agent could have tampered with where possible), then `argv` runs and
     must print one JSON object `{"score": float in [0, 1], "reason": str}` on stdout.
+
+    A verifier declared as `["python3", "-I", "-", ARGS…]` with its script as `stdin`
+    runs through `Sandbox.run_python`, i.e. as `python3 -I -S` would run it (stdlib
+    only); the nsjail sandbox forks it from its executor instead of starting a process.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -43,6 +47,13 @@ class VerifierSpec(BaseModel):
     """Timeout of the verifier command."""
     stdin: str | None = None
     """Text fed to `argv` on stdin, e.g. the script for `["python3", "-I", "-"]`; None for none."""
+
+    @property
+    def inline_python(self) -> tuple[str, list[str]] | None:
+        """`(script, args)` when this is `python3 -I - ARGS…` with the script on stdin, else None."""
+        if self.stdin is None or self.argv[:3] != ["python3", "-I", "-"]:
+            return None
+        return self.stdin, self.argv[3:]
 
 
 class TaskInstance(BaseModel):
@@ -74,11 +85,29 @@ class TaskInstance(BaseModel):
     """How the outcome is checked."""
 
     @property
-    def task_id(self) -> str:
-        """Stable id: suite/template@version#seed plus a short content hash."""
-        digest = hashlib.sha256(
+    def content_digest(self) -> str:
+        """Short hash of what the agent sees (prompt and files): equal digests, same task."""
+        return hashlib.sha256(
             json.dumps(
                 {"prompt": self.prompt, "files": self.files}, sort_keys=True, ensure_ascii=False
             ).encode()
         ).hexdigest()[:10]
-        return f"{self.suite}/{self.template}@{self.template_version}#{self.seed}-{digest}"
+
+    @property
+    def task_id(self) -> str:
+        """Stable id: suite/template@version#seed plus a short content hash."""
+        return (
+            f"{self.suite}/{self.template}@{self.template_version}#{self.seed}"
+            f"-{self.content_digest}"
+        )
+
+
+def is_workspace_relative(path: str) -> bool:
+    """True when `path` names a file inside the workspace: relative, no `.`/`..`/empty parts.
+
+    The same rule the sandbox applies when it writes workspace files, checked early so a
+    suite reports the path with its location instead of failing when an episode starts.
+    """
+    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
+        return False
+    return not any(part in ("", ".", "..") for part in path.split("/"))

@@ -1,198 +1,116 @@
 """User suites: a folder with a `suite.yaml`, loaded into a `Suite` with located errors.
 
     my_suite/
-      suite.yaml          name, version, tasks (prompt, files, difficulty, verifier, …)
+      suite.yaml          name, version, tasks (params, generator, prompt, files, verifier, …)
       files/…             workspace files referenced as `{from: files/…}`
       verifiers/…         verifier scripts, copied into the jail under VERIFIER_DIR
+      generators/…        generator scripts (and their data), run in a jail per seed
 
 Every malformed field is reported with its file and line (`SuiteFormatError.issues`): the
 YAML is composed into nodes first so each pydantic error location maps back to a mark.
-User tasks are static: every seed yields the same task (the seed still goes into the
-task id). See docs/suites.md for the format.
+A task without `params` or `generator` is static: every seed yields the same task (the
+seed still goes into the task id); a generated task is rendered per seed
+(`suites.user_template`). The schema is `suites.user_decl`; the format is in docs/suites.md.
 """
 
 from __future__ import annotations
 
+import functools
 import posixpath
-import random
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.errors import FormatIssue, SuiteFormatError
+from suites.generator import GeneratorJob, run_generator
+from suites.params import PARAM_NAME
 from suites.suite import Suite
-from suites.template import TaskDraft, TaskTemplate
-from suites.types import ReferenceCall, VerifierSpec
+from suites.types import is_workspace_relative
+from suites.user_decl import SuiteDecl, TaskDecl, tool_args_problems
+from suites.user_template import (
+    PARAMS_NAME,
+    VERIFIER_DIR,
+    RenderFailure,
+    build_template,
+    name_problems,
+    read_texts,
+)
+
+if TYPE_CHECKING:
+    from sandbox.settings import SandboxSettings
+
+__all__ = ["SUITE_FILE", "VERIFIER_DIR", "load_user_suite", "tool_args_problems"]
 
 SUITE_FILE = "suite.yaml"
 """The file that makes a folder a suite."""
-VERIFIER_DIR = "/tmp/epiflow-verifier"
-"""In-jail folder the verifier files are copied to (outside the agent's /workspace)."""
+PROBE_SEED = 0
+"""Seed a generated task without a generator is rendered with at load time, to catch errors."""
 
-_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 _Loc = tuple[str | int, ...]
 
 
-def _version_to_str(value: Any) -> Any:
-    # `version: 1` is an int in YAML; accept numbers but keep the version a string.
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-class FileSource(BaseModel):
-    """A workspace file: inline text (a YAML string) or `{from: path/in/suite/folder}`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    text: str | None = None
-    """Inline content."""
-    from_: str | None = None
-    """Path relative to the suite folder whose content is used."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_yaml(cls, value: Any) -> Any:
-        # One located error per file instead of pydantic's one-per-union-member noise.
-        if isinstance(value, str):
-            return {"text": value}
-        if isinstance(value, dict):
-            extra = sorted(str(k) for k in value if k != "from")
-            if extra or not isinstance(value.get("from"), str) or not value["from"]:
-                raise ValueError(
-                    "a file is inline text or {from: path/in/suite/folder}"
-                    + (
-                        f"; unknown key(s) {extra}"
-                        if extra
-                        else "; `from` must be a non-empty string"
-                    )
-                )
-            return {"from_": value["from"]}
-        raise ValueError(
-            f"a file is inline text or {{from: path/in/suite/folder}}, got {type(value).__name__}"
-        )
-
-
-class VerifierDecl(BaseModel):
-    """How a user task is verified: a command run inside the jail, in /workspace."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str | None = Field(default=None, min_length=1)
-    """Shell command (`/bin/sh -c`) printing `{"score": …, "reason": …}` as its last line."""
-    argv: list[str] | None = Field(default=None, min_length=1)
-    """Alternative to `command`: the argv to run, without a shell."""
-    files: list[str] = Field(default_factory=list)
-    """Suite-folder paths copied to `VERIFIER_DIR/<same path>` before the command runs."""
-    timeout_s: float = Field(default=30.0, gt=0, le=300)
-    """Timeout of the verifier command, seconds."""
-
-    @model_validator(mode="after")
-    def _one_command(self) -> VerifierDecl:
-        if (self.command is None) == (self.argv is None):
-            raise ValueError("give exactly one of `command` (a shell string) or `argv` (a list)")
-        return self
-
-
-class ReferenceCallDecl(BaseModel):
-    """One tool call of the reference solution."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tool: Literal["execute_shell", "read_file", "write_file", "list_dir"]
-    """One of the four built-in tools."""
-    args: dict[str, Any]
-    """Arguments, matching the tool's JSON schema (sandbox/tool_specs.py)."""
-
-    @model_validator(mode="after")
-    def _args_match_schema(self) -> ReferenceCallDecl:
-        problems = tool_args_problems(self.tool, self.args)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-
-class TaskDecl(BaseModel):
-    """One task of a user suite (a template with a single, static instance)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Annotated[str, Field(pattern=_NAME)]
-    """Template name: lower-case letters, digits, `_`, `-`, `.`."""
-    version: str = "1"
-    """Task version; bump it when the task or its verifier changes."""
-    difficulty: int = Field(ge=1, le=5)
-    """1 (a 2-step chore) … 5 (a ~15-step job with traps)."""
-    summary: str = ""
-    """One line for `epiflow suites list`."""
-    prompt: str = Field(min_length=1)
-    """The task as the agent sees it."""
-    files: dict[str, FileSource] = Field(default_factory=dict)
-    """Workspace path → inline text, or `{from: path/in/suite}`."""
-    reference_solution: list[ReferenceCallDecl] = Field(default_factory=list)
-    """Tool calls that solve the task (the oracle replays them)."""
-    reference_final: str = "Done."
-    """The oracle's `<final>` text."""
-    verifier: VerifierDecl
-    """How the outcome is checked."""
-
-    _coerce_version = field_validator("version", mode="before")(_version_to_str)
-
-
-class SuiteDecl(BaseModel):
-    """The whole `suite.yaml`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Annotated[str, Field(pattern=_NAME)]
-    """Suite name, unique on the suites path; `builtin` is reserved."""
-    version: str
-    """Suite version."""
-    description: str = ""
-    """What the suite is about."""
-    tasks: list[TaskDecl] = Field(min_length=1)
-    """The tasks."""
-
-    _coerce_version = field_validator("version", mode="before")(_version_to_str)
-
-
-def tool_args_problems(tool: str, args: dict[str, Any]) -> list[str]:
-    """What is wrong with `args` for `tool` under its JSON schema (the subset the tools use)."""
-    schema = BUILTIN_TOOLS[tool].parameters
-    props: dict[str, Any] = schema.get("properties", {})
-    problems = [
-        f"missing argument {k!r} for {tool}" for k in schema.get("required", []) if k not in args
-    ]
-    for key, value in args.items():
-        if key not in props:
-            problems.append(
-                f"unknown argument {key!r} for {tool} (expected one of {sorted(props)})"
-            )
-            continue
-        want = props[key].get("type")
-        if want == "string" and not isinstance(value, str):
-            problems.append(
-                f"argument {key!r} of {tool} must be a string, got {type(value).__name__}"
-            )
-        if want == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
-            problems.append(
-                f"argument {key!r} of {tool} must be an integer, got {type(value).__name__}"
-            )
-    return problems
-
-
-def load_user_suite(folder: Path) -> Suite:
+def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> Suite:
     """Load the suite in `folder` (which holds `suite.yaml`).
+
+    `sandbox` configures the jails generator scripts run in (default: `SandboxSettings()`,
+    built when a generator first runs). Tasks with parameters but no generator are
+    rendered once here (seed `PROBE_SEED`), so their template errors are load errors;
+    a generator's values can only be checked when it runs (`suites check` does).
 
     Raises:
         SuiteFormatError: the file is missing, not YAML, or any field is malformed; every
             problem found is listed with file, line and field.
     """
     path = folder / SUITE_FILE
+    root, decl = _read_decl(path)
+    problems = _folder_problems(folder, decl)
+    if not problems:
+        problems = _template_problems(folder, decl)
+    if problems:
+        raise SuiteFormatError(
+            [_issue(path, _mark_for(root, loc), _dotted(loc), msg) for loc, msg in problems]
+        )
+
+    def on_failure(failure: RenderFailure, seed: int) -> SuiteFormatError:
+        message = f"seed {seed}: {failure.message}"
+        return SuiteFormatError(
+            [_issue(path, _mark_for(root, failure.loc), _dotted(failure.loc), message)]
+        )
+
+    run = functools.partial(run_generator, sandbox_settings=sandbox)
+    templates = [
+        build_template(
+            i,
+            task,
+            from_texts=_from_texts(folder, task),
+            verifier_files={
+                posixpath.join(VERIFIER_DIR, rel): text
+                for rel, text in read_texts(folder, task.verifier.files).items()
+            },
+            generator=_generator_job(folder, task),
+            on_failure=on_failure,
+            run=run,
+        )
+        for i, task in enumerate(decl.tasks)
+    ]
+    suite = Suite(decl.name, decl.version, templates, description=decl.description, source=folder)
+    probe_issues: list[FormatIssue] = []
+    for task in decl.tasks:
+        if task.params and task.generator is None:
+            try:
+                suite.generate(task.name, PROBE_SEED)
+            except SuiteFormatError as e:
+                probe_issues += e.issues
+    if probe_issues:
+        raise SuiteFormatError(probe_issues)
+    return suite
+
+
+def _read_decl(path: Path) -> tuple[yaml.Node, SuiteDecl]:
+    """The YAML node tree (for locations) and the validated declaration of `path`."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -232,18 +150,34 @@ def load_user_suite(folder: Path) -> Suite:
                 for err in e.errors()
             ]
         ) from e
-    problems = _folder_problems(folder, decl)
-    if problems:
-        raise SuiteFormatError(
-            [_issue(path, _mark_for(root, loc), _dotted(loc), msg) for loc, msg in problems]
-        )
-    return Suite(
-        decl.name,
-        decl.version,
-        [_template(folder, task) for task in decl.tasks],
-        description=decl.description,
-        source=folder,
+    return root, decl
+
+
+def _from_texts(folder: Path, task: TaskDecl) -> dict[str, str]:
+    return read_texts(folder, [src.from_ for src in task.files.values() if src.from_ is not None])
+
+
+def _generator_job(folder: Path, task: TaskDecl) -> GeneratorJob | None:
+    decl = task.generator
+    if decl is None:
+        return None
+    return GeneratorJob(
+        suite_folder=folder,
+        template=task.name,
+        script=decl.script,
+        files=read_texts(folder, [decl.script, *decl.files]),
+        provides=tuple(decl.provides),
+        timeout_s=decl.timeout_s,
     )
+
+
+def _template_problems(folder: Path, decl: SuiteDecl) -> list[tuple[_Loc, str]]:
+    """Syntax errors and unknown names in the templates of generated tasks."""
+    problems: list[tuple[_Loc, str]] = []
+    for i, task in enumerate(decl.tasks):
+        if task.generated:
+            problems += name_problems(i, task, _from_texts(folder, task))
+    return problems
 
 
 def _folder_problems(folder: Path, decl: SuiteDecl) -> list[tuple[_Loc, str]]:
@@ -263,17 +197,57 @@ def _folder_problems(folder: Path, decl: SuiteDecl) -> list[tuple[_Loc, str]]:
         seen.setdefault(task.name, i)
         for rel, source in task.files.items():
             loc: _Loc = ("tasks", i, "files", rel)
-            if not _is_clean_relative(rel):
+            if not is_workspace_relative(rel):
                 problems.append((loc, f"workspace path {rel!r} must be relative, without `..`"))
             if source.from_ is not None:
                 problems += [
                     ((*loc, "from"), msg) for msg in _suite_file_problems(folder, source.from_)
                 ]
+            if source.render and not task.generated:
+                problems.append(
+                    ((*loc, "render"), "`render` needs `params` or a `generator` in the task")
+                )
         for j, name in enumerate(task.verifier.files):
-            problems += [
-                (("tasks", i, "verifier", "files", j), msg)
-                for msg in _suite_file_problems(folder, name)
-            ]
+            vloc: _Loc = ("tasks", i, "verifier", "files", j)
+            problems += [(vloc, msg) for msg in _suite_file_problems(folder, name)]
+            if task.generated and posixpath.normpath(name) == PARAMS_NAME:
+                problems.append(
+                    (vloc, f"{PARAMS_NAME!r} is reserved for the task's values; rename the file")
+                )
+        if not task.generated:
+            for j, call in enumerate(task.reference_solution):
+                found = tool_args_problems(call.tool, call.args)
+                if found:
+                    problems.append((("tasks", i, "reference_solution", j), "; ".join(found)))
+        problems += _parameter_problems(folder, i, task)
+    return problems
+
+
+def _parameter_problems(folder: Path, i: int, task: TaskDecl) -> list[tuple[_Loc, str]]:
+    problems: list[tuple[_Loc, str]] = []
+    for name in task.params:
+        if not re.fullmatch(PARAM_NAME, name):
+            problems.append(
+                (("tasks", i, "params", name), f"parameter name {name!r} must match {PARAM_NAME}")
+            )
+    gen = task.generator
+    if gen is None:
+        return problems
+    base: _Loc = ("tasks", i, "generator")
+    for k, name in enumerate(gen.provides):
+        if not re.fullmatch(PARAM_NAME, name):
+            problems.append(((*base, "provides", k), f"name {name!r} must match {PARAM_NAME}"))
+        elif name in task.params:
+            problems.append(
+                ((*base, "provides", k), f"{name!r} is also declared under `params`; pick one")
+            )
+    for loc, rel in [((*base, "script"), gen.script)] + [
+        ((*base, "files", k), rel) for k, rel in enumerate(gen.files)
+    ]:
+        if not is_workspace_relative(rel):
+            problems.append((loc, f"{rel!r} must be a plain relative path (no `.`, `..`, `//`)"))
+        else:
+            problems += [(loc, msg) for msg in _suite_file_problems(folder, rel)]
     return problems
 
 
@@ -297,45 +271,6 @@ def _is_clean_relative(path: str) -> bool:
         and norm != "."
         and not norm.startswith("..")
         and "\\" not in path
-    )
-
-
-def _template(folder: Path, task: TaskDecl) -> TaskTemplate:
-    files = {
-        rel: (folder / src.from_).read_text(encoding="utf-8")
-        if src.from_ is not None
-        else str(src.text)
-        for rel, src in task.files.items()
-    }
-    decl = task.verifier
-    verifier = VerifierSpec(
-        argv=list(decl.argv) if decl.argv is not None else ["/bin/sh", "-c", str(decl.command)],
-        files={
-            posixpath.join(VERIFIER_DIR, rel): (folder / rel).read_text(encoding="utf-8")
-            for rel in decl.files
-        },
-        timeout_s=decl.timeout_s,
-    )
-    draft = TaskDraft(
-        prompt=task.prompt,
-        files=files,
-        reference_solution=[
-            ReferenceCall(tool=c.tool, args=c.args) for c in task.reference_solution
-        ],
-        reference_final=task.reference_final,
-        verifier=verifier,
-    )
-
-    def build(rng: random.Random) -> TaskDraft:
-        del rng  # user tasks are static: every seed gives the same draft
-        return draft
-
-    return TaskTemplate(
-        name=task.name,
-        version=task.version,
-        difficulty=task.difficulty,
-        summary=task.summary or task.prompt.strip().splitlines()[0][:80],
-        build=build,
     )
 
 

@@ -1,7 +1,9 @@
 """Run a task's verifier inside the sandbox and turn its output into a `VerifierOutcome`.
 
 The verifier never reads agent-written files on the host: its files are written into the
-jail (outside `/workspace`) and its command runs there through `Sandbox.exec`. Its
+jail (outside `/workspace`) and its command runs there, after every process the agent
+left running was killed (`Sandbox.stop_processes`): through `Sandbox.run_python` for
+`python3 -I -` verifiers (no process start on nsjail), `Sandbox.exec` otherwise. Its
 contract: exit code 0 and, as the last non-empty line of stdout, one JSON object
 `{"score": <number in [0, 1]>, "reason": <string>}`. Anything else (a crash, a timeout,
 garbage, a score out of range) is score 0 with `error=True`, so a broken verifier is
@@ -26,9 +28,10 @@ MAX_REASON_CHARS = 500
 MAX_RAW_CHARS = 8_000
 """How much of the verifier's raw stdout/stderr the outcome keeps."""
 
-# Installs the verifier's files from a JSON payload on stdin. It runs with `-I` so that a
-# module the agent planted in /workspace cannot shadow the stdlib, and it replaces whatever
-# the agent may have put at those paths (a symlink, a directory) instead of writing through it.
+# Installs the verifier's files from a JSON payload on stdin. It runs through
+# `Sandbox.run_python` (stdlib only: a module the agent planted in /workspace cannot
+# shadow it), and it replaces whatever the agent may have put at those paths (a symlink,
+# a directory) instead of writing through it.
 _INSTALL_SCRIPT = """\
 import json, os, shutil, sys
 files = json.loads(sys.stdin.readline())
@@ -118,9 +121,11 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
             reason=f"verifier error: files must be absolute paths outside /workspace: {bad_paths}",
             error=True,
         )
+    # Nothing the agent left running may touch the files while the verifier reads them.
+    await sandbox.stop_processes()
     if spec.files:
-        installed = await sandbox.exec(
-            ["python3", "-I", "-c", _INSTALL_SCRIPT],
+        installed = await sandbox.run_python(
+            _INSTALL_SCRIPT,
             timeout_s=spec.timeout_s,
             stdin=json.dumps(spec.files, ensure_ascii=False).encode() + b"\n",
         )
@@ -128,11 +133,16 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
             detail = _clip(_decode(installed.stderr).strip(), 200)
             return _outcome(installed, f"could not install verifier files: {detail}", elapsed_ms())
 
-    result = await sandbox.exec(
-        list(spec.argv),
-        timeout_s=spec.timeout_s,
-        stdin=spec.stdin.encode() if spec.stdin is not None else None,
-    )
+    inline = spec.inline_python
+    if inline is not None:
+        script, args = inline
+        result = await sandbox.run_python(script, args=args, timeout_s=spec.timeout_s)
+    else:
+        result = await sandbox.exec(
+            list(spec.argv),
+            timeout_s=spec.timeout_s,
+            stdin=spec.stdin.encode() if spec.stdin is not None else None,
+        )
     if result.timed_out:
         return _outcome(result, f"timed out after {spec.timeout_s:g}s", elapsed_ms())
     if result.exit_code != 0:

@@ -34,8 +34,20 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in list(os.environ):
         if name.startswith("EPIFLOW_") and name not in KEEP_ENV:
             monkeypatch.delenv(name)
+    monkeypatch.setenv("EPIFLOW_HOME", str(tmp_path / "epiflow-home"))
     monkeypatch.setenv("EPIFLOW_DATABASE_URL", f"sqlite:///{tmp_path / 'epiflow.db'}")
     monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_local_prefect_server() -> Iterator[None]:
+    """Commands run without EPIFLOW_PREFECT_API_URL (the demo) attach to the shared local
+    Prefect server of the session's Prefect home; stop it when the session ends instead
+    of leaving it for its idle period."""
+    yield
+    from config.prefect_server import server_dir, stop
+
+    stop(server_dir(Path(os.environ["PREFECT_HOME"])))
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ Imports transformers at module level: import this module only where a trainer is
 - `WallTimeStop` ends training at the first optimizer-step boundary past
   `TrainingSettings.max_time_s` (measured from the first step, so model loading and
   dataset preparation do not count) and owns the clock the time-based schedule reads.
-- `MetricsHook` routes every TRL log event (loss, learning rate, grad norm, tokens/s, …)
+- `MetricsLogger` routes every TRL log event (loss, learning rate, grad norm, tokens/s, …)
   to the caller's `on_metrics(step, max_steps, logs)` and to `logging`: never to stdout,
   which is where transformers' `PrinterCallback` would print the dicts.
 - `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -32,8 +32,8 @@ from training.threads import ThreadTuner
 
 __all__ = [
     "ELAPSED_FILE",
-    "MetricsCallback",
     "MetricsHook",
+    "MetricsLogger",
     "ThreadCallback",
     "TimedSaves",
     "WallTimeStop",
@@ -47,14 +47,11 @@ ELAPSED_FILE = "epiflow_elapsed.json"
 """Written into every `checkpoint-<step>` save: `{"step": …, "elapsed_s": …}`."""
 
 
-class MetricsCallback(Protocol):
-    """`on_metrics(step, max_steps, logs)`: called on every TRL log event.
+MetricsHook = Callable[[int, int, dict[str, float]], None]
+"""`on_metrics(step, max_steps, logs)`: called on every TRL log event with its numbers.
 
-    `max_steps` is the planned number of optimizer steps; under a wall-time budget it is
-    the current estimate of the steps that fit (it moves as the speed does).
-    """
-
-    def __call__(self, step: int, max_steps: int, logs: dict[str, float]) -> None: ...
+`max_steps` is the planned number of optimizer steps; under a wall-time budget it is the
+current estimate of the steps that fit (it moves as the speed does)."""
 
 
 class WallTimeStop(TrainerCallback):
@@ -85,14 +82,16 @@ class WallTimeStop(TrainerCallback):
         if self.fraction() >= 1.0:
             self.stopped_early = True
             control.should_training_stop = True
+            # The last step's metrics still reach the hook (the loss table ends there).
+            control.should_log = True
         return control
 
 
-class MetricsHook(TrainerCallback):
+class MetricsLogger(TrainerCallback):
     """Every log event to `on_metrics` (numeric values only) and to the `epiflow.training` logger."""
 
     def __init__(
-        self, on_metrics: MetricsCallback | None, *, budget: WallTimeStop | None = None
+        self, on_metrics: MetricsHook | None, *, budget: WallTimeStop | None = None
     ) -> None:
         self.on_metrics = on_metrics
         self.budget = budget

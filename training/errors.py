@@ -5,14 +5,18 @@ TrainingError
 │   └── EmptySnapshot      the selection matched no usable episode
 ├── BaseModelError         the local tokenizer / model cannot be built
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
-└── RegistryError          checkpoint / training-run bookkeeping failed
-    └── CheckpointNotFound no checkpoint (or no files) under that id
+├── RegistryError          checkpoint / training-run bookkeeping failed
+│   └── CheckpointNotFound no checkpoint (or no files) under that id
+├── DatasetSelectionError  the train parameters select nothing to train on
+└── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
 """
 
 from __future__ import annotations
 
+from core.errors import EpiflowError
 
-class TrainingError(Exception):
+
+class TrainingError(EpiflowError):
     """Base class of every training error."""
 
 
@@ -38,3 +42,13 @@ class RegistryError(TrainingError):
 
 class CheckpointNotFound(RegistryError):
     """No checkpoint row, or no stored files, under that id."""
+
+
+class DatasetSelectionError(TrainingError):
+    """The train parameters do not select a dataset (none, or more than one, of dataset,
+    run and QC run; an unknown QC run)."""
+
+
+class DatasetExportError(TrainingError):
+    """A snapshot cannot be exported as asked: an unknown format, or an output directory
+    that is a file, not empty, or cannot be created."""

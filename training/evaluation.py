@@ -104,12 +104,7 @@ def _unparsed(step: Step) -> bool:
 def _turn_failed(step: Step) -> bool:
     if _unparsed(step):
         return True
-    return (
-        step.error_type is not None
-        or step.timed_out
-        or step.signal is not None
-        or (step.exit_code is not None and step.exit_code != 0)
-    )
+    return step.tool_failed
 
 
 def turn_kind(step: Step, previous: list[Step], task: TaskInstance) -> str:

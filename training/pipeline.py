@@ -1,7 +1,8 @@
 """Train end to end: snapshot → trainer → checkpoint, with the SQL bookkeeping (what `flows/train` calls).
 
 `prepare_base_model` builds the local base model and registers it as a checkpoint (no
-training run). `train_checkpoint` trains on a stored snapshot from a base checkpoint (or
+training run). `train_checkpoint` (= `train_model` + `register_checkpoint`, the train
+flow's two stages) trains on a stored snapshot from a base checkpoint (or
 any local HF directory), writes the `training_run` row (running → completed / failed),
 uploads the checkpoint with its config artifact, and returns the ids and the metrics.
 Every step is a plain function; the flow wraps them as tasks.
@@ -22,7 +23,7 @@ from storage.objects import ObjectStore
 from training.artifact import build_config_artifact
 from training.base_model import build_base_model
 from training.builders import DatasetKind
-from training.errors import TrainerError, TrainingError
+from training.errors import TrainerError
 from training.pretrain import warm_up_copying
 from training.registry import (
     fail_training_run,
@@ -38,16 +39,19 @@ from training.snapshots import fetch_snapshot, get_snapshot, read_snapshot
 from training.trainers import Algo, TrainResult, run_training
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = [
     "COMPATIBLE_KINDS",
     "DEFAULT_KIND",
+    "TrainedModel",
     "TrainingOutcome",
     "prepare_base_for_snapshot",
     "prepare_base_model",
+    "register_checkpoint",
     "snapshot_corpus",
     "train_checkpoint",
+    "train_model",
 ]
 
 COMPATIBLE_KINDS: dict[Algo, tuple[DatasetKind, ...]] = {
@@ -88,7 +92,7 @@ def prepare_base_model(
     corpus: Iterable[str],
     settings: TrainingSettings,
     tools: Sequence[ToolSpec] | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> uuid.UUID:
     """Build the tiny local base model from `corpus` and register it; returns its checkpoint id.
 
@@ -117,6 +121,24 @@ def prepare_base_model(
     return register_base_model(engine, store, model_dir, config=config, metrics=metrics)
 
 
+class TrainedModel(BaseModel):
+    """A model trained and not registered yet (between `train_model` and
+    `register_checkpoint`); its `training_run` row is `running`."""
+
+    training_run_id: uuid.UUID
+    """The `training_run` row."""
+    dataset_id: uuid.UUID
+    """Snapshot trained on."""
+    algo: Algo
+    """Algorithm."""
+    base_name: str
+    """Base checkpoint id or model directory, as recorded."""
+    base_checkpoint_id: uuid.UUID | None
+    """The base checkpoint (None for a local directory)."""
+    result: TrainResult
+    """Steps, loss, tokens, metrics, the model directory."""
+
+
 def train_checkpoint(
     engine: Engine,
     store: ObjectStore,
@@ -130,21 +152,59 @@ def train_checkpoint(
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     tools: Sequence[ToolSpec] | None = None,
     prefect_flow_run_id: str | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainingOutcome:
-    """Train on snapshot `dataset_id` from a base checkpoint (or a local HF directory).
+    """Train on snapshot `dataset_id` from a base checkpoint (or a local HF directory) and
+    register the checkpoint: `train_model` then `register_checkpoint`.
 
     Exactly one of `base_checkpoint_id` / `base_model_dir` is given. The training run is
-    recorded as failed (with the reason) when training raises. The snapshot's prompt style
-    must be the settings' (`prompt_style`): the model is deployed with the style it is
-    trained with. `on_metrics(step, max_steps, logs)` sees every TRL log event (the train
-    flow's live loss table and progress).
+    recorded as failed (with the reason) when training raises — or is cancelled or
+    interrupted: no `training_run` row stays `running`. The snapshot's prompt style must be
+    the settings' (`prompt_style`): the model is deployed with the style it is trained
+    with. `on_metrics(step, max_steps, logs)` gets every TRL log event
+    (`training.callbacks`).
 
     Raises:
         TrainerError: bad algorithm/kind combination, or the trainer failed.
         SnapshotError: the snapshot is missing or corrupt.
         RegistryError, CheckpointNotFound: the base checkpoint cannot be fetched or the
             new one cannot be stored.
+    """
+    trained = train_model(
+        engine,
+        store,
+        algo=algo,
+        dataset_id=dataset_id,
+        work_dir=work_dir,
+        settings=settings,
+        base_checkpoint_id=base_checkpoint_id,
+        base_model_dir=base_model_dir,
+        reward_fn=reward_fn,
+        prefect_flow_run_id=prefect_flow_run_id,
+        on_metrics=on_metrics,
+    )
+    return register_checkpoint(engine, store, trained, settings=settings, tools=tools)
+
+
+def train_model(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    algo: Algo | str,
+    dataset_id: uuid.UUID,
+    work_dir: Path,
+    settings: TrainingSettings,
+    base_checkpoint_id: uuid.UUID | None = None,
+    base_model_dir: Path | None = None,
+    reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    prefect_flow_run_id: str | None = None,
+    on_metrics: MetricsHook | None = None,
+) -> TrainedModel:
+    """The training half of `train_checkpoint`: the `training_run` row (running) and the
+    trained model in `work_dir/model`; the row is closed failed if training does not end.
+
+    Raises:
+        TrainerError, SnapshotError, RegistryError, CheckpointNotFound: as `train_checkpoint`.
     """
     if (base_checkpoint_id is None) == (base_model_dir is None):
         raise TrainerError("give exactly one of base_checkpoint_id and base_model_dir")
@@ -188,12 +248,42 @@ def train_checkpoint(
             reward_fn=reward_fn,
             on_metrics=on_metrics,
         )
+    except BaseException as e:  # cancelled or interrupted runs are closed too
+        fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")
+        raise
+    return TrainedModel(
+        training_run_id=run_id,
+        dataset_id=info.id,
+        algo=chosen,
+        base_name=base_name,
+        base_checkpoint_id=base_checkpoint_id,
+        result=result,
+    )
+
+
+def register_checkpoint(
+    engine: Engine,
+    store: ObjectStore,
+    trained: TrainedModel,
+    *,
+    settings: TrainingSettings,
+    tools: Sequence[ToolSpec] | None = None,
+) -> TrainingOutcome:
+    """The registration half of `train_checkpoint`: the config artifact, the checkpoint
+    uploaded and its row, the `training_run` row completed (failed if this raises).
+
+    Raises:
+        RegistryError: the checkpoint cannot be stored.
+    """
+    info = get_snapshot(engine, trained.dataset_id)
+    result = trained.result
+    try:
         config = build_config_artifact(
             result.output_dir,
             tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
             settings=settings,
-            algo=chosen.value,
-            base_model=base_name,
+            algo=trained.algo.value,
+            base_model=trained.base_name,
             dataset_id=info.id,
             dataset_kind=info.kind.value,
             dataset_sha256=info.sha256,
@@ -202,18 +292,39 @@ def train_checkpoint(
         checkpoint_id = save_checkpoint(
             engine,
             store,
-            training_run_id=run_id,
+            training_run_id=trained.training_run_id,
             model_dir=result.output_dir,
             config=config,
-            parent_checkpoint_id=base_checkpoint_id,
+            parent_checkpoint_id=trained.base_checkpoint_id,
             metrics=metrics,
         )
-    except TrainingError as e:
-        fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")
+    except BaseException as e:
+        fail_training_run(engine, trained.training_run_id, error=f"{type(e).__name__}: {e}")
         raise
-    finish_training_run(engine, run_id, metrics=metrics)
+    finish_training_run(engine, trained.training_run_id, metrics=metrics)
     return TrainingOutcome(
-        training_run_id=run_id, checkpoint_id=checkpoint_id, dataset_id=info.id, result=result
+        training_run_id=trained.training_run_id,
+        checkpoint_id=checkpoint_id,
+        dataset_id=info.id,
+        result=result,
+    )
+
+
+def ensure_base_model(
+    engine: Engine, store: ObjectStore, settings: TrainingSettings, work: Path
+) -> uuid.UUID:
+    """The newest registered base model, or a new tiny one built from the protocol corpus of
+    the built-in suite (no download, ever)."""
+    from suites.registry import load_suite
+    from training.base_model import protocol_corpus
+    from training.registry import newest_base_model
+
+    found = newest_base_model(engine)
+    if found is not None:
+        return found
+    tasks = load_suite("builtin").instances(2)
+    return prepare_base_model(
+        engine, store, work_dir=work, corpus=protocol_corpus(tasks), settings=settings
     )
 
 
@@ -240,7 +351,7 @@ def prepare_base_for_snapshot(
     dataset_id: uuid.UUID,
     work_dir: Path,
     settings: TrainingSettings,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> uuid.UUID:
     """A base model built for the data it will be trained on: tokenizer from the snapshot's
     texts, the settings' shape, architecture and split, the copy warm-up when set.

@@ -31,7 +31,7 @@ from training.errors import BaseModelError
 from training.settings import TrainingSettings
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
     from training.trainers import TrainResult
 
 __all__ = ["CopyGenerator", "warm_up_copying"]
@@ -67,7 +67,7 @@ def warm_up_copying(
     *,
     output_dir: Path,
     settings: TrainingSettings,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """Train `model_dir` on copy chats for `settings.copy_warmup_s` seconds; save to `output_dir`.
 

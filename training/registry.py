@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlmodel import Session, col
 
 from agent.trajectory import utcnow
-from models import Checkpoint, TrainingRun
+from models import Checkpoint, Policy, TrainingRun
 from storage.errors import ObjectStoreError
 from storage.objects import ObjectStore
 from training.artifact import CONFIG_FILE, TrainingConfigArtifact
@@ -299,3 +299,25 @@ def previous_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> uuid.UUID |
             .limit(1)
         ).scalar_one_or_none()
         return earlier
+
+
+def newest_base_model(engine: Engine) -> uuid.UUID | None:
+    """The most recently registered base model (a checkpoint no training run produced)."""
+    with engine.connect() as conn:
+        found: uuid.UUID | None = conn.execute(
+            select(col(Checkpoint.id))
+            .where(col(Checkpoint.training_run_id).is_(None))
+            .order_by(col(Checkpoint.created_at).desc())
+            .limit(1)
+        ).scalar_one_or_none()
+    return found
+
+
+def link_policy_to_checkpoint(engine: Engine, spec: str, checkpoint_id: uuid.UUID) -> None:
+    """Record on the `policy` row `spec` that it runs checkpoint `checkpoint_id` (kind `hf`)."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(Policy)
+            .where(col(Policy.id) == spec)
+            .values(kind="hf", checkpoint_id=checkpoint_id)
+        )

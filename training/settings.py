@@ -54,8 +54,8 @@ class TrainingSettings(BaseSettings):
     max_time_s: float | None = Field(default=None, gt=0)
     """Wall-time budget of `trainer.train()`, seconds: training stops at the first step
     boundary past it (`training.callbacks.WallTimeStop`) and the learning-rate schedule
-    runs on elapsed time instead of steps, so the decay ends exactly at the budget.
-    None: train for `max_steps` / `epochs`."""
+    runs on elapsed time instead of steps, so the decay ends exactly at the budget; the
+    model is saved as usual. None: train for `max_steps` / `epochs`."""
     save_steps: int | None = Field(default=None, ge=1)
     """Save an intermediate checkpoint (`checkpoint-<step>` under the output directory)
     every N optimizer steps; None saves only the final model."""

@@ -1,8 +1,9 @@
 """Helpers shared by the built-in templates: word pools, CSV text, the verifier prelude.
 
-Verifiers are self-contained stdlib Python scripts run with `python3 -I -` inside the jail
-(cwd `/workspace`; `-I` so a module the agent planted cannot shadow the stdlib). The
-expected values are embedded in the script: the agent never sees the verifier.
+Verifiers are self-contained stdlib Python scripts declared as `python3 -I -` and run
+inside the jail through `Sandbox.run_python` (cwd `/workspace`; stdlib only, so a module
+the agent planted cannot shadow it). The expected values are embedded in the script: the
+agent never sees the verifier.
 """
 
 from __future__ import annotations

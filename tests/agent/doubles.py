@@ -154,6 +154,9 @@ class MemorySandbox(Sandbox):
             exit_code=0, stdout=json.dumps({"score": 1.0, "reason": "double"}).encode()
         )
 
+    async def stop_processes(self) -> None:
+        """Nothing to stop: the double runs no process."""
+
     async def close(self) -> None:
         self.closed += 1
 

@@ -105,7 +105,12 @@ def test_foreign_atif_imports_from_core_fields() -> None:
         ],
     }
     traj = from_atif(document)
-    assert traj.prompt == "List the files." and traj.policy == "m-1" and traj.task_id == "abc-123"
+    assert traj.prompt == "List the files." and traj.policy == "atif:other-agent@2#m-1"
+    assert traj.agent is not None and (traj.agent.name, traj.agent.model_name) == (
+        "other-agent",
+        "m-1",
+    )
+    assert traj.run_key == "import:atif" and traj.task_id.startswith("imported/atif#")
     first, last = traj.steps
     assert (first.call_id, first.tool, first.args, first.observation) == (
         "t1",

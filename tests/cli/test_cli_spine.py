@@ -21,6 +21,8 @@ EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EPIFLOW_")}
+    # The defaults land in EPIFLOW_HOME: the test's own, never the developer's ~/.epiflow.
+    full_env["EPIFLOW_HOME"] = str(cwd / ".epiflow")
     full_env.update(env)
     return subprocess.run(
         [EPIFLOW, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600
@@ -54,7 +56,7 @@ def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     """`epiflow demo --json` runs the nightly chain on embedded defaults (SQLite, local
-    objects, Prefect's ephemeral API) and every path it prints exists."""
+    objects, the shared local Prefect server) and every path it prints exists."""
     result = run(["demo", "--json"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
@@ -126,4 +128,15 @@ def test_missing_bucket_writes_nothing(tmp_path: Path, s3_server) -> None:
     line = one_error_line(result)
     assert "missing-bucket" in line and "EPIFLOW_OBJECTS_URL" in line
     assert "very-secret-key" not in result.stderr + result.stdout
+    assert not (tmp_path / ".epiflow" / "epiflow.db").exists()
+
+
+def test_s3_without_keys_is_one_line(tmp_path: Path) -> None:
+    env = {
+        "EPIFLOW_OBJECTS_URL": "s3://epiflow",
+        "EPIFLOW_OBJECTS_ENDPOINT": "127.0.0.1:9",
+        "EPIFLOW_OBJECTS_SECURE": "false",
+    }
+    line = one_error_line(run(["demo"], tmp_path, **env))
+    assert "EPIFLOW_OBJECTS_ACCESS_KEY" in line and "EPIFLOW_OBJECTS_ANONYMOUS" in line
     assert not (tmp_path / ".epiflow" / "epiflow.db").exists()

@@ -12,17 +12,9 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlmodel import col
 
-from agent.settings import LoopSettings
 from agent.trajectory import Trajectory
-from collection.runner import (
-    CollectRequest,
-    make_run_policy,
-    open_run,
-    pending,
-    plan_episodes,
-    run_and_persist,
-    task_instances,
-)
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from models import Artifact, Episode, Step
 from storage.objects import make_object_store
 from storage.settings import ObjectStoreSettings
@@ -48,8 +40,6 @@ def proxied_s3(
 def _collect(
     engine: Engine, settings: ObjectStoreSettings, request: CollectRequest, after: int, on_cut
 ) -> None:
-    plan = plan_episodes(request, task_instances(request))
-    open_run(engine, request)
     seen = 0
 
     def count(_: Trajectory) -> None:
@@ -58,16 +48,13 @@ def _collect(
         if seen == after:
             on_cut()
 
-    policy = make_run_policy(request.policy)
     asyncio.run(
-        run_and_persist(
-            pending(engine, plan),
+        collect_in_process(
             request,
             engine=engine,
             store=make_object_store(settings),
-            loop_settings=LoopSettings(),
-            policy=policy,
             on_episode=count,
+            close=False,
         )
     )
 

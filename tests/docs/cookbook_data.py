@@ -22,7 +22,8 @@ from sqlmodel import Session
 from agent.settings import LoopSettings
 from agent.trajectory import Trajectory, utcnow
 from collection.replay import ReplayReport, replay_trajectory
-from collection.runner import CollectRequest, close_run, collect_in_process, open_run
+from collection.request import CollectRequest
+from collection.runner import collect_in_process, start_run
 from expectations.gate import run_gate
 from expectations.report import GateReport
 from expectations.settings import QcConfig
@@ -32,6 +33,7 @@ from scoring.rule_judge import rule_judgement
 from storage.episodes import persist_episodes
 from storage.objects import ObjectStore
 from storage.qc import write_qc_run
+from storage.runs import close_run
 from tests.agent.chat_server import ChatServer, reply
 from training.registry import checkpoint_prefix, finish_training_run, start_training_run
 from training.snapshots import DatasetInfo, build_snapshot
@@ -86,6 +88,8 @@ class Corpus:
     replays: list[ReplayReport] = field(default_factory=list)
     base_checkpoint_id: uuid.UUID = field(default_factory=lambda: fixed_id("base"))
     checkpoint_id: uuid.UUID = field(default_factory=lambda: fixed_id("trained"))
+    child_checkpoint_id: uuid.UUID = field(default_factory=lambda: fixed_id("child"))
+    """Fine-tuned from `checkpoint_id` on the oracle run's snapshot."""
 
     def all_trajectories(self) -> list[Trajectory]:
         return [t for ts in self.trajectories.values() for t in ts]
@@ -179,7 +183,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         corpus.gates.append(
             GatePass(
                 name=name,
-                run_key=corpus.requests[name].run_key,
+                run_key=str(corpus.requests[name].run_key),
                 qc_run_id=fixed_id(f"qc-{i}"),
                 started_at=started + timedelta(minutes=i),
                 report=run_gate(batch, config=config),
@@ -192,7 +196,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         ("noisy", episodes[1]),
         ("oracle", corpus.trajectories["oracle"][0]),
     ]:
-        spec = corpus.requests[name].spec
+        spec = corpus.requests[name].sandbox_spec
         corpus.replays.append(asyncio.run(replay_trajectory(t, spec, text_cap=text_cap)))
     return corpus
 
@@ -200,13 +204,26 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
 def ingest_collections(engine: Engine, store: ObjectStore, corpus: Corpus) -> None:
     """The collected episodes into another database, through the collection's storage path."""
     for name, request in corpus.requests.items():
-        run_id = open_run(engine, request)
+        run_id = start_run(engine, request)
         persist_episodes(engine, store, corpus.trajectories[name])
         close_run(engine, run_id, status="completed")
 
 
-def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> DatasetInfo:
-    """Gate rows, an SFT snapshot, a training run with its checkpoint, replay rows."""
+@dataclass(frozen=True)
+class Downstream:
+    """The snapshots `write_downstream` made."""
+
+    dataset: DatasetInfo
+    """SFT of the noisy run: trained into `checkpoint_id`."""
+    child_dataset: DatasetInfo
+    """SFT of the oracle run: trained from `checkpoint_id` into `child_checkpoint_id`."""
+    untrained_dataset: DatasetInfo
+    """CPT of the endpoint run: nobody trained on it."""
+
+
+def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Downstream:
+    """Gate rows, three snapshots, two training runs with their checkpoints (the second
+    fine-tunes the first's), replay rows."""
     for gate in corpus.gates:
         write_qc_run(
             engine,
@@ -226,6 +243,23 @@ def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Data
         config={"learning_rate": 1e-4, "epochs": 1},
     )
     finish_training_run(engine, training_run_id, metrics={"loss": 1.25, "steps": 4})
+    child_dataset = build_snapshot(
+        engine, store, kind="sft", qc_run_id=corpus.gate("oracle").qc_run_id
+    )
+    child_run_id = start_training_run(
+        engine,
+        dataset_id=child_dataset.id,
+        algo="sft",
+        base_model=str(corpus.checkpoint_id),
+        config={"learning_rate": 5e-5, "epochs": 1},
+    )
+    finish_training_run(engine, child_run_id, metrics={"loss": 0.9, "steps": 2})
+    untrained = build_snapshot(
+        engine,
+        store,
+        kind="cpt",
+        run_ids=[run_id_for(str(corpus.requests["endpoint"].run_key))],
+    )
     # Checkpoint rows without weights: the registry would upload a model directory first;
     # the lineage the cookbook queries is in these rows only.
     with Session(engine) as session:
@@ -249,6 +283,17 @@ def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Data
                 evaluation={},
             )
         )
+        session.flush()
+        session.add(
+            Checkpoint(
+                id=corpus.child_checkpoint_id,
+                training_run_id=child_run_id,
+                parent_checkpoint_id=corpus.checkpoint_id,
+                object_prefix=checkpoint_prefix(corpus.child_checkpoint_id),
+                metrics={"loss": 0.9},
+                evaluation={},
+            )
+        )
         for i, r in enumerate(corpus.replays):
             session.add(
                 ReplayResult(
@@ -260,4 +305,4 @@ def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Data
                 )
             )
         session.commit()
-    return dataset
+    return Downstream(dataset=dataset, child_dataset=child_dataset, untrained_dataset=untrained)

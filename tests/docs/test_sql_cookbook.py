@@ -33,10 +33,12 @@ from storage import migrate
 from storage.db import make_engine
 from storage.ingest import EpisodeBundle, ingest_episodes
 from storage.objects import LocalObjectStore
+from storage.rows import reported_total
 from storage.settings import DatabaseSettings
 from tests.conftest import KEEP_ENV
 from tests.docs.cookbook_data import (
     Corpus,
+    Downstream,
     collect_corpus,
     ingest_collections,
     write_downstream,
@@ -79,7 +81,23 @@ QUERIES = {q.name: q for q in load_queries()}
 class Populated:
     engine: Engine
     corpus: Corpus
-    dataset_id: uuid.UUID
+    downstream: Downstream
+
+    @property
+    def dataset_id(self) -> uuid.UUID:
+        return self.downstream.dataset.id
+
+    def lineage(self, dataset: uuid.UUID) -> set[tuple[uuid.UUID, str]]:
+        """(episode, role) rows of a snapshot, from `dataset_episode`."""
+        with self.engine.connect() as conn:
+            return {
+                (eid, role)
+                for eid, role in conn.execute(
+                    select(col(DatasetEpisode.episode_id), col(DatasetEpisode.role)).where(
+                        col(DatasetEpisode.dataset_id) == dataset
+                    )
+                )
+            }
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +119,7 @@ def sqlite_db(clean_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         store = LocalObjectStore(root / "objects")
         store.check()
         corpus = collect_corpus(engine, store)
-        dataset = write_downstream(engine, store, corpus)
-        yield Populated(engine, corpus, dataset.id)
+        yield Populated(engine, corpus, write_downstream(engine, store, corpus))
     finally:
         engine.dispose()
 
@@ -118,8 +135,7 @@ def postgres_db(
         store = LocalObjectStore(root / "objects")
         store.check()
         ingest_collections(engine, store, sqlite_db.corpus)
-        dataset = write_downstream(engine, store, sqlite_db.corpus)
-        yield Populated(engine, sqlite_db.corpus, dataset.id)
+        yield Populated(engine, sqlite_db.corpus, write_downstream(engine, store, sqlite_db.corpus))
     finally:
         engine.dispose()
 
@@ -142,6 +158,7 @@ def params_for(query: CookbookQuery, populated: Populated) -> dict[str, Any]:
         "checkpoint_id": corpus.checkpoint_id,
         "episode_id": corpus.trajectories["noisy"][0].episode_id,
         "qc_run_id": corpus.gate("noisy").qc_run_id,
+        "lineage_episode_id": min(e for e, _ in populated.lineage(populated.dataset_id)),
     }
     assert query.params <= set(values), f"{query.name}: no test value for {query.params}"
     return {name: values[name] for name in query.params}
@@ -348,26 +365,77 @@ def test_latest_qc_per_run_and_token_usage(db: Populated) -> None:
         ts = by_policy[r["policy_id"]]
         assert r["episodes"] == len(ts)
         assert r["steps"] == sum(len(t.steps) for t in ts)
-        assert r["prompt_tokens"] == sum(t.prompt_tokens for t in ts)
-        assert r["completion_tokens"] == sum(t.completion_tokens for t in ts)
-    assert any(r["prompt_tokens"] > 0 for r in usage)  # the endpoint reports usage
+        for column in ("prompt_tokens", "completion_tokens"):
+            # NULL, not 0, when no step of the policy's episodes reported tokens.
+            assert r[column] == reported_total(getattr(s, column) for t in ts for s in t.steps)
+        if r["policy_id"].startswith("scripted:"):
+            assert r["prompt_tokens"] is None and r["tokens_per_episode"] is None
+    assert any((r["prompt_tokens"] or 0) > 0 for r in usage)  # the endpoint reports usage
 
 
-def test_episodes_for_checkpoint_follow_the_snapshot(db: Populated) -> None:
-    with db.engine.connect() as conn:
-        lineage = {
-            (eid, role)
-            for eid, role in conn.execute(
-                select(col(DatasetEpisode.episode_id), col(DatasetEpisode.role)).where(
-                    col(DatasetEpisode.dataset_id) == db.dataset_id
-                )
-            )
-        }
+def test_episodes_for_checkpoint_follow_the_snapshots(db: Populated) -> None:
+    lineage = db.lineage(db.dataset_id)
     _, rows = run(db, "episodes_for_checkpoint")
     assert {(as_uuid(r["episode_id"]), r["role"]) for r in rows} == lineage
     assert {as_uuid(r["dataset_id"]) for r in rows} == {db.dataset_id}
+    assert {r["generations"] for r in rows} == {0}
     _, none = run(db, "episodes_for_checkpoint", {"checkpoint_id": db.corpus.base_checkpoint_id})
     assert none == []  # a base model has no training lineage
+    # The fine-tuned checkpoint learned from its own snapshot and from its parent's.
+    _, child = run(db, "episodes_for_checkpoint", {"checkpoint_id": db.corpus.child_checkpoint_id})
+    own = db.downstream.child_dataset.id
+    got = {(as_uuid(r["dataset_id"]), as_uuid(r["episode_id"]), r["generations"]) for r in child}
+    assert got == {(own, e, 0) for e, _ in db.lineage(own)} | {
+        (db.dataset_id, e, 1) for e, _ in lineage
+    }
+
+
+def test_lineage_of_an_episode_reaches_every_dataset_and_checkpoint(db: Populated) -> None:
+    corpus, down = db.corpus, db.downstream
+    in_parent = min(e for e, _ in db.lineage(down.dataset.id))
+    _, rows = run(db, "lineage_of_episode", {"lineage_episode_id": in_parent})
+    assert {
+        (as_uuid(r["dataset_id"]), as_uuid(r["checkpoint_id"]), r["generations"]) for r in rows
+    } == {
+        (down.dataset.id, corpus.checkpoint_id, 0),
+        (down.dataset.id, corpus.child_checkpoint_id, 1),
+    }
+    assert {as_uuid(r["trained_checkpoint_id"]) for r in rows} == {corpus.checkpoint_id}
+    in_child = min(e for e, _ in db.lineage(down.child_dataset.id))
+    _, rows = run(db, "lineage_of_episode", {"lineage_episode_id": in_child})
+    assert [(as_uuid(r["checkpoint_id"]), r["generations"]) for r in rows] == [
+        (corpus.child_checkpoint_id, 0)
+    ]
+    # A snapshot nobody trained on still shows, with no checkpoint.
+    untrained = min(e for e, _ in db.lineage(down.untrained_dataset.id))
+    _, rows = run(db, "lineage_of_episode", {"lineage_episode_id": untrained})
+    assert [(as_uuid(r["dataset_id"]), r["checkpoint_id"], r["algo"]) for r in rows] == [
+        (down.untrained_dataset.id, None, None)
+    ]
+
+
+def test_quality_per_template_matches_the_gate(db: Populated) -> None:
+    gate = db.corpus.gate("noisy")
+    template_of = {str(t.episode_id): t.template for t in db.corpus.all_trajectories()}
+    expected: dict[str, Counter[str]] = defaultdict(Counter)
+    scores: dict[str, list[float]] = defaultdict(list)
+    for v in gate.report.episode_verdicts():
+        expected[template_of[v.episode_id]][str(v.verdict)] += 1
+        scores[template_of[v.episode_id]].append(v.quality_score)
+    _, rows = run(db, "quality_per_template")
+    assert {r["template"] for r in rows} == set(expected)
+    for r in rows:
+        counts = expected[r["template"]]
+        assert (r["episodes"], r["keep"], r["downweight"], r["discard"]) == (
+            sum(counts.values()),
+            counts["keep"],
+            counts["downweight"],
+            counts["discard"],
+        )
+        assert math.isclose(
+            r["mean_quality"], sum(scores[r["template"]]) / len(scores[r["template"]])
+        )
+        assert math.isclose(r["min_quality"], min(scores[r["template"]]))
 
 
 def test_typed_columns_give_the_same_python_types_on_both(db: Populated) -> None:

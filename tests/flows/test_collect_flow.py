@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -28,9 +28,10 @@ def env_db(db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
 def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: str) -> None:
     from prefect.client.orchestration import get_client
 
+    from collection.request import CollectRequest
     from flows.collect import collect_episodes
 
-    params: dict[str, Any] = dict(
+    request = CollectRequest(
         suite="builtin",
         policy="scripted:oracle",
         tasks=1,
@@ -39,18 +40,18 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
         run_key="flow-test",
         templates=["csv_to_json", "merge_csv", "log_errors"],
     )
-    first = asyncio.run(collect_episodes(**params))
-    assert first["planned"] == 6 and first["executed"] == 6 and first["episodes"] == 6
-    assert first["by_status"] == {"success": 6} and first["success_rate"] == 1.0
+    first = asyncio.run(collect_episodes(request=request))
+    assert first.planned == 6 and first.executed == 6 and first.episodes == 6
+    assert first.by_status == {"success": 6} and first.success_rate == 1.0
 
-    again = asyncio.run(collect_episodes(**params))
-    assert again["executed"] == 0 and again["episodes"] == 6  # resume: nothing left to do
+    again = asyncio.run(collect_episodes(request=request))
+    assert again.executed == 0 and again.episodes == 6  # resume: nothing left to do
 
     engine = make_engine(DatabaseSettings(url=env_db))
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Episode)).scalar_one() == 6
         steps = conn.execute(select(func.count()).select_from(Step)).scalar_one()
-        assert steps == first["steps"]
+        assert steps == first.steps
         assert (
             conn.execute(
                 text("SELECT COUNT(*) FROM collection_run WHERE status = 'completed'")
@@ -66,3 +67,40 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
 
     keys = asyncio.run(artifacts())
     assert "collect-flow-test" in keys and "collect-flow-test-templates" in keys
+
+
+def test_flow_refuses_a_run_key_being_collected(prefect_harness: None, env_db: str) -> None:
+    """Another process holds the key (here: this test, through the same lock): the flow
+    fails at once with `RunKeyBusy` and writes nothing, not even the run row."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from collection.request import CollectRequest
+    from flows.collect import collect_episodes
+    from storage.errors import RunKeyBusy
+    from storage.run_lock import run_key_lock
+
+    key = f"held-elsewhere-{uuid.uuid4().hex[:6]}"  # the harness outlives this test
+    request = CollectRequest(run_key=key, templates=["csv_to_json"])
+    with (
+        run_key_lock(DatabaseSettings(url=env_db), key),
+        pytest.raises(RunKeyBusy, match=key),
+    ):
+        asyncio.run(collect_episodes(request=request))
+    engine = make_engine(DatabaseSettings(url=env_db))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM collection_run")).scalar_one() == 0
+    engine.dispose()
+
+    # Released: the same key runs, and its flow run is named after it.
+    done = asyncio.run(collect_episodes(request=request))
+    assert done.episodes == done.executed == 1
+
+    async def names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[key]))
+            )
+            return [r.state_name or "" for r in runs]
+
+    assert sorted(asyncio.run(names())) == ["Completed", "Failed"]

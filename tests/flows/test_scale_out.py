@@ -1,14 +1,21 @@
-"""Scale-out: a collection split into shard flow runs of the `collect-shard/shard`
-deployment on a process work pool, two workers (one per "machine"), results landing in a
-shared PostgreSQL and S3 server. Real Prefect server, real workers, real nsjail."""
+"""Scale-out with nothing shared but the Prefect API, PostgreSQL and S3 (issue 13 item 2).
+
+A collection split into shard flow runs of the `collect-shard/shard-process` deployment
+(deployed from `prefect.yaml`, from a directory of its own) on a process work pool, two
+workers that each have their own PREFECT_HOME, home, working, temporary and epiflow home
+directory, as two machines would. One worker is killed mid-shard with SIGKILL (itself and
+every process below it). The heartbeat automation marks its shard Crashed, the parent
+starts the shard again, the other worker resumes it, and the run completes with the right
+totals read from SQL: every episode exactly once, every object in S3, nothing orphaned,
+and no Prefect result file written on any worker. Real Prefect server, workers, nsjail.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
+import shutil
 import subprocess
-import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +24,21 @@ from sqlalchemy import text
 
 from storage import migrate
 from storage.db import make_engine
+from storage.episodes import list_orphans
 from storage.objects import make_object_store
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from tests.services.prefect_api import Api, wait_for
 from tests.services.prefect_server import BIN, PrefectServer
+from tests.services.processes import descendants, kill_tree
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+EPIFLOW = str(BIN / "epiflow")
+POOL = "epiflow-process"
+HEARTBEAT_S = 30
+ZOMBIE_AFTER_S = 75
+PLANNED = 8  # 4 templates x 1 task x 2 rollouts, 4 per shard
 
 
 @pytest.fixture
@@ -32,9 +49,37 @@ def prefect_server() -> Iterator[PrefectServer]:
     server.stop()
 
 
-@pytest.mark.slow
-def test_two_workers_collect_shards_into_shared_stores(
-    prefect_server: PrefectServer, pg_url: str, s3_settings: ObjectStoreSettings, tmp_path: Path
+@pytest.fixture
+def machines() -> Iterator[list[Path]]:
+    """Three "machines" (the parent's and two workers'): directories of their own, world-
+    searchable because jails bind-mount files from the sandbox state under TMPDIR."""
+    roots = [Path(tempfile.mkdtemp(prefix=f"epiflow-machine-{i}-")) for i in range(3)]
+    for root in roots:
+        root.chmod(0o755)
+        for sub in ("home", "prefect", "work", "tmp", "epiflow"):
+            (root / sub).mkdir(mode=0o755)
+    yield roots
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def machine_env(server: PrefectServer, root: Path, shared: dict[str, str]) -> dict[str, str]:
+    """The environment of a process on machine `root`: nothing of the others' disks."""
+    return server.env(
+        **shared,
+        HOME=str(root / "home"),
+        PREFECT_HOME=str(root / "prefect"),
+        TMPDIR=str(root / "tmp"),
+        EPIFLOW_HOME=str(root / "epiflow"),
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY=str(HEARTBEAT_S),
+    )
+
+
+def test_isolated_workers_survive_a_killed_worker(
+    prefect_server: PrefectServer,
+    pg_url: str,
+    s3_settings: ObjectStoreSettings,
+    machines: list[Path],
 ) -> None:
     engine = make_engine(DatabaseSettings(url=pg_url))
     migrate.upgrade(engine)
@@ -46,106 +91,140 @@ def test_two_workers_collect_shards_into_shared_stores(
         "EPIFLOW_OBJECTS_ACCESS_KEY": s3_settings.access_key.get_secret_value(),
         "EPIFLOW_OBJECTS_SECRET_KEY": s3_settings.secret_key.get_secret_value(),
         "EPIFLOW_OBJECTS_SECURE": "false",
-        "EPIFLOW_REPO_DIR": str(REPO),
+        "EPIFLOW_PREFECT_API_URL": prefect_server.api_url,
+        "EPIFLOW_PREFECT_HEARTBEAT_S": str(HEARTBEAT_S),
+        "EPIFLOW_PREFECT_ZOMBIE_AFTER_S": str(ZOMBIE_AFTER_S),
     }
-    pool = "epiflow-scale-test"
-    created = prefect_server.prefect("work-pool", "create", pool, "--type", "process", cwd=REPO)
-    assert created.returncode == 0, created.stdout + created.stderr
-    deployed = prefect_server.prefect(
+    parent, *workers_roots = machines
+    parent_env = machine_env(prefect_server, parent, shared)
+    api = Api(prefect_server.api_url)
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            list(args), env=parent_env, cwd=cwd, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done
+
+    work = parent / "work"
+    run(EPIFLOW, "prefect", "setup", cwd=work)
+    run(str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "process", cwd=work)
+    # From a directory that is not the checkout: the deployment must not depend on it.
+    run(
+        str(BIN / "prefect"),
         "--no-prompt",
         "deploy",
         "--prefect-file",
-        "prefect.yaml",
+        str(REPO / "prefect.yaml"),
         "--name",
-        "shard",
-        "--pool",
-        pool,
-        cwd=REPO,
-        **shared,
+        "shard-process",
+        cwd=work,
     )
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    deployment = api.deployment("collect-shard", "shard-process")
+    assert deployment["entrypoint"] == "flows.shard.collect_shard"
+    assert not deployment["pull_steps"]
 
-    workers = [
-        subprocess.Popen(
-            [
-                str(BIN / "prefect"),
-                "worker",
-                "start",
-                "--pool",
-                pool,
-                "--name",
-                f"machine-{i}",
-                "--limit",
-                "1",
-            ],
-            env=prefect_server.env(**shared),
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        for i in range(2)
-    ]
+    workers = []
+    for root in workers_roots:
+        with (root / "worker.log").open("wb") as log:
+            workers.append(
+                subprocess.Popen(
+                    [
+                        *(str(BIN / "prefect"), "worker", "start", "--pool", POOL),
+                        *("--name", root.name, "--limit", "1"),
+                    ],
+                    env=machine_env(prefect_server, root, shared),
+                    cwd=root / "work",
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    collect = subprocess.Popen(
+        [
+            EPIFLOW,
+            "collect",
+            "--tasks",
+            "1",
+            "--rollouts",
+            "2",
+            "--templates",
+            "csv_to_json,dir_tree,log_errors,config_update",
+            "--concurrency",
+            "1",
+            # Every tool call waits a second: the shards are mid-way when one is killed.
+            "--faults",
+            '{"latency_p": 1.0, "latency_ms": [1000, 1000]}',
+            "--shards",
+            "2",
+            "--shard-deployment",
+            "collect-shard/shard-process",
+            "--run-key",
+            "sharded",
+            "--json",
+        ],
+        env=parent_env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def stored() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT COUNT(*) FROM episode")).scalar_one())
+
+    def both_busy() -> bool:
+        assert collect.poll() is None, collect.communicate()[1][-3000:]
+        # A worker running a shard has a flow-run process below it.
+        return all(len(descendants(w.pid)) > 1 for w in workers) and stored() >= 2
+
     try:
-        env = prefect_server.env(**shared, EPIFLOW_PREFECT_API_URL=prefect_server.api_url)
-        done = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "epiflow"),
-                "collect",
-                "--tasks",
-                "1",
-                "--rollouts",
-                "2",
-                "--templates",
-                "csv_to_json,dir_tree,log_errors,config_update",
-                "--concurrency",
-                "2",
-                "--shards",
-                "2",
-                "--shard-deployment",
-                "collect-shard/shard",
-                "--run-key",
-                "sharded",
-                "--json",
-            ],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout)
-        assert result["episodes"] == 8 and result["by_status"] == {"success": 8}
+        wait_for("both workers mid-shard", both_busy, 600, every=0.5)
+        killed = workers[0]
+        kill_tree(killed.pid)
+        killed.wait()
+        before = stored()
+        assert before < PLANNED, "the shards finished before a worker could be killed"
+        out, err = collect.communicate(timeout=900)
     finally:
-        for w in workers:
-            os.killpg(w.pid, signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(w.pid, signal.SIGKILL)
-                w.wait()
+        if collect.poll() is None:
+            collect.kill()
+            collect.communicate()
+        for worker in workers:
+            if worker.poll() is None:
+                kill_tree(worker.pid)
+                worker.wait()
+    assert collect.returncode == 0, (
+        err[-4000:] + (workers_roots[1] / "worker.log").read_text()[-3000:]
+    )
+
+    result = json.loads(out)
+    assert result["planned"] == result["episodes"] == result["executed"] == PLANNED, result
+    assert result["by_status"] == {"success": PLANNED}
 
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT COUNT(DISTINCT id) FROM episode")).scalar_one() == 8
+        count, distinct, steps = conn.execute(
+            text("SELECT COUNT(*), COUNT(DISTINCT id), COALESCE(SUM(n_steps), 0) FROM episode")
+        ).one()
+        stored_steps = conn.execute(text("SELECT COUNT(*) FROM step")).scalar_one()
         keys = list(conn.execute(text("SELECT trajectory_key FROM episode")).scalars())
         status = conn.execute(
             text("SELECT status FROM collection_run WHERE run_key = 'sharded'")
         ).scalar_one()
+    assert (count, distinct) == (PLANNED, PLANNED)  # none lost, none twice
+    assert steps == stored_steps == result["steps"]
     assert status == "completed"
     store = make_object_store(s3_settings)
     assert all(store.exists(k) for k in keys)
+    assert list_orphans(engine, store).keys == []
 
-    runs = prefect_server.prefect(
-        "flow-run",
-        "ls",
-        "--flow-name",
-        "collect-shard",
-        "--limit",
-        "10",
-        cwd=tmp_path,
-        COLUMNS="300",
-    )
-    assert runs.stdout.count("COMPLETED") >= 2, runs.stdout
+    shards = api.post("/flow_runs/filter", {"flows": {"name": {"any_": ["collect-shard"]}}})
+    states = sorted(r["state_name"] for r in shards)
+    # The killed worker's shard crashed (seen by its silence), and ran again to completion.
+    assert states.count("Crashed") == 1 and states.count("Completed") == 2, states
+    # The parent read its totals from SQL: no worker wrote a Prefect result file.
+    for root in workers_roots:
+        results = [p for p in (root / "prefect").rglob("*") if "storage" in p.parts and p.is_file()]
+        assert results == [], results
     engine.dispose()

@@ -1,5 +1,6 @@
 """The closed loop through flows: collect → qc-gate (triggers training inline, once) →
-train (tiny local model, TRL) → evaluate the checkpoint in real sandboxes; lineage in SQL."""
+train (tiny local model, TRL) → evaluate the checkpoint against its base in real
+sandboxes; lineage in SQL; no run row left `running`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from collection.runner import CollectRequest, collect_in_process
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from storage.objects import LocalObjectStore
 
 TEMPLATES = ["csv_to_json", "dir_tree"]
@@ -20,7 +22,7 @@ TEMPLATES = ["csv_to_json", "dir_tree"]
 def test_gate_triggers_training_once_then_evaluate(
     prefect_harness: None, migrated_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from flows.evaluate import evaluate
+    from flows.evaluate import EvaluationOptions
     from flows.qc import qc_gate
 
     monkeypatch.setenv(
@@ -34,13 +36,18 @@ def test_gate_triggers_training_once_then_evaluate(
     )
     asyncio.run(collect_in_process(request, engine=migrated_engine, store=store))
 
-    first = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
-    assert first["triggered_training"] is True and first["batch_passed"]
-    training = first["training"]
-    assert training["steps"] == 2 and training["checkpoint_id"]
+    evaluation = EvaluationOptions(instances=1, templates=TEMPLATES, max_steps=2, max_new_tokens=16)
+    first = asyncio.run(
+        qc_gate(run="loop", trigger="inline", training_threshold=1.0, evaluation=evaluation)
+    )
+    assert first.triggered_training is True and first.batch_passed
+    assert first.training is not None and first.training.result is not None
+    training = first.training.result
+    assert training.steps == 2 and training.checkpoint_id
+    assert first.training.flow_run_id == training.flow_run_id is not None
 
     again = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
-    assert again["triggered_training"] is False  # re-running the gate does not train twice
+    assert again.triggered_training is False  # re-running the gate does not train twice
 
     with migrated_engine.connect() as conn:
         lineage = conn.execute(
@@ -48,28 +55,21 @@ def test_gate_triggers_training_once_then_evaluate(
                 "SELECT COUNT(DISTINCT episode_id) FROM training_lineage WHERE checkpoint_id = :c"
             ),
             {
-                "c": training["checkpoint_id"].replace("-", "")
+                "c": training.checkpoint_id.hex
                 if migrated_engine.dialect.name == "sqlite"
-                else training["checkpoint_id"]
+                else str(training.checkpoint_id)
             },
         ).scalar_one()
         runs = conn.execute(text("SELECT status, algo FROM training_run")).all()
     assert lineage == 4
     assert [tuple(r) for r in runs] == [("completed", "sft")]
 
-    result = asyncio.run(
-        evaluate(
-            checkpoint=training["checkpoint_id"],
-            instances=1,
-            templates=TEMPLATES,
-            max_steps=2,
-            max_new_tokens=16,
-        )
-    )
-    assert set(result) >= {"completion_rate", "avg_steps", "tool_failure_rate"}
-    assert 0.0 <= result["completion_rate"] <= 1.0 and result["avg_steps"] > 0
-    assert result["previous_checkpoint_id"] == training["base_checkpoint_id"]
-    assert result["previous"] is not None
+    result = training.evaluation  # the triggered training was evaluated against its base
+    assert result is not None and result.checkpoint_id == training.checkpoint_id
+    assert set(result.model_dump()) >= {"completion_rate", "avg_steps", "tool_failure_rate"}
+    assert 0.0 <= result.completion_rate <= 1.0 and result.avg_steps > 0
+    assert result.previous_checkpoint_id == training.base_checkpoint_id
+    assert result.previous is not None
     with migrated_engine.connect() as conn:
         evaluated = conn.execute(
             text(
@@ -77,3 +77,15 @@ def test_gate_triggers_training_once_then_evaluate(
             )
         ).scalar_one()
     assert evaluated == 4  # 2 held-out tasks × (this checkpoint + the previous one)
+    with migrated_engine.connect() as conn:
+        running = conn.execute(
+            text(
+                "SELECT (SELECT COUNT(*) FROM collection_run WHERE status = 'running')"
+                " + (SELECT COUNT(*) FROM training_run WHERE status = 'running')"
+            )
+        ).scalar_one()
+        eval_runs = conn.execute(
+            text("SELECT status FROM collection_run WHERE run_key LIKE 'eval-%'")
+        ).all()
+    assert running == 0
+    assert [r[0] for r in eval_runs] == ["completed", "completed"]

@@ -15,7 +15,8 @@ from sqlalchemy import Engine, select
 from sqlmodel import col
 
 from agent.trajectory import EpisodeStatus, FailureCategory, Trajectory, utcnow
-from collection.runner import CollectRequest, close_run, collect_in_process
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from expectations.gate import run_gate
 from expectations.settings import QcConfig
 from models import Episode
@@ -23,6 +24,7 @@ from scoring.rule_judge import rule_judgement
 from storage.episodes import load_trajectory, persist_episodes
 from storage.objects import LocalObjectStore
 from storage.qc import write_qc_run
+from storage.runs import close_run
 from tests.storage.builders import make_trajectory
 
 TEMPLATES = ["csv_to_json", "log_errors", "config_update"]
@@ -110,7 +112,9 @@ def build_gated_run(engine: Engine, store: LocalObjectStore, run_key: str) -> No
         faults=faults,
         templates=TEMPLATES,
     )
-    run_id = asyncio.run(collect_in_process(request, engine=engine, store=store, close=False))
+    run_id = asyncio.run(
+        collect_in_process(request, engine=engine, store=store, close=False)
+    ).run_id
     persist_episodes(engine, store, [hostile_trajectory(run_key)])
     close_run(engine, run_id, status="completed")
     with engine.connect() as conn:
@@ -179,16 +183,25 @@ def parse(page: str) -> _Page:
     return parser
 
 
-def assert_inert(page: str) -> _Page:
-    """No element outside the allowed set, no event handler, nothing fetched from anywhere."""
+def assert_inert(page: str, *, sibling_pages: frozenset[str] = frozenset()) -> _Page:
+    """No element outside the allowed set, no event handler, nothing fetched from anywhere;
+    links go to anchors of this page or, for a paged report, to `sibling_pages` (files in
+    the same directory) and their anchors."""
     parsed = parse(page)
     assert parsed.tags <= ALLOWED_TAGS, parsed.tags - ALLOWED_TAGS
     handlers = [a for a, _ in parsed.attrs if a.startswith("on")]
     assert not handlers, handlers
-    links = [v for a, v in parsed.attrs if a in ("href", "src") and v and not v.startswith("#")]
+    links = [
+        v
+        for a, v in parsed.attrs
+        if a in ("href", "src") and v and not v.startswith("#")
+        if a == "src" or v.split("#", 1)[0] not in sibling_pages
+    ]
     assert not links, links
     ids = {v for a, v in parsed.attrs if a == "id"}
-    dangling = {v for a, v in parsed.attrs if a == "href" and v and v[1:] not in ids}
+    dangling = {
+        v for a, v in parsed.attrs if a == "href" and v and v.startswith("#") and v[1:] not in ids
+    }
     assert not dangling, dangling
     lowered = page.lower()
     assert "<script" not in lowered

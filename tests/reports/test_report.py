@@ -25,13 +25,13 @@ from typer.testing import CliRunner
 
 from agent.trajectory import utcnow
 from cli.report import register
-from collection.errors import CollectError
 from models import Episode, Judgement, run_id_for
 from reports.gather import gather_report
 from reports.html import render_report
 from reports.model import EpisodeEntry, RunInfo, RunReport, StatusCount
 from reports.svg import histogram_bins, histogram_svg
 from storage.db import make_engine
+from storage.errors import RunNotFound
 from storage.migrate import upgrade
 from storage.objects import LocalObjectStore
 from storage.run_summary import summarize_run
@@ -231,7 +231,7 @@ def test_cli_writes_the_default_path_and_prints_it(
     assert result.exit_code == 0 and result.output.strip() == str(chosen) and chosen.exists()
 
     unknown = CliRunner().invoke(app, ["report", "--run", "no-such-run"])
-    assert isinstance(unknown.exception, CollectError)
+    assert isinstance(unknown.exception, RunNotFound)
     unwritable = CliRunner().invoke(
         app, ["report", "--run", "cli/run 1", "--out", str(tmp_path / "missing" / "r.html")]
     )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,29 @@ def test_vanished_state_files_are_made_again() -> None:
         assert again.executor.is_file() and again.etc_dir == first.etc_dir
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_removed_cgroup_parent_is_made_again(jails: Jails) -> None:
+    parent = f"NSJAIL-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    settings = jails.settings.model_copy(update={"cgroup_parent": parent})
+    dirs = [settings.cgroup_root / c / parent for c in ("memory", "pids")]
+    try:
+        if asyncio.run(prepare_host(settings)).limit_mode != "cgroup_v1":
+            pytest.skip("cgroup v1 limits are not in force on this host")
+        for d in dirs:
+            d.rmdir()  # e.g. an administrator cleaning up
+        jails.settings = settings
+
+        async def body() -> None:
+            async with await jails.open() as box:
+                assert (await box.exec(["true"])).exit_code == 0
+
+        asyncio.run(body())
+        assert all(d.is_dir() for d in dirs)
+    finally:
+        for d in dirs:
+            if d.is_dir():
+                d.rmdir()
 
 
 def test_concurrent_first_preparations_share_the_state_dir() -> None:

@@ -67,6 +67,14 @@ def test_cli_runs_one_command_with_workspace_and_export(tmp_path: Path) -> None:
         "stderr",
         "duration_ms",
         "truncated",
+        "export",
+    }
+    assert record["export"] == {
+        "files": 2,
+        "bytes": 11,
+        "left_out": 0,
+        "skipped": 0,
+        "truncated": False,
     }
     assert record["stdout"] == "input\nin.txt\n" and record["exit_code"] == 0
     assert sorted(p.name for p in out.iterdir()) == ["in.txt", "made.txt"]

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from sandbox import FaultProfile, SandboxSettings, SandboxSpec
 from sandbox.faults import FaultInjector
-from sandbox.host import HostSetup
+from sandbox.host_setup import HostSetup
 from sandbox.nsjail import SECCOMP_POLICY, jail_env, nsjail_argv
 from sandbox.transfer import TransferError, safe_relative
 

@@ -46,6 +46,23 @@ def test_execute_shell_reports_exit_code_output_and_usage(jails: Jails) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.skipif(
+    not Path("/etc/alternatives/awk").is_symlink(), reason="the host has no awk alternative"
+)
+def test_commands_behind_debian_alternatives_run(jails: Jails) -> None:
+    """`/usr/bin/awk` links to `/etc/alternatives/awk`: the jail's own `/etc` carries the
+    host's alternatives links, so such commands are not dangling inside."""
+
+    async def body() -> None:
+        async with await jails.open(files={"n.csv": "1,2\n3,4\n"}) as box:
+            r = await box.call_tool(
+                "execute_shell", {"command": "awk -F, '{s += $2} END {print s}' n.csv"}
+            )
+            assert (r.exit_code, r.stdout, r.stderr) == (0, b"6\n", b"")
+
+    asyncio.run(body())
+
+
 def test_exec_runs_python_with_stdin_in_workspace(jails: Jails) -> None:
     script = (
         b"import os, sys\nprint(os.getcwd(), sys.stdin.read() == '', open('data.txt').read())\n"

@@ -35,6 +35,8 @@ class PrefectServer:
             PREFECT_API_URL=self.api_url,
             PREFECT_SERVER_ANALYTICS_ENABLED="false",
             PREFECT_LOGGING_LEVEL="INFO",
+            # Default local paths of the subprocess land here, never in ~/.epiflow.
+            EPIFLOW_HOME=str(self.home / "epiflow-home"),
         )
         base.update(extra)
         return base

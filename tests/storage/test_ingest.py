@@ -15,6 +15,7 @@ from storage.episodes import list_orphans, load_trajectory, persist_episodes
 from storage.errors import IngestError, ObjectStoreError
 from storage.ingest import EpisodeBundle, ingest_episodes
 from storage.objects import LocalObjectStore, ObjectInfo, ObjectStore
+from storage.rows import STEP_COLUMNS, step_row
 from tests.storage.builders import make_trajectory
 
 
@@ -189,3 +190,34 @@ def test_views_answer_on_ingested_data(migrated_engine: Engine, store: LocalObje
         ("execute_shell", "latency", 2, 2, 1.0),
         ("execute_shell", "none", 2, 0, 0.0),
     ]
+
+
+def test_json_columns_are_cleaned_on_both_databases(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    # What jsonb cannot take as it is: NULs, in values and in keys, nested; and a parent
+    # row (the task) with a NUL in its prompt. (Lone surrogates cannot reach a row: the
+    # trajectory object written first refuses them; `json_text` is tested on them alone.)
+    t = make_trajectory(task="odd-json")
+    t.prompt = "do\x00 it"
+    t.steps[0].args = {"command": "x\x00y", "k\x00": 1, "nested": [{"v": "a\x00"}]}
+    t.steps[0].native_tool_calls = [{"id": 1, "function": {"name": "n\x00"}}]
+    persist_episodes(migrated_engine, store, [t])
+    with migrated_engine.connect() as conn:
+        step = conn.execute(
+            select(Step).where(col(Step.episode_id) == t.episode_id, col(Step.step_index) == 0)
+        ).one()
+        prompt = conn.execute(text("SELECT prompt FROM task WHERE id = :id"), {"id": t.task_id})
+        assert prompt.scalar_one() == "do it"
+    assert step.args == {"command": "xy", "k": 1, "nested": [{"v": "a"}]}
+    assert step.native_tool_calls == [{"id": 1, "function": {"name": "n"}}]
+
+
+def test_step_values_cover_the_step_table() -> None:
+    # COPY names the columns of `STEP_COLUMNS`; a column added to the model but not to the
+    # builder would be left to its default silently, so the two must match exactly.
+    assert sorted(STEP_COLUMNS) == sorted(c.name for c in Step.__table__.columns)  # type: ignore[attr-defined]
+    t = make_trajectory(n_steps=2)
+    row = step_row(t.episode_id, t.steps[1], output_keys={"stdout": "k1"})
+    assert row["step_index"] == 1 and row["stdout_key"] == "k1" and row["stderr_key"] is None
+    assert row["discounted_return"] == t.steps[1].return_

@@ -9,9 +9,7 @@ from storage.run_summary import _frame, summarize_frames
 
 def test_late_non_null_values_do_not_break_the_summary() -> None:
     # 150 clean calls, then failures: a type inferred from the first rows alone would be Null.
-    calls = [("read_file", 0, None, False, None)] * 150 + [
-        ("execute_shell", 2, "nonzero_exit", False, None)
-    ] * 10
+    calls = [("read_file", 1, 0)] * 150 + [("execute_shell", 1, 1)] * 10
     episodes = [("e", "t", "success", "success", 3, None)] * 120 + [
         ("f", "t", "failed", "verifier_failed", 5, 12.5)
     ]
@@ -19,7 +17,7 @@ def test_late_non_null_values_do_not_break_the_summary() -> None:
         _frame(
             episodes, ["id", "template", "status", "failure_category", "n_steps", "duration_ms"]
         ),
-        _frame(calls, ["tool", "exit_code", "error_type", "timed_out", "signal"]),
+        _frame(calls, ["tool", "calls", "failed"]),
     )
     assert summary.tool_failure_rate == {"execute_shell": 1.0, "read_file": 0.0}
     assert summary.tool_calls == {"execute_shell": 10, "read_file": 150}

@@ -2,19 +2,58 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from config.settings import ConfigError, load_settings
+from core.home import HomeInvalid
 from storage.settings import DatabaseSettings, ObjectStoreSettings
 
 
-def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("EPIFLOW_DATABASE_URL")
     monkeypatch.delenv("EPIFLOW_OBJECTS_URL")
+    monkeypatch.setenv("EPIFLOW_HOME", str(tmp_path / "home"))
     settings = load_settings()
-    assert settings.database.redacted_url() == "sqlite:///.epiflow/epiflow.db"
-    assert str(settings.objects.local_root()) == ".epiflow/objects"
+    assert settings.database.redacted_url() == f"sqlite:///{tmp_path}/home/epiflow.db"
+    assert settings.objects.local_root() == tmp_path / "home" / "objects"
     assert settings.prefect.api_url is None
+
+
+def test_home_defaults_to_an_absolute_user_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Whatever the working directory, the defaults are the same absolute paths.
+    monkeypatch.delenv("EPIFLOW_DATABASE_URL")
+    monkeypatch.delenv("EPIFLOW_OBJECTS_URL")
+    monkeypatch.delenv("EPIFLOW_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    seen = set()
+    for cwd in (tmp_path, tmp_path / "elsewhere"):
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        settings = load_settings()
+        seen.add((settings.database.redacted_url(), str(settings.objects.local_root())))
+    assert seen == {
+        (f"sqlite:///{tmp_path}/user/.epiflow/epiflow.db", f"{tmp_path}/user/.epiflow/objects")
+    }
+
+
+def test_relative_home_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EPIFLOW_DATABASE_URL")
+    monkeypatch.setenv("EPIFLOW_HOME", "relative/home")
+    with pytest.raises(HomeInvalid) as raised:
+        load_settings()
+    assert raised.value.setting == "EPIFLOW_HOME"
+    assert "absolute" in raised.value.user_message()
+
+
+def test_explicit_urls_do_not_need_a_valid_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests and deployments that set both URLs never read EPIFLOW_HOME.
+    monkeypatch.setenv("EPIFLOW_HOME", "relative/home")
+    settings = load_settings()
+    assert settings.database.redacted_url().startswith("sqlite:///")
 
 
 def test_secrets_absent_from_repr_and_str(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,8 @@ import pytest
 from sqlalchemy import Engine
 
 from agent.trajectory import utcnow
-from collection.runner import CollectRequest, collect_in_process
+from collection.request import CollectRequest
+from collection.runner import collect_in_process
 from expectations.gate import run_gate
 from expectations.settings import QcConfig
 from scoring.rule_judge import rule_judgement
@@ -42,12 +43,13 @@ def _gate(engine: Engine, store: LocalObjectStore, run_id: uuid.UUID) -> uuid.UU
     config = QcConfig.from_env()
     started = utcnow()
     trajectories = [e.trajectory for e in select_episodes(engine, store, run_ids=[run_id])]
-    report = run_gate(trajectories, config=config)
+    rules = [rule_judgement(t, config.judge) for t in trajectories]
+    report = run_gate(trajectories, config=config, rule_judgements=rules)
     return write_qc_run(
         engine,
         run_id=run_id,
         report=report,
-        judgements=[rule_judgement(t, config.judge) for t in trajectories],
+        judgements=rules,
         docs_key=None,
         started_at=started,
     )
@@ -72,7 +74,7 @@ def test_demo_chain_trained_beats_base_on_heldout(engine, store, tmp_path: Path)
                 engine=engine,
                 store=store,
             )
-        )
+        ).run_id
         for policy, tasks, seed in (
             ("scripted:oracle", recipe.oracle_tasks, 0),
             (recipe.noisy_policy, recipe.noisy_tasks, recipe.oracle_tasks),

@@ -22,7 +22,7 @@ from training.settings import TrainingSettings
 from training.trainers.common import Algo, TrainResult, read_rows
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = ["Algo", "TrainResult", "run_training", "write_config_artifact"]
 
@@ -36,7 +36,7 @@ def run_training(
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     ref_model_dir: Path | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
 
@@ -93,7 +93,7 @@ def _run(
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None,
     ref_model_dir: Path | None,
-    on_metrics: MetricsCallback | None,
+    on_metrics: MetricsHook | None,
 ) -> TrainResult:
     if chosen == Algo.SFT:
         from training.trainers.sft import run_sft

@@ -25,7 +25,7 @@ from training.errors import TrainerError
 from training.settings import TrainingSettings
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = [
     "UNBOUNDED_STEPS",
@@ -291,7 +291,7 @@ def train_with(
     output_dir: Path,
     settings: TrainingSettings,
     n_examples: int,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
     model: Any = None,
     prepare: Callable[[Any], None] | None = None,
     **trainer_kwargs: Any,
@@ -311,7 +311,7 @@ def train_with(
     from transformers import PrinterCallback, ProgressCallback
 
     from training.callbacks import (
-        MetricsHook,
+        MetricsLogger,
         ThreadCallback,
         TimedSaves,
         WallTimeStop,
@@ -346,7 +346,7 @@ def train_with(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     tuner = ThreadTuner(settings.torch_threads)
-    trainer.add_callback(MetricsHook(on_metrics, budget=budget))
+    trainer.add_callback(MetricsLogger(on_metrics, budget=budget))
     trainer.add_callback(ThreadCallback(tuner))
     if budget is not None:
         trainer.add_callback(budget)

@@ -19,7 +19,7 @@ from training.settings import TrainingSettings
 from training.trainers.common import Algo, TrainResult, base_args, load_model, module, train_with
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = ["run_grpo"]
 
@@ -34,7 +34,7 @@ def run_grpo(
     settings: TrainingSettings,
     reward_fns: Sequence[RewardFunction],
     ref_model_dir: Path | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """GRPO on task-prompt rows with `reward_fns`; save to `output_dir`.
 

@@ -16,7 +16,7 @@ from training.settings import TrainingSettings
 from training.trainers.common import Algo, TrainResult, base_args, load_model, module, train_with
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = ["run_dpo", "run_kto"]
 
@@ -42,7 +42,7 @@ def run_dpo(
     output_dir: Path,
     settings: TrainingSettings,
     ref_model_dir: Path | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """DPO on `prompt` / `chosen` / `rejected` rows; save to `output_dir`.
 
@@ -83,7 +83,7 @@ def run_kto(
     output_dir: Path,
     settings: TrainingSettings,
     ref_model_dir: Path | None = None,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """KTO on unpaired `prompt` / `completion` / `label` rows; save to `output_dir`.
 
@@ -136,7 +136,7 @@ def _train_against_reference(
     ref_model_dir: Path | None,
     output_dir: Path,
     settings: TrainingSettings,
-    on_metrics: MetricsCallback | None,
+    on_metrics: MetricsHook | None,
 ) -> TrainResult:
     """Train `trainer_cls` with an explicit frozen reference model (never rebuilt from a path)."""
     return train_with(

@@ -20,7 +20,7 @@ from training.settings import TrainingSettings
 from training.trainers.common import Algo, TrainResult, base_args, module, train_with
 
 if TYPE_CHECKING:
-    from training.callbacks import MetricsCallback
+    from training.callbacks import MetricsHook
 
 __all__ = ["run_sft", "sft_config"]
 
@@ -69,7 +69,7 @@ def run_sft(
     base_model_dir: Path,
     output_dir: Path,
     settings: TrainingSettings,
-    on_metrics: MetricsCallback | None = None,
+    on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """Train on `rows` (`messages` or `text` column, optional `weight`); save to `output_dir`.
 

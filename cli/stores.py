@@ -1,0 +1,36 @@
+"""The database engine and object store a CLI command uses, opened and checked in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine
+
+from config.settings import Settings
+from storage.objects import ObjectStore
+
+
+@contextmanager
+def stores(
+    settings: Settings, *, check_objects: bool = False
+) -> Iterator[tuple[Engine, ObjectStore]]:
+    """An engine on a database whose schema is current, and the object store (checked
+    reachable and writable with `check_objects`); the engine is disposed on exit.
+
+    Raises:
+        StorageError: the database is unreachable or behind the code, or the store unusable.
+    """
+    from storage.db import make_engine
+    from storage.migrate import ensure_current
+    from storage.objects import make_object_store
+
+    engine = make_engine(settings.database)
+    try:
+        ensure_current(engine)
+        store = make_object_store(settings.objects)
+        if check_objects:
+            store.check()
+        yield engine, store
+    finally:
+        engine.dispose()

@@ -1,0 +1,132 @@
+"""Preflight: everything a collection needs is checked before anything is written.
+
+A misconfigured sandbox, a read-only database or a full object store would otherwise show
+up as a run whose every episode is `env_error` or `storage_error`. `preflight_collection`
+opens the collection (policy, schema, object store: `open_collection`) and then checks, in
+order, each with a one-line error naming the setting to fix:
+
+- the sandbox: the nsjail binary, the interpreter and state dir jails mount, the cgroup
+  policy, and one real probe jail (the sandbox's own `prepare_host`);
+- the database takes writes (a read-only file, mount or role fails here);
+- the object store takes a write of `PROBE_BYTES` (a full disk fails here; the probe is
+  deleted);
+- no other process is collecting the run key right now (`storage.run_lock`; the flow
+  takes the lock for real, this only fails early).
+
+The Prefect API is the entry point's to check (`config.prefect.apply_prefect_settings`):
+nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from collection.plan import Plan
+from collection.runner import Collection, open_collection
+from config.settings import Settings
+from sandbox.errors import SandboxUnavailable
+from sandbox.host import find_nsjail, prepare_host
+from sandbox.settings import SandboxSettings
+from storage.errors import ObjectStoreError, ObjectStoreUnavailable
+from storage.objects import ObjectStore
+from storage.run_lock import acquire_run_key
+from storage.runs import check_writable
+
+PROBE_BYTES = 64 << 10
+"""Bytes the object-store probe writes: enough that a full disk refuses it."""
+
+
+@dataclass(frozen=True)
+class SandboxCheck:
+    """What the sandbox preflight found."""
+
+    nsjail: str
+    """The nsjail binary in use."""
+    limit_mode: str
+    """`cgroup_v1`, `cgroup_v2` or `rlimit`."""
+
+
+def _sandbox_setting(message: str) -> str:
+    """The `EPIFLOW_SANDBOX_*` variable a sandbox failure message points at."""
+    for needle, setting in (
+        ("nsjail_path", "EPIFLOW_SANDBOX_NSJAIL_PATH"),
+        ("no nsjail binary", "EPIFLOW_SANDBOX_NSJAIL_PATH"),
+        ("python_path", "EPIFLOW_SANDBOX_PYTHON_PATH"),
+        ("cgroups are required", "EPIFLOW_SANDBOX_CGROUPS"),
+        ("cannot be mounted into jails", "EPIFLOW_SANDBOX_STATE_DIR"),
+    ):
+        if needle in message:
+            return setting
+    return "EPIFLOW_SANDBOX_NSJAIL_PATH"
+
+
+async def check_sandbox(settings: SandboxSettings) -> SandboxCheck:
+    """Find nsjail and start one probe jail with the configured limits.
+
+    Raises:
+        SandboxUnavailable: a jail cannot start here; the message names the setting.
+    """
+    try:
+        find_nsjail(settings)
+        host = await prepare_host(settings)
+    except SandboxUnavailable as e:
+        raise SandboxUnavailable(f"sandbox: {e}", setting=_sandbox_setting(str(e))) from e
+    except OSError as e:  # the state dir cannot be created or written
+        raise SandboxUnavailable(
+            f"sandbox: cannot prepare the jails' host files in {settings.state_dir}: "
+            f"{e.strerror or e}",
+            setting="EPIFLOW_SANDBOX_STATE_DIR",
+        ) from e
+    return SandboxCheck(nsjail=str(host.nsjail), limit_mode=host.limit_mode)
+
+
+def check_object_store(store: ObjectStore) -> None:
+    """Write and delete one probe object of `PROBE_BYTES`.
+
+    Raises:
+        ObjectStoreError: the store refuses it (full disk, no permission, bucket missing).
+    """
+    key = f"preflight/probe-{uuid.uuid4().hex}"
+    try:
+        store.put(key, b"\0" * PROBE_BYTES)
+    except ObjectStoreError as e:
+        cause = e.__cause__
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(e)
+        raise ObjectStoreUnavailable(
+            f"the object store {store.location} cannot take a {PROBE_BYTES >> 10} KiB write: "
+            f"{reason}",
+            setting=e.setting,
+        ) from e
+    store.delete(key)
+
+
+def preflight_collection(
+    plan: Plan,
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    store: ObjectStore | None = None,
+) -> Collection:
+    """Open `plan`'s collection and check the sandbox, the database and the object store;
+    nothing is written (no run row, no episode). Close the result with `aclose`.
+
+    Raises:
+        CollectError: the policy spec is invalid.
+        SandboxUnavailable: no jail can start with these sandbox settings.
+        StorageError: the database or object store cannot be used or written, or the
+            run key is being collected (`RunKeyBusy`).
+    """
+    collection = open_collection(plan, settings, engine=engine, store=store)
+    try:
+        asyncio.run(check_sandbox(settings.sandbox))
+        check_writable(collection.engine)
+        check_object_store(collection.store)
+        acquire_run_key(settings.database, plan.run_key).release()
+    except BaseException:
+        asyncio.run(collection.aclose())
+        raise
+    return collection

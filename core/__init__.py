@@ -1,0 +1,1 @@
+"""What every epiflow package shares: the error contract (`core.errors`)."""

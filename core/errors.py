@@ -1,0 +1,46 @@
+"""The error contract every epiflow package follows.
+
+    EpiflowError                      root: one line for the user, and what to fix
+    ├── agent.errors.AgentError
+    ├── collection.errors.CollectError
+    ├── config.settings.ConfigError
+    ├── expectations.errors.ExpectationsError
+    ├── sandbox.errors.SandboxError
+    ├── scoring.errors.ScoringError
+    ├── storage.errors.StorageError
+    ├── suites.errors.SuiteError
+    └── training.errors.TrainingError
+
+Each package keeps its own tree under its root (see its `errors.py`); callers catch broad
+(`EpiflowError`) or narrow. The CLI maps every `EpiflowError` to one line on stderr and
+exit code 2 (`cli.app.main`), so a package never needs registering there. Failures that
+are data (a failed tool call, an unparseable judge answer, a verifier that scored 0) are
+not errors at all: they are recorded on the step or episode.
+"""
+
+from __future__ import annotations
+
+
+class EpiflowError(Exception):
+    """Root of every error epiflow raises on purpose.
+
+    `setting` names what the user should fix: an environment variable
+    (`EPIFLOW_DATABASE_URL`), a CLI option (`--faults`) or an input (`suite.yaml`). Messages
+    never contain secrets (URLs are redacted before they get here).
+    """
+
+    def __init__(self, message: str = "", *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+    def user_message(self) -> str:
+        """The problem and what to fix, as one line.
+
+        The first line of the message, followed by the setting when the message does not
+        already name it; multi-line messages (e.g. every problem of a `suite.yaml`) keep
+        their other lines in `str(error)`, which the CLI prints below this one.
+        """
+        text = str(self).splitlines()[0] if str(self).strip() else type(self).__name__
+        if self.setting and self.setting not in text:
+            text = f"{text} (check {self.setting})"
+        return text

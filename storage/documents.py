@@ -1,0 +1,104 @@
+"""Read a file of JSON documents for import, refusing hostile input with one line.
+
+A file is one JSON value (an object, or an array of objects) or JSON lines. Before any
+parser sees it, the bytes must be UTF-8 text without NUL bytes, and no value may nest
+deeper than `MAX_DEPTH` (Python's parser would recurse until `RecursionError`). A file
+with no document at all is an error too: an import that imports nothing says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from storage.errors import ImportFormatError
+
+__all__ = ["MAX_DEPTH", "read_documents"]
+
+MAX_DEPTH = 100
+"""Deepest nesting of arrays and objects accepted (an ATIF document needs about 10)."""
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _refuse(path: Path, problem: str) -> ImportFormatError:
+    return ImportFormatError(f"{path}: {problem}", setting=str(path))
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Linear scan: strings removed, then the running depth of brackets."""
+    depth = 0
+    bare = _STRING.sub('""', text)
+    for match in _BRACKET.finditer(bare):
+        if match.group() in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = bare.count("\n", 0, match.start()) + 1
+                raise _refuse(
+                    path,
+                    f"JSON nested deeper than {MAX_DEPTH} levels (line {line}); "
+                    "import refuses such input",
+                )
+        else:
+            depth = max(depth - 1, 0)
+
+
+def _decode(data: bytes, path: Path) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _refuse(
+            path,
+            f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "import reads UTF-8 JSON or JSON lines",
+        ) from e
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise _refuse(path, f"binary data, not JSON (NUL byte at offset {nul})")
+    return text.removeprefix("\ufeff")
+
+
+def read_documents(path: Path) -> list[Any]:
+    """The documents in `path`: a JSON array's items, a single JSON value, or JSON lines.
+
+    Raises:
+        ImportFormatError: unreadable, not UTF-8, binary, nested too deep, not JSON, or
+            holding no document ("no trajectories found in FILE").
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise _refuse(path, f"cannot read: {e.strerror or e}") from e
+    text = _decode(data, path)
+    stripped = text.strip()
+    if not stripped:
+        raise ImportFormatError(f"no trajectories found in {path} (it is empty)", setting=str(path))
+    _check_depth(stripped, path)
+    docs: list[Any]
+    try:
+        whole = json.loads(stripped)
+    except json.JSONDecodeError as whole_error:
+        docs = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if not docs:  # not JSON lines either: where the whole document breaks
+                    raise _refuse(
+                        path,
+                        f"not JSON: {whole_error.msg} (line {whole_error.lineno}, "
+                        f"column {whole_error.colno})",
+                    ) from whole_error
+                raise _refuse(path, f"line {n}: not JSON: {e.msg}") from e
+    else:
+        docs = whole if isinstance(whole, list) else [whole]
+    if not docs:
+        raise ImportFormatError(
+            f"no trajectories found in {path} (an empty list)", setting=str(path)
+        )
+    return docs

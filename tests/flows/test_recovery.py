@@ -1,0 +1,316 @@
+"""Crashes are seen and recovered, failures announced (issue 13 item 3), against a real
+`prefect server` and `epiflow serve` (which sets up epiflow's automations at start).
+
+- A nightly run whose `epiflow serve` is killed with SIGKILL mid-collection (serve and
+  every process below it, as a lost machine would end them) is marked Crashed by the
+  heartbeat automation, scheduled again by the recovery automation, picked up by the
+  restarted `serve`, and completes on the same run key, named by its night: every
+  planned episode stored exactly once, nothing orphaned.
+- A nightly run that fails is retried (the flow run's retries), then announced with a
+  POST to a webhook server on loopback; so is the crash above.
+
+Short heartbeats (30 s, Prefect's minimum) and a 75 s silence window keep it within a
+few minutes; every wait polls with a deadline. Real nsjail, SQLite, the local object
+directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from config.automations import NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
+from storage import migrate
+from storage.db import make_engine
+from storage.episodes import list_orphans
+from storage.objects import LocalObjectStore
+from storage.settings import DatabaseSettings
+from tests.services.prefect_api import Api, wait_for
+from tests.services.prefect_server import PrefectServer
+from tests.services.processes import WebhookServer, kill_tree
+
+pytestmark = pytest.mark.slow
+
+EPIFLOW = str(Path(sys.executable).parent / "epiflow")
+HEARTBEAT_S = 30
+ZOMBIE_AFTER_S = 75
+TEMPLATES = ["csv_to_json", "dir_tree"]
+PLANNED = 8  # 2 templates x 2 tasks x 2 rollouts
+
+
+@dataclass
+class Served:
+    server: PrefectServer
+    api: Api
+    webhook: WebhookServer
+    env: dict[str, str]
+    workdir: Path
+    db_url: str
+    objects: Path
+    serving: subprocess.Popen[bytes] | None = None
+
+    def start_serve(self) -> None:
+        log = (self.workdir / "serve.log").open("ab")
+        self.serving = subprocess.Popen(
+            [EPIFLOW, "serve"],
+            env=self.env,
+            cwd=self.workdir,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        wait_for("epiflow serve to register its deployments", self._deployed, 180)
+
+    def _deployed(self) -> bool:
+        assert self.serving is not None and self.serving.poll() is None, self.log_tail()
+        found = self.api.post("/deployments/filter", {})
+        return {"nightly-collect", "shard"} <= {d["name"] for d in found}
+
+    def kill_serve(self) -> None:
+        assert self.serving is not None
+        kill_tree(self.serving.pid)
+        self.serving.wait()
+        self.serving = None
+
+    def stop_serve(self) -> None:
+        if self.serving is not None and self.serving.poll() is None:
+            kill_tree(self.serving.pid)
+            self.serving.wait()
+        self.serving = None
+
+    def log_tail(self) -> str:
+        path = self.workdir / "serve.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    workdir = tmp_path_factory.mktemp("recovery")
+    # Jails bind-mount files from the state dir: it must be world-searchable.
+    state_dir = Path(tempfile.mkdtemp(prefix="epiflow-recovery-state-"))
+    state_dir.chmod(0o755)
+    server = PrefectServer()
+    server.start()
+    webhook = WebhookServer()
+    webhook.start()
+    db_url = f"sqlite:///{workdir / 'epiflow.db'}"
+    engine = make_engine(DatabaseSettings(url=db_url))
+    migrate.upgrade(engine)
+    engine.dispose()
+    env = server.env(
+        EPIFLOW_PREFECT_API_URL=server.api_url,
+        EPIFLOW_DATABASE_URL=db_url,
+        EPIFLOW_OBJECTS_URL=str(workdir / "objects"),
+        EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
+        EPIFLOW_PREFECT_HEARTBEAT_S=str(HEARTBEAT_S),
+        EPIFLOW_PREFECT_ZOMBIE_AFTER_S=str(ZOMBIE_AFTER_S),
+        EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL=webhook.url,
+    )
+    state = Served(server, Api(server.api_url), webhook, env, workdir, db_url, workdir / "objects")
+    try:
+        state.start_serve()
+        yield state
+    finally:
+        state.stop_serve()
+        webhook.stop()
+        server.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _automation_trail(api: Api) -> str:
+    """What the automations did lately (for a failure message)."""
+    found = api.post(
+        "/events/filter",
+        {
+            "filter": {"event": {"prefix": ["prefect.automation.", "prefect.flow-run.C"]}},
+            "limit": 30,
+        },
+    )
+    return "; ".join(
+        f"{e['event']} {e['resource'].get('prefect.resource.name')} {json.dumps(e.get('payload'))[:300]}"
+        for e in found["events"]
+    )
+
+
+def _wait_final(api: Api, run_id: str, timeout: float) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        run = api.flow_run(run_id)
+        return run if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+    return wait_for(f"flow run {run_id} to end", ended, timeout, every=2)
+
+
+def _notifications_for(webhook: WebhookServer, name: str, state: str) -> list[dict[str, Any]]:
+    return [
+        n
+        for n in webhook.received
+        if name in str(n.get("subject")) and state in str(n.get("subject"))
+    ]
+
+
+def test_serve_sets_up_the_automations(served: Served) -> None:
+    names = {a["name"] for a in served.api.post("/automations/filter", {})}
+    assert {ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY} <= names
+    # Idempotent: a second setup updates the same four, creates none.
+    again = subprocess.run(
+        [EPIFLOW, "prefect", "setup"],
+        env=served.env,
+        cwd=served.workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "created" not in again.stdout and "updated" in again.stdout, again.stdout
+    automations = served.api.post("/automations/filter", {})
+    assert sorted(a["name"] for a in automations if a["name"].startswith("epiflow:")) == sorted(
+        [ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY]
+    )
+    zombie = next(a for a in automations if a["name"] == ZOMBIE)
+    assert zombie["trigger"]["posture"] == "Proactive"
+    assert zombie["trigger"]["within"] == ZOMBIE_AFTER_S
+
+
+def test_failed_nightly_run_is_retried_then_notified(served: Served) -> None:
+    nightly = served.api.deployment("collect-episodes", "nightly-collect")
+    run = served.api.post(
+        f"/deployments/{nightly['id']}/create_flow_run",
+        {
+            "parameters": {"request": {"suite": "no-such-suite"}, "gate": False},
+            # One quick retry instead of the nightly's two ten minutes apart.
+            "empirical_policy": {"retries": 1, "retry_delay": 1},
+        },
+    )
+    final = _wait_final(served.api, run["id"], 600)
+    assert final["state_type"] == "FAILED", final["state"]
+    assert final["run_count"] == 2  # the retry ran, on the same flow run
+    assert "AwaitingRetry" in served.api.states(run["id"])
+    # Named after its run key: a manual run's key is its flow run's own.
+    assert final["name"] == f"no-such-suite-scripted-oracle-{uuid.UUID(run['id']).hex[:8]}"
+
+    posted = wait_for(
+        "the webhook to be told",
+        lambda: _notifications_for(served.webhook, final["name"], "Failed"),
+        180,
+    )
+    assert len(posted) == 1
+    assert "no-such-suite" in posted[0]["body"] and "nightly-collect" in posted[0]["body"]
+    assert posted[0]["text"].startswith(posted[0]["subject"])
+
+
+def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -> None:
+    api = served.api
+    nightly = api.deployment("collect-episodes", "nightly-collect")
+    # A run of the nightly deployment with a small request: every tool call waits a
+    # second, and each episode is stored as it ends. (A run the schedule created would be
+    # keyed by its night instead: tests/flows/test_parameters.py.)
+    request = {
+        "suite": "builtin",
+        "policy": "scripted:oracle",
+        "tasks": 2,
+        "rollouts": 2,
+        "concurrency": 1,
+        "templates": TEMPLATES,
+        "batch_size": 1,
+        "faults": {"latency_p": 1.0, "latency_ms": [1000, 1000]},
+    }
+    run = api.post(
+        f"/deployments/{nightly['id']}/create_flow_run",
+        {"parameters": {"request": request, "gate": False}},
+    )
+    run_id = run["id"]
+    key = f"builtin-scripted-oracle-{uuid.UUID(run_id).hex[:8]}"
+
+    engine = make_engine(DatabaseSettings(url=served.db_url))
+
+    def stored() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT COUNT(*) FROM episode e JOIN collection_run r ON r.id = e.run_id "
+                        "WHERE r.run_key = :k"
+                    ),
+                    {"k": key},
+                ).scalar_one()
+            )
+
+    try:
+        wait_for("two episodes stored", lambda: stored() >= 2, 600, every=0.5)
+        assert api.flow_run(run_id)["state_type"] == "RUNNING"
+        served.kill_serve()
+        before = stored()
+        assert before < PLANNED, "the run finished before it could be killed"
+
+        # Nothing ended the run: the heartbeat automation notices the silence.
+        crashed = wait_for(
+            "the run to be marked Crashed",
+            lambda: "Crashed" in api.states(run_id),
+            ZOMBIE_AFTER_S + HEARTBEAT_S + 180,
+            every=2,
+        )
+        assert crashed
+        wait_for(
+            lambda: f"the recovery automation to schedule it again ({_automation_trail(api)})",
+            # AwaitingRetry, which turns Late while no `serve` is there to start it.
+            lambda: (
+                "AwaitingRetry" in api.states(run_id)
+                and api.flow_run(run_id)["state_type"] == "SCHEDULED"
+            ),
+            180,
+            every=2,
+        )
+        served.start_serve()
+        final = _wait_final(api, run_id, 600)
+        assert final["state_type"] == "COMPLETED", (final["state"], served.log_tail())
+        assert final["name"] == key  # named after its key, which the recovery kept
+        assert final["run_count"] == 2
+        history = api.states(run_id)
+        assert history.index("Crashed") < history.index("AwaitingRetry") < len(history) - 1
+
+        with engine.connect() as conn:
+            episodes = conn.execute(
+                text(
+                    "SELECT COUNT(*), COUNT(DISTINCT e.id), COALESCE(SUM(e.n_steps), 0) "
+                    "FROM episode e JOIN collection_run r ON r.id = e.run_id "
+                    "WHERE r.run_key = :k"
+                ),
+                {"k": key},
+            ).one()
+            steps = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM step s JOIN episode e ON e.id = s.episode_id "
+                    "JOIN collection_run r ON r.id = e.run_id WHERE r.run_key = :k"
+                ),
+                {"k": key},
+            ).scalar_one()
+            status = conn.execute(
+                text("SELECT status FROM collection_run WHERE run_key = :k"), {"k": key}
+            ).scalar_one()
+        assert tuple(episodes[:2]) == (PLANNED, PLANNED)  # none lost, none twice
+        assert episodes[2] == steps
+        assert status == "completed"
+        assert list_orphans(engine, LocalObjectStore(served.objects)).keys == []
+
+        # The crash was announced too.
+        wait_for(
+            "the crash notification",
+            lambda: _notifications_for(served.webhook, key, "Crashed"),
+            180,
+        )
+    finally:
+        engine.dispose()
+        if served.serving is None:
+            served.start_serve()

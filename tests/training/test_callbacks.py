@@ -1,0 +1,50 @@
+"""The metrics hook, the wall-time budget and intermediate saves (`training.callbacks`),
+on the locally built tiny model with real TRL."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.test_trainers import _frame
+from training.builders import DatasetKind
+from training.trainers import run_training
+from training.trainers.common import saves_dir
+
+
+def test_hook_sees_every_log_event_and_nothing_is_printed(
+    tiny_base_model, tiny_settings, tmp_path, capsys: pytest.CaptureFixture[str]
+):
+    seen: list[tuple[int, int, dict[str, float]]] = []
+    settings = tiny_settings.model_copy(update={"save_steps": 1})
+    result = run_training(
+        "sft",
+        dataset=_frame(DatasetKind.SFT),
+        base_model_dir=tiny_base_model,
+        output_dir=tmp_path / "sft",
+        settings=settings,
+        on_metrics=lambda step, max_steps, logs: seen.append((step, max_steps, logs)),
+    )
+    steps = [s for s, _, logs in seen if "loss" in logs]
+    assert steps == list(range(1, result.steps + 1))
+    assert all(m == settings.max_steps for _, m, _ in seen)
+    assert all("learning_rate" in logs for _, _, logs in seen if "loss" in logs)
+    assert "train_loss" in seen[-1][2]  # the closing summary event
+    assert not result.stopped_by_time
+    assert "'loss'" not in capsys.readouterr().out  # no metric dicts on stdout
+    # save_steps: the intermediate checkpoint of every step, beside the model directory
+    # (which stays a clean HF directory to register)
+    assert (saves_dir(tmp_path / "sft") / f"checkpoint-{result.steps}").is_dir()
+    assert not list((tmp_path / "sft").glob("checkpoint-*"))
+
+
+def test_wall_time_budget_stops_training(tiny_base_model, tiny_settings, tmp_path):
+    settings = tiny_settings.model_copy(update={"max_steps": 500, "max_time_s": 0.01})
+    result = run_training(
+        "sft",
+        dataset=_frame(DatasetKind.SFT),
+        base_model_dir=tiny_base_model,
+        output_dir=tmp_path / "sft",
+        settings=settings,
+    )
+    assert result.stopped_by_time and result.steps == 1
+    assert (tmp_path / "sft" / "config.json").exists()  # the model is saved as usual
