@@ -19,7 +19,7 @@ import polars as pl
 from training.errors import TrainerError
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
-from training.trainers.common import Algo, TrainResult, read_rows
+from training.trainers.common import Algo, TrainJob, TrainResult, read_rows
 
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
@@ -57,16 +57,8 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
-    result = _run(
-        chosen,
-        rows,
-        base_model_dir=base_model_dir,
-        output_dir=output_dir,
-        settings=settings,
-        reward_fn=reward_fn,
-        ref_model_dir=ref_model_dir,
-        on_metrics=on_metrics,
-    )
+    job = TrainJob(base_model_dir, output_dir, settings, on_metrics, ref_model_dir)
+    result = _run(chosen, rows, job, reward_fn)
     write_config_artifact(output_dir, settings=settings, algo=chosen.value)
     return result
 
@@ -87,62 +79,25 @@ def write_config_artifact(model_dir: Path, *, settings: TrainingSettings, algo: 
 def _run(
     chosen: Algo,
     rows: list[dict[str, Any]],
-    *,
-    base_model_dir: Path,
-    output_dir: Path,
-    settings: TrainingSettings,
+    job: TrainJob,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None,
-    ref_model_dir: Path | None,
-    on_metrics: MetricsHook | None,
 ) -> TrainResult:
     if chosen == Algo.SFT:
         from training.trainers.sft import run_sft
 
-        return run_sft(
-            rows,
-            base_model_dir=base_model_dir,
-            output_dir=output_dir,
-            settings=settings,
-            on_metrics=on_metrics,
-        )
-    if chosen == Algo.DPO:
-        from training.trainers.preference import run_dpo
+        return run_sft(rows, job)
+    if chosen in (Algo.DPO, Algo.KTO):
+        from training.trainers.preference import run_preference
 
-        return run_dpo(
-            rows,
-            base_model_dir=base_model_dir,
-            output_dir=output_dir,
-            settings=settings,
-            ref_model_dir=ref_model_dir,
-            on_metrics=on_metrics,
-        )
-    if chosen == Algo.KTO:
-        from training.trainers.preference import run_kto
-
-        return run_kto(
-            rows,
-            base_model_dir=base_model_dir,
-            output_dir=output_dir,
-            settings=settings,
-            ref_model_dir=ref_model_dir,
-            on_metrics=on_metrics,
-        )
+        return run_preference(chosen, rows, job)
     from training.trainers.grpo import run_grpo
 
     if reward_fn is None:
         from training.rewards import SandboxReward
 
-        reward_fns: list[RewardFunction] = [SandboxReward(settings)]
+        reward_fns: list[RewardFunction] = [SandboxReward(job.settings)]
     elif callable(reward_fn):
         reward_fns = [reward_fn]
     else:
         reward_fns = list(reward_fn)
-    return run_grpo(
-        rows,
-        base_model_dir=base_model_dir,
-        output_dir=output_dir,
-        settings=settings,
-        reward_fns=reward_fns,
-        ref_model_dir=ref_model_dir,
-        on_metrics=on_metrics,
-    )
+    return run_grpo(rows, job, reward_fns)

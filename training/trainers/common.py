@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 __all__ = [
     "UNBOUNDED_STEPS",
     "Algo",
+    "TrainJob",
     "TrainResult",
     "base_args",
+    "load_frozen",
     "load_model",
     "load_tokenizer",
     "module",
@@ -111,18 +114,26 @@ def read_rows(dataset: Path | pl.DataFrame) -> list[dict[str, Any]]:
     return frame.to_dicts()
 
 
+def _from_local(auto_class: str, what: str, path: Path) -> Any:
+    """`transformers.<auto_class>.from_pretrained(path)`, local files only (never the hub).
+
+    Raises:
+        TrainerError: the directory has nothing loadable of that kind.
+    """
+    loader = getattr(module("transformers"), auto_class)
+    try:
+        return loader.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise TrainerError(f"cannot load the {what} from {path}: {e}") from e
+
+
 def load_tokenizer(path: Path) -> Any:
-    """The tokenizer of a local HF directory (never the hub).
+    """The tokenizer of a local HF directory.
 
     Raises:
         TrainerError: the directory has no loadable tokenizer.
     """
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise TrainerError(f"cannot load the tokenizer from {path}: {e}") from e
+    return _from_local("AutoTokenizer", "tokenizer", path)
 
 
 def load_model(path: Path) -> Any:
@@ -131,12 +142,16 @@ def load_model(path: Path) -> Any:
     Raises:
         TrainerError: the directory has no loadable model.
     """
-    from transformers import AutoModelForCausalLM
+    return _from_local("AutoModelForCausalLM", "model", path)
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise TrainerError(f"cannot load the model from {path}: {e}") from e
+
+def load_frozen(path: Path) -> Any:
+    """A causal LM from a local HF directory in eval mode with no gradients: a reference model."""
+    model = load_model(path)
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
 
 
 def base_args(
@@ -281,17 +296,31 @@ def _scheduled(trainer_cls: Any) -> Any:
     return Scheduled
 
 
+@dataclass(frozen=True)
+class TrainJob:
+    """What every algorithm is given besides its rows: where it starts and writes, under
+    which settings, and who hears its metrics."""
+
+    base_model_dir: Path
+    """The HF directory trained from (tokenizer and model)."""
+    output_dir: Path
+    """Where the trained model is saved (a clean HF directory)."""
+    settings: TrainingSettings
+    """Every knob."""
+    on_metrics: MetricsHook | None = None
+    """Called on every TRL log event."""
+    ref_model_dir: Path | None = None
+    """Frozen reference of DPO, KTO and GRPO (None: the base model)."""
+
+
 def train_with(
     algo: Algo,
     trainer_cls: Any,
     config: Any,
     dataset: Any,
+    job: TrainJob,
     *,
-    base_model_dir: Path,
-    output_dir: Path,
-    settings: TrainingSettings,
     n_examples: int,
-    on_metrics: MetricsHook | None = None,
     model: Any = None,
     prepare: Callable[[Any], None] | None = None,
     **trainer_kwargs: Any,
@@ -299,7 +328,7 @@ def train_with(
     """Build `trainer_cls` on the base model, train it under epiflow's rules, save, summarise.
 
     Shared by every algorithm: the tokenizer and (unless `model` is given) the model come
-    from `base_model_dir`; the schedule is `lr_scheduler` with `warmup_ratio` and
+    from `job.base_model_dir`; the schedule is `lr_scheduler` with `warmup_ratio` and
     `min_lr_ratio` over steps, or over elapsed time under `max_time_s`; training stops at
     the wall-time budget; every log event goes to `on_metrics` and `logging`, none to
     stdout; the thread count follows `torch_threads`. `prepare` sees the trainer before
@@ -319,6 +348,7 @@ def train_with(
     )
     from training.threads import ThreadTuner
 
+    settings, base_model_dir = job.settings, job.base_model_dir
     budget = WallTimeStop(settings.max_time_s) if settings.max_time_s is not None else None
 
     def schedule(total_steps: int) -> Callable[[int], float]:
@@ -346,7 +376,7 @@ def train_with(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     tuner = ThreadTuner(settings.torch_threads)
-    trainer.add_callback(MetricsLogger(on_metrics, budget=budget))
+    trainer.add_callback(MetricsLogger(job.on_metrics, budget=budget))
     trainer.add_callback(ThreadCallback(tuner))
     if budget is not None:
         trainer.add_callback(budget)
@@ -365,7 +395,7 @@ def train_with(
         algo,
         trainer,
         output,
-        output_dir=output_dir,
+        output_dir=job.output_dir,
         runtime_s=runtime,
         tokens=0,
         n_examples=n_examples,

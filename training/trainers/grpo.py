@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training.errors import TrainerError
 from training.rewards import RewardFunction
-from training.settings import TrainingSettings
-from training.trainers.common import Algo, TrainResult, base_args, load_model, module, train_with
-
-if TYPE_CHECKING:
-    from training.callbacks import MetricsHook
+from training.trainers.common import (
+    Algo,
+    TrainJob,
+    TrainResult,
+    base_args,
+    load_model,
+    module,
+    train_with,
+)
 
 __all__ = ["run_grpo"]
 
@@ -27,16 +31,9 @@ _TASK_COLUMNS = ("task_id", "suite", "template", "instance_seed")
 
 
 def run_grpo(
-    rows: list[dict[str, Any]],
-    *,
-    base_model_dir: Path,
-    output_dir: Path,
-    settings: TrainingSettings,
-    reward_fns: Sequence[RewardFunction],
-    ref_model_dir: Path | None = None,
-    on_metrics: MetricsHook | None = None,
+    rows: list[dict[str, Any]], job: TrainJob, reward_fns: Sequence[RewardFunction]
 ) -> TrainResult:
-    """GRPO on task-prompt rows with `reward_fns`; save to `output_dir`.
+    """GRPO on task-prompt rows with `reward_fns`; save to `job.output_dir`.
 
     Raises:
         TrainerError: no prompt column, no reward function, or a failure in the trainer.
@@ -52,11 +49,12 @@ def run_grpo(
     dataset = Dataset.from_list(
         [{"prompt": r["prompt"], **{c: r[c] for c in _TASK_COLUMNS if c in r}} for r in rows]
     )
+    settings = job.settings
     # One optimizer step consumes batch_size completions; it must hold whole groups.
     generations = settings.rollouts_per_task
     batch = max(settings.batch_size, generations)
     batch -= batch % generations
-    args = base_args(settings, output_dir, learning_rate=settings.rl_learning_rate)
+    args = base_args(settings, job.output_dir, learning_rate=settings.rl_learning_rate)
     args["per_device_train_batch_size"] = batch
     config = trl.GRPOConfig(
         **args,
@@ -67,17 +65,14 @@ def run_grpo(
         epsilon=settings.clip_epsilon,
         remove_unused_columns=False,
     )
-    reference = ref_model_dir if settings.beta > 0 else None
+    reference = job.ref_model_dir if settings.beta > 0 else None
     return train_with(
         Algo.GRPO,
         trl.GRPOTrainer,
         config,
         dataset,
-        base_model_dir=base_model_dir,
-        output_dir=output_dir,
-        settings=settings,
+        job,
         n_examples=len(rows),
-        on_metrics=on_metrics,
         prepare=(lambda trainer: _use_reference(trainer, reference)) if reference else None,
         reward_funcs=list(reward_fns),
     )

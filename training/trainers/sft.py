@@ -14,13 +14,10 @@ more often).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training.settings import TrainingSettings
-from training.trainers.common import Algo, TrainResult, base_args, module, train_with
-
-if TYPE_CHECKING:
-    from training.callbacks import MetricsHook
+from training.trainers.common import Algo, TrainJob, TrainResult, base_args, module, train_with
 
 __all__ = ["run_sft", "sft_config"]
 
@@ -63,15 +60,8 @@ def _weighted_trainer_class() -> Any:
     return WeightedSFTTrainer
 
 
-def run_sft(
-    rows: list[dict[str, Any]],
-    *,
-    base_model_dir: Path,
-    output_dir: Path,
-    settings: TrainingSettings,
-    on_metrics: MetricsHook | None = None,
-) -> TrainResult:
-    """Train on `rows` (`messages` or `text` column, optional `weight`); save to `output_dir`.
+def run_sft(rows: list[dict[str, Any]], job: TrainJob) -> TrainResult:
+    """Train on `rows` (`messages` or `text` column, optional `weight`); save to `job.output_dir`.
 
     Raises:
         TrainerError: unusable rows or a failure inside the trainer.
@@ -84,6 +74,7 @@ def run_sft(
     if not conversational and "text" not in rows[0]:
         raise TrainerError("an SFT dataset needs a `messages` (chat) or a `text` column")
     column = "messages" if conversational else "text"
+    settings = job.settings
     weights = [
         max(float(r.get("weight", 1.0) or 0.0), 0.0)
         * settings.template_weights.get(str(r.get("template")), 1.0)
@@ -94,13 +85,10 @@ def run_sft(
     return train_with(
         Algo.SFT,
         _weighted_trainer_class(),
-        sft_config(settings, output_dir, conversational=conversational),
+        sft_config(settings, job.output_dir, conversational=conversational),
         Dataset.from_list([{column: r[column]} for r in rows]),
-        base_model_dir=base_model_dir,
-        output_dir=output_dir,
-        settings=settings,
+        job,
         n_examples=len(rows),
-        on_metrics=on_metrics,
         sample_weights=weights,
         seed=settings.seed,
     )
