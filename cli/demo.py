@@ -1,9 +1,12 @@
 """`epiflow demo`: the nightly chain once, on embedded defaults, in a few minutes.
 
 SQLite, a local object directory and the shared local Prefect server (unless EPIFLOW_* settings
-say otherwise): collect with the noisy policy and fault injection on the built-in suite →
-QC gate → training triggered at a demo threshold (tiny local model, few steps) →
-evaluation of the checkpoint on held-out tasks. Ends with where to look.
+say otherwise): collect with the noisy policy and fault injection, and with the oracle, on the
+`demo` training recipe's templates (`training.recipes`) → QC gate of each → training
+triggered at a demo threshold on what both gates admitted (the recipe: a small model built
+for the data, a copy warm-up, SFT within a time budget) → evaluation of the checkpoint
+against its base on held-out instances. Ends with base vs trained completion, where to
+look, and what to run for the full loop (`bench/loop.py`).
 """
 
 from __future__ import annotations
@@ -31,15 +34,10 @@ if TYPE_CHECKING:
     from flows.evaluate import EvaluationResult
     from flows.qc import QcGateResult
 
-DEMO_TEMPLATES = [
-    "csv_to_json",
-    "dir_tree",
-    "config_update",
-    "log_errors",
-    "summary_stats",
-    "merge_csv",
-]
-"""A spread of difficulties that keeps the demo within a few minutes on 2 cores."""
+DEMO_RECIPE = "demo"
+"""`training.recipes` preset of the demo: templates, data sizes, model, budget, evaluation."""
+DEMO_NOISY_TASKS = 5
+"""Noisy instances per template collected with fault injection (failures to look at)."""
 _QUIET = {
     "TQDM_DISABLE": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
@@ -48,40 +46,65 @@ _QUIET = {
 }
 DEMO_THRESHOLD = 5.0
 """Quality-weighted volume that triggers the demo's training (production default: 500)."""
-DEMO_TRAIN_STEPS = 30
-"""Optimizer steps of the demo's SFT run on the tiny model."""
+FULL_LOOP = "python bench/loop.py --json"
+"""What to run for the whole closed loop (bigger data, 12 minutes of training, iterations)."""
 
 
-async def _chain(key: str) -> tuple[CollectFlowResult, QcGateResult, EvaluationResult | None]:
+async def _chain(
+    key: str,
+) -> tuple[CollectFlowResult, QcGateResult, QcGateResult, EvaluationResult | None]:
     from flows.collect import collect_episodes
     from flows.evaluate import EvaluationOptions
     from flows.qc import qc_gate
+    from training.recipes import get_recipe
 
+    recipe = get_recipe(DEMO_RECIPE)
+    # The noisy run with fault injection: what a real collection looks like, failures too.
     collected = await collect_episodes(
         request=CollectRequest(
             suite="builtin",
-            policy="scripted:noisy",
-            tasks=2,
+            policy=recipe.noisy_policy,
+            tasks=DEMO_NOISY_TASKS,
             rollouts=1,
             concurrency=4,
             faults="light",
             run_key=key,
-            templates=DEMO_TEMPLATES,
+            templates=recipe.templates,
+            seed=recipe.oracle_tasks,
+        )
+    )
+    noisy_gate = await qc_gate(run=key, trigger="none")
+    # The oracle run: the recipe's training data (instances disjoint from the noisy ones and
+    # from the held-out ones); its gate triggers the training on both gates' admissions.
+    oracle = await collect_episodes(
+        request=CollectRequest(
+            suite="builtin",
+            policy="scripted:oracle",
+            tasks=recipe.oracle_tasks,
+            rollouts=1,
+            concurrency=8,
+            run_key=f"{key}-oracle",
+            templates=recipe.templates,
         )
     )
     gated = await qc_gate(
-        run=key,
+        run=oracle.run_key,
         trigger="inline",
         training_threshold=DEMO_THRESHOLD,
-        train_max_steps=DEMO_TRAIN_STEPS,
-        # The triggered training is evaluated against its base on held-out instances.
+        train_recipe=recipe.name,
+        train_with_qc_runs=[str(noisy_gate.qc_run_id)],
+        # The trained checkpoint against its base (the previous checkpoint) on held-out
+        # instances of the recipe's templates.
         evaluation=EvaluationOptions(
-            instances=1, templates=DEMO_TEMPLATES[:3], max_steps=3, max_new_tokens=96
+            instances=recipe.heldout,
+            templates=recipe.templates,
+            max_steps=recipe.eval_max_steps,
+            max_new_tokens=recipe.eval_max_new_tokens,
         ),
     )
     trained = gated.training.result if gated.training else None
     evaluation = trained.evaluation if trained is not None else None
-    return collected, gated, evaluation
+    return collected, noisy_gate, gated, evaluation
 
 
 def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
@@ -102,38 +125,62 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
         f"[bold]1. database[/] {settings.database.redacted_url()}: {before or 'empty'} -> {revision}"
     )
     key = f"demo-{started:%Y%m%dT%H%M%S}"
+    from training.recipes import get_recipe
+
+    recipe = get_recipe(DEMO_RECIPE)
+    templates = ", ".join(recipe.templates)
     console.print(
         f"[bold]2. collect → gate → train → evaluate[/] run {key}: scripted:noisy with light fault "
-        f"injection on {len(DEMO_TEMPLATES)} built-in templates (Prefect "
+        f"injection and scripted:oracle on {templates} (recipe {recipe.name!r}; Prefect "
         f"API {prefect_api})"
     )
-    collected, gated, evaluation = asyncio.run(_chain(key))
+    collected, noisy_gate, gated, evaluation = asyncio.run(_chain(key))
     console.print(
-        f"   collected {collected.episodes} episodes ({collected.steps} steps), success rate "
-        f"{collected.success_rate:.0%}, by status {collected.by_status}"
+        f"   collected {collected.episodes} noisy episodes ({collected.steps} steps), success "
+        f"rate {collected.success_rate:.0%}, by status {collected.by_status}; "
+        f"{recipe.oracle_tasks * len(recipe.templates)} oracle episodes"
     )
-    console.print(
-        f"   QC: batch {'passed' if gated.batch_passed else 'FAILED'}; keep {gated.keep}, "
-        f"downweight {gated.downweight}, discard {gated.discard}; mean quality "
-        f"{(gated.mean_quality or 0):.2f}; training triggered: {gated.triggered_training}"
-    )
+    for name, gate in (("noisy", noisy_gate), ("oracle", gated)):
+        console.print(
+            f"   QC {name}: batch {'passed' if gate.batch_passed else 'FAILED'}; keep {gate.keep}, "
+            f"downweight {gate.downweight}, discard {gate.discard}; mean quality "
+            f"{(gate.mean_quality or 0):.2f}; training triggered: {gate.triggered_training}"
+        )
     training = gated.training.result if gated.training else None
     if training is not None:
+        budget = " (its time budget)" if training.stopped_by_time else ""
         console.print(
-            f"   trained {training.algo} for {training.steps} steps → checkpoint {training.checkpoint_id}"
+            f"   trained {training.algo} for {training.steps} steps{budget} → checkpoint "
+            f"{training.checkpoint_id}"
         )
+    base_completion = (
+        evaluation.previous.get("completion_rate")
+        if evaluation is not None and evaluation.previous
+        else None
+    )
     if evaluation is not None:
-        previous = evaluation.previous["completion_rate"] if evaluation.previous else "-"
+        base = f"{base_completion:.0%}" if base_completion is not None else "-"
         console.print(
-            f"   evaluation on held-out tasks: completion {evaluation.completion_rate:.0%}, "
-            f"avg steps {evaluation.avg_steps:.1f}, tool failure rate {evaluation.tool_failure_rate:.0%} "
-            f"(previous checkpoint: {previous})"
+            f"   held-out evaluation ({recipe.heldout} unseen instances per template): completion "
+            f"base {base} → trained {evaluation.completion_rate:.0%}; avg steps "
+            f"{evaluation.avg_steps:.1f}, tool failure rate {evaluation.tool_failure_rate:.0%}"
         )
+    console.print(
+        f"   the full loop (more data, 12 min of training, expert iteration): {FULL_LOOP}"
+    )
 
     run_id = run_id_for(key)
-    success, failure = (
-        sample_episode(engine, run_id, success=True),
-        sample_episode(engine, run_id, success=False),
+    success = sample_episode(engine, run_id, success=True)
+    # A failure to look at: from the noisy run, else (every noisy episode recovered) from the
+    # held-out evaluations, the trained model's first, then its base's.
+    evaluated = [evaluation.checkpoint_id, evaluation.previous_checkpoint_id] if evaluation else []
+    failure = next(
+        (
+            found
+            for run in [run_id, *(run_id_for(f"eval-{c}") for c in evaluated if c)]
+            if (found := sample_episode(engine, run, success=False))
+        ),
+        None,
     )
     database = settings.database.redacted_url()
     sqlite_file = (
@@ -187,9 +234,11 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
                 mode="json",
                 include={"completion_rate", "avg_steps", "tool_failure_rate", "previous", "delta"},
             )
+            | {"base_completion_rate": base_completion, "templates": recipe.templates}
             if evaluation
             else None
         ),
+        "full_loop": FULL_LOOP,
         "schema_revision": revision,
         "duration_s": round((utcnow() - started).total_seconds(), 1),
         "paths": paths,

@@ -11,13 +11,15 @@ Definitions:
 - `avg_steps`: mean assistant turns per episode.
 - `tool_failure_rate`: among turns that were meant to act (every turn except a parsed
   `<final>`), those that failed: unparsable (protocol error or no block) or a call that
-  ran and failed (non-zero exit, typed error, timeout, signal). 0 when no turn acted.
+  ran and failed by the shared rule `agent.trajectory.Step.tool_failed` (non-zero exit,
+  typed error, timeout, signal; `models.step.tool_failed_sql()` in SQL). 0 when no turn
+  acted.
 
 With the tasks at hand (`evaluation_metrics(trajectories, tasks)`), every turn is also
 compared with the reference solution at the point the episode had reached
 (`agent.policies.scripted.reference_cursor`: the reference call the oracle would make
 next), so a change's effect is visible before completion moves. Rates are over all
-assistant turns:
+assistant turns, and are training's own definitions (not the shared failed-call rule):
 
 - `parse_error_rate`: no block or a protocol error.
 - `wrong_tool_rate`: a parsed call of another tool than the reference call.
