@@ -181,7 +181,12 @@ def test_interrupt_stops_saves_and_resumes(
             os.killpg(victim.pid, signum)
         else:
             victim.send_signal(signum)
-        code = victim.wait(timeout=120)
+        try:
+            code = victim.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            victim.send_signal(signal.SIGUSR1)  # the CLI dumps its threads' stacks
+            time.sleep(2)
+            pytest.fail(f"still running 120 s after {signum.name}:\n{log.read_text()[-12000:]}")
         took = time.monotonic() - sent
     finally:
         if victim.poll() is None:
