@@ -11,6 +11,7 @@ An interrupt (Ctrl-C, SIGTERM) is one line and exit code 130 / 143.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import json
 import signal
 import sys
@@ -225,6 +226,9 @@ def demo(
 
 def main() -> None:
     """Console-script entry point: user errors become one line and exit code 2."""
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how an operator (or a
+    # test) sees where a command that will not stop is waiting, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app()
     except USER_ERRORS as e:

@@ -10,7 +10,9 @@ signals. Two reasons:
   and it cancels the coroutine's task on its loop: cancellation unwinds every episode
   (jails closed, finished episodes flushed by `run_episodes`), then the flow run ends.
 
-A second signal while stopping abandons the wait: the process exits at once (jails notice
+A stop that takes longer than `SLOW_STOP_S` prints the stacks of the coroutines it is still
+waiting on (to stderr, once), so a hang names its cause. A second signal while stopping
+abandons the wait: the process exits at once (jails notice
 their closed pipe and go away; the episodes already persisted stay).
 """
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
@@ -27,6 +31,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+SLOW_STOP_S = 30.0
+"""Seconds after a signal before the coroutines still running are printed."""
 
 
 class Interrupted(Exception):
@@ -86,6 +92,7 @@ def run_interruptibly(
                 on_abandon(signum)
             os._exit(128 + received[0])
         received.append(signum)
+        box["signalled_at"] = time.monotonic()
         if on_signal is not None:
             on_signal(signum)
         if ready.is_set() and "loop" in box:
@@ -102,6 +109,10 @@ def run_interruptibly(
         thread.start()
         while thread.is_alive():
             thread.join(0.2)
+            slow = received and time.monotonic() - box["signalled_at"] > SLOW_STOP_S
+            if slow and "dumped" not in box and "loop" in box:
+                box["dumped"] = True
+                _print_waiting(box["loop"])
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -111,3 +122,34 @@ def run_interruptibly(
         raise box["error"]
     value: T = box["value"]
     return value
+
+
+def _print_waiting(loop: asyncio.AbstractEventLoop) -> None:
+    """Print, from the loop's own thread, the stack of every task still running on it."""
+
+    def dump() -> None:
+        lines = [f"still stopping after {SLOW_STOP_S:.0f} s; waiting on these tasks:"]
+        for task in asyncio.all_tasks(loop):
+            lines.append(f"  {task.get_name()}:")
+            lines.extend(f"    {where}" for where in _await_chain(task.get_coro()))
+        sys.stderr.write("\n".join(lines) + "\n")
+
+    try:
+        loop.call_soon_threadsafe(dump)
+    except RuntimeError:  # the loop closed meanwhile: nothing is waiting
+        pass
+
+
+def _await_chain(coro: object) -> list[str]:
+    """`file:line in function` for each coroutine (or generator) in an await chain,
+    outermost first: where a task is waiting, not only where it started."""
+    chain: list[str] = []
+    while coro is not None and len(chain) < 50:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            chain.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if coro is not None:
+        chain.append(repr(coro))
+    return chain

@@ -266,6 +266,11 @@ async def run_episodes(
     async def worker() -> None:
         for p in pending:  # one shared iterator: each worker takes the next planned episode
             await one(p)
+            # A cancellation swallowed below (a library that turns it into a result) must
+            # not start the next episode: a stopped run stops.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
     async def persister() -> None:
         while batch := await outbox.next_group():

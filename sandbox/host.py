@@ -10,6 +10,7 @@ rlimits; `HostSetup.limit_mode` records which one is in force.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -200,7 +201,20 @@ def _cgroup_v1_ready(settings: SandboxSettings) -> str | None:
             return f"cannot create {parent}: {e.strerror}"
         if not os.access(parent, os.W_OK):
             return f"{parent} is not writable"
+        _prune_stale_cgroups(parent)
     return None
+
+
+def _prune_stale_cgroups(parent: Path) -> None:
+    """Remove the empty `NSJAIL.<pid>` cgroups of jails whose nsjail was killed before it
+    could (SIGKILL, OOM). Left there, a later jail whose init gets the same pid (pids wrap
+    at pid_max) reuses the stale cgroup and nsjail then leaves it behind at exit. Only
+    cgroups of pids no longer running are tried, and only an empty cgroup can be removed."""
+    for child in parent.glob("NSJAIL.*"):
+        pid = child.name.removeprefix("NSJAIL.")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                child.rmdir()
 
 
 def _cgroup_v2_ready(settings: SandboxSettings) -> str | None:
@@ -224,7 +238,8 @@ async def _probe(argv: list[str]) -> tuple[bool, str]:
         start_new_session=True,
     )
     try:
-        _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.communicate()

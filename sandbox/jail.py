@@ -53,6 +53,8 @@ class _Channel:
         self.protocol_error: str | None = None
         self.stderr_tail = bytearray()
         self.exited: asyncio.Future[None] = loop.create_future()
+        self.close_on_exit = False
+        """Set by a kill that was cancelled before the exit came: close the pipes then."""
         for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
             os.set_blocking(fd, False)
         loop.add_reader(self.stdout_fd, self._on_stdout)
@@ -116,6 +118,8 @@ class _Channel:
         if not self.exited.done():
             self.exited.set_result(None)
         self._wake()
+        if self.close_on_exit:
+            self.close()
 
     def send(self, data: bytes) -> None:
         """Queue `data` for the executor's stdin (written as the pipe drains)."""
@@ -167,10 +171,12 @@ class _Channel:
 
 
 def _abandon(proc: subprocess.Popen[bytes]) -> None:
-    """Last resort when a Jail is garbage-collected unclosed: EOF ends the executor."""
-    if proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
+    """Last resort when a Jail is garbage-collected unclosed: EOF ends the executor, and
+    the host's ends of its pipes are closed."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 class Jail:
@@ -268,8 +274,12 @@ class Jail:
             if remaining <= 0:
                 raise SandboxCrashed(f"the jail's executor did not answer within {timeout_s:.1f} s")
             channel.waiter = asyncio.get_running_loop().create_future()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of
+            # a future that completed as the caller was cancelled, and the cancellation is
+            # lost (a Ctrl-C that also kills the jail would be swallowed here).
             try:
-                await asyncio.wait_for(channel.waiter, remaining)
+                async with asyncio.timeout(remaining):
+                    await channel.waiter
             except TimeoutError:
                 continue
             finally:
@@ -312,7 +322,24 @@ class Jail:
         return answer
 
     async def kill(self) -> None:
-        """End the jail and everything in it; idempotent."""
+        """End the jail and everything in it; idempotent. Cancelled before the jail has
+        gone, it SIGKILLs what is left and its pipes close when the exit comes."""
+        try:
+            await self._kill()
+        except asyncio.CancelledError:
+            channel = self._channel
+            if channel.exited.done():
+                channel.close()
+            else:
+                channel.close_on_exit = True
+                with contextlib.suppress(ProcessLookupError):
+                    if self.executor_pid is not None:
+                        os.kill(self.executor_pid, signal.SIGKILL)
+                    else:
+                        self._proc.kill()
+            raise
+
+    async def _kill(self) -> None:
         # A busy executor is not reading its stdin: it would not notice EOF before its
         # command ends, so it is killed at once.
         busy = self._busy
@@ -348,7 +375,8 @@ class Jail:
 
     async def _wait_exit(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._channel.exited), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(self._channel.exited)
 
 
 def _first_child(pid: int) -> int | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,27 +20,13 @@ from tests.cli.local import (
     EPIFLOW,
     cli_env,
     epiflow,
-    local_prefect_home,
     processes_mentioning,
-    sandbox_state_dir,
 )
 
 pytestmark = pytest.mark.slow
 
 RUNS = 4
 PER_RUN = 13  # one task instance of each built-in template
-
-
-@pytest.fixture(scope="module")
-def prefect_home() -> Iterator[Path]:
-    with local_prefect_home() as home:
-        yield home
-
-
-@pytest.fixture(scope="module")
-def state_dir() -> Iterator[Path]:
-    with sandbox_state_dir() as state:
-        yield state
 
 
 def test_four_collections_at_once(

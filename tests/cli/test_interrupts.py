@@ -32,11 +32,9 @@ from tests.cli.local import (
     cli_env,
     epiflow,
     last_line,
-    local_prefect_home,
     private_cgroup_parent,
     process_group,
     processes_mentioning,
-    sandbox_state_dir,
     server_pid,
     wait_until,
 )
@@ -49,18 +47,6 @@ short enough to watch it stop."""
 PLANNED = 13 * 3 * 2
 STOP_WITHIN_S = 30
 """Generous on a loaded 2-core machine; the figure measured is printed."""
-
-
-@pytest.fixture(scope="module")
-def prefect_home() -> Iterator[Path]:
-    with local_prefect_home() as home:
-        yield home
-
-
-@pytest.fixture(scope="module")
-def state_dir() -> Iterator[Path]:
-    with sandbox_state_dir() as state:
-        yield state
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +167,12 @@ def test_interrupt_stops_saves_and_resumes(
             os.killpg(victim.pid, signum)
         else:
             victim.send_signal(signum)
-        code = victim.wait(timeout=120)
+        try:
+            code = victim.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            victim.send_signal(signal.SIGUSR1)  # the CLI dumps its threads' stacks
+            time.sleep(2)
+            pytest.fail(f"still running 120 s after {signum.name}:\n{log.read_text()[-12000:]}")
         took = time.monotonic() - sent
     finally:
         if victim.poll() is None:

@@ -24,25 +24,11 @@ from tests.cli.local import (
     cli_env,
     epiflow,
     last_line,
-    local_prefect_home,
-    sandbox_state_dir,
 )
 
 pytestmark = pytest.mark.slow
 
 TEMPLATES = "csv_to_json,log_errors,dir_tree,fix_script,merge_csv,sales_rollup"
-
-
-@pytest.fixture(scope="module")
-def prefect_home() -> Iterator[Path]:
-    with local_prefect_home() as home:
-        yield home
-
-
-@pytest.fixture(scope="module")
-def state_dir() -> Iterator[Path]:
-    with sandbox_state_dir() as state:
-        yield state
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from tests.cli.local import (
     cli_env,
     epiflow,
     last_line,
-    local_prefect_home,
-    sandbox_state_dir,
 )
 
 pytestmark = pytest.mark.slow
@@ -47,18 +44,6 @@ ARGS = [
     "--json",
 ]
 PLANNED = 12
-
-
-@pytest.fixture(scope="module")
-def prefect_home() -> Iterator[Path]:
-    with local_prefect_home() as home:
-        yield home
-
-
-@pytest.fixture(scope="module")
-def state_dir() -> Iterator[Path]:
-    with sandbox_state_dir() as state:
-        yield state
 
 
 def test_second_run_of_a_running_key_is_refused(

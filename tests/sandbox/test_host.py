@@ -136,3 +136,31 @@ def test_concurrent_first_preparations_share_the_state_dir() -> None:
         assert [p.name for p in state.iterdir() if p.name.startswith(".")] == []
     finally:
         shutil.rmtree(state.parent, ignore_errors=True)
+
+
+def test_stale_jail_cgroups_of_dead_pids_are_pruned(jails: Jails) -> None:
+    """A jail whose nsjail was SIGKILLed leaves its empty NSJAIL.<pid> cgroup; preparing
+    the host removes those of pids no longer running (and keeps those of live ones)."""
+    parent = f"NSJAIL-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    settings = jails.settings.model_copy(update={"cgroup_parent": parent})
+    dirs = [settings.cgroup_root / c / parent for c in ("memory", "pids")]
+    try:
+        if asyncio.run(prepare_host(settings)).limit_mode != "cgroup_v1":
+            pytest.skip("cgroup v1 limits are not in force on this host")
+        dead = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 1
+        while Path(f"/proc/{dead}").exists():
+            dead += 1
+        stale = [d / f"NSJAIL.{dead}" for d in dirs]
+        live = [d / f"NSJAIL.{os.getpid()}" for d in dirs]
+        for d in stale + live:
+            d.mkdir()
+        # A fresh settings object: prepare_host caches per settings.
+        asyncio.run(prepare_host(settings.model_copy(update={"start_timeout_s": 29.0})))
+        assert not any(d.exists() for d in stale)
+        assert all(d.is_dir() for d in live)
+    finally:
+        for d in dirs:
+            for child in d.glob("NSJAIL.*"):
+                child.rmdir()
+            if d.is_dir():
+                d.rmdir()
