@@ -103,7 +103,7 @@ def prepare_base_model(
     texts = list(corpus)
     model_dir = build_base_model(work_dir / "base_model", texts, settings=settings)
     metrics: dict[str, object] = {}
-    if settings.copy_warmup_s:
+    if settings.copy_warmup_s or settings.copy_warmup_steps:
         warm = warm_up_copying(
             model_dir,
             texts,

@@ -84,8 +84,8 @@ def warm_up_copying(
     from training.trainers import run_training
     from training.trainers.common import load_tokenizer
 
-    if not settings.copy_warmup_s:
-        raise BaseModelError("copy_warmup_s is not set: nothing to warm up")
+    if not settings.copy_warmup_s and not settings.copy_warmup_steps:
+        raise BaseModelError("neither copy_warmup_s nor copy_warmup_steps is set: no warm-up")
     generator = CopyGenerator(
         corpus,
         load_tokenizer(model_dir),
@@ -95,8 +95,9 @@ def warm_up_copying(
     chats = [generator.chat() for _ in range(settings.copy_warmup_examples)]
     warm = settings.model_copy(
         update={
-            "max_time_s": settings.copy_warmup_s,
-            "max_steps": -1,
+            # A step count, when given, wins over the time budget.
+            "max_time_s": None if settings.copy_warmup_steps else settings.copy_warmup_s,
+            "max_steps": settings.copy_warmup_steps or -1,
             "batch_size": settings.copy_warmup_batch_size,
             "save_steps": None,
             "save_every_s": None,

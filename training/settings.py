@@ -136,6 +136,9 @@ class TrainingSettings(BaseSettings):
     copy_warmup_s: float | None = Field(default=None, gt=0)
     """Seconds of synthetic copy training when the base model is built (None: none). The
     tasks are mostly copying; a model from scratch learned it from them too slowly."""
+    copy_warmup_steps: int | None = Field(default=None, ge=1)
+    """Optimizer steps of the copy warm-up instead of `copy_warmup_s` (a budget that
+    teaches the same on a loaded machine as on a quiet one, only slower)."""
     copy_warmup_span: int = Field(default=48, ge=4)
     """Tokens per copied span."""
     copy_warmup_batch_size: int = Field(default=16, ge=1)

@@ -73,3 +73,12 @@ def test_base_model_is_warmed_up_within_its_budget(engine, store, tmp_path, corp
     assert (tmp_path / "base" / "base_model_warm" / "model.safetensors").read_bytes() != (
         fresh / "model.safetensors"
     ).read_bytes()
+
+
+def test_a_step_budget_wins_over_the_time_budget(engine, store, tmp_path, corpus) -> None:
+    settings = _settings(copy_warmup_s=600.0, copy_warmup_steps=3)
+    base_id = prepare_base_model(
+        engine, store, work_dir=tmp_path / "base", corpus=corpus, settings=settings
+    )
+    warm = get_checkpoint(engine, base_id).metrics["copy_warmup"]
+    assert warm["steps"] == 3 and not warm["stopped_by_time"]
