@@ -223,7 +223,12 @@ def comparison_markdown(result: EvaluationResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-@flow(name="evaluate", log_prints=False, persist_result=True)
+@flow(
+    name="evaluate",
+    flow_run_name="evaluate-{checkpoint}",
+    log_prints=False,
+    persist_result=False,
+)
 async def evaluate(
     checkpoint: str,
     instances: int = 2,

@@ -433,7 +433,7 @@ def gate_markdown(result: QcGateResult, report: GateReport) -> str:
     )
 
 
-@flow(name="qc-gate", log_prints=False, persist_result=True)
+@flow(name="qc-gate", flow_run_name="qc-{run}", log_prints=False, persist_result=False)
 async def qc_gate(
     run: str,
     grm: bool = False,

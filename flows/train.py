@@ -338,7 +338,7 @@ def training_markdown(result: TrainFlowResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-@flow(name="train", log_prints=False, persist_result=True)
+@flow(name="train", flow_run_name="train-{algo}", log_prints=False, persist_result=False)
 async def train(
     algo: Algo = Algo.SFT,
     dataset: str | None = None,
