@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,27 +97,40 @@ def test_vanished_state_files_are_made_again() -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def test_a_removed_cgroup_parent_is_made_again(jails: Jails) -> None:
+@pytest.fixture
+def private_parent(jails: Jails) -> Iterator[tuple[SandboxSettings, list[Path]]]:
+    """Sandbox settings with a cgroup parent of this test's own (prepared once), and the
+    parent's directories per controller; removed afterwards with anything left in them.
+    Skips where cgroup v1 limits are not in force."""
     parent = f"NSJAIL-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     settings = jails.settings.model_copy(update={"cgroup_parent": parent})
     dirs = [settings.cgroup_root / c / parent for c in ("memory", "pids")]
     try:
         if asyncio.run(prepare_host(settings)).limit_mode != "cgroup_v1":
             pytest.skip("cgroup v1 limits are not in force on this host")
-        for d in dirs:
-            d.rmdir()  # e.g. an administrator cleaning up
-        jails.settings = settings
-
-        async def body() -> None:
-            async with await jails.open() as box:
-                assert (await box.exec(["true"])).exit_code == 0
-
-        asyncio.run(body())
-        assert all(d.is_dir() for d in dirs)
+        yield settings, dirs
     finally:
         for d in dirs:
+            for child in d.glob("NSJAIL.*"):
+                child.rmdir()
             if d.is_dir():
                 d.rmdir()
+
+
+def test_a_removed_cgroup_parent_is_made_again(
+    jails: Jails, private_parent: tuple[SandboxSettings, list[Path]]
+) -> None:
+    settings, dirs = private_parent
+    for d in dirs:
+        d.rmdir()  # e.g. an administrator cleaning up
+    jails.settings = settings
+
+    async def body() -> None:
+        async with await jails.open() as box:
+            assert (await box.exec(["true"])).exit_code == 0
+
+    asyncio.run(body())
+    assert all(d.is_dir() for d in dirs)
 
 
 def test_concurrent_first_preparations_share_the_state_dir() -> None:
@@ -138,29 +152,20 @@ def test_concurrent_first_preparations_share_the_state_dir() -> None:
         shutil.rmtree(state.parent, ignore_errors=True)
 
 
-def test_stale_jail_cgroups_of_dead_pids_are_pruned(jails: Jails) -> None:
+def test_stale_jail_cgroups_of_dead_pids_are_pruned(
+    private_parent: tuple[SandboxSettings, list[Path]],
+) -> None:
     """A jail whose nsjail was SIGKILLed leaves its empty NSJAIL.<pid> cgroup; preparing
     the host removes those of pids no longer running (and keeps those of live ones)."""
-    parent = f"NSJAIL-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    settings = jails.settings.model_copy(update={"cgroup_parent": parent})
-    dirs = [settings.cgroup_root / c / parent for c in ("memory", "pids")]
-    try:
-        if asyncio.run(prepare_host(settings)).limit_mode != "cgroup_v1":
-            pytest.skip("cgroup v1 limits are not in force on this host")
-        dead = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 1
-        while Path(f"/proc/{dead}").exists():
-            dead += 1
-        stale = [d / f"NSJAIL.{dead}" for d in dirs]
-        live = [d / f"NSJAIL.{os.getpid()}" for d in dirs]
-        for d in stale + live:
-            d.mkdir()
-        # A fresh settings object: prepare_host caches per settings.
-        asyncio.run(prepare_host(settings.model_copy(update={"start_timeout_s": 29.0})))
-        assert not any(d.exists() for d in stale)
-        assert all(d.is_dir() for d in live)
-    finally:
-        for d in dirs:
-            for child in d.glob("NSJAIL.*"):
-                child.rmdir()
-            if d.is_dir():
-                d.rmdir()
+    settings, dirs = private_parent
+    dead = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 1
+    while Path(f"/proc/{dead}").exists():
+        dead += 1
+    stale = [d / f"NSJAIL.{dead}" for d in dirs]
+    live = [d / f"NSJAIL.{os.getpid()}" for d in dirs]
+    for d in stale + live:
+        d.mkdir()
+    # A fresh settings object: prepare_host caches per settings.
+    asyncio.run(prepare_host(settings.model_copy(update={"start_timeout_s": 29.0})))
+    assert not any(d.exists() for d in stale)
+    assert all(d.is_dir() for d in live)
