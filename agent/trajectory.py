@@ -70,6 +70,7 @@ class EpisodeStatus(StrEnum):
     ENV_ERROR = "env_error"
     POLICY_ERROR = "policy_error"
     STORAGE_ERROR = "storage_error"
+    ENDPOINT_ERROR = "endpoint_error"
     ABORTED = "aborted"
 
 
@@ -84,6 +85,7 @@ class FailureCategory(StrEnum):
     ENV_ERROR = "env_error"
     POLICY_ERROR = "policy_error"
     STORAGE_ERROR = "storage_error"
+    ENDPOINT_ERROR = "endpoint_error"
     ABORTED = "aborted"
 
 

@@ -49,12 +49,13 @@ class Episode(SQLModel, table=True):
     ended_at: datetime | None = time_col("When the episode ended (UTC).", nullable=True)
     duration_ms: float | None = doc("Wall time of the whole episode, milliseconds.", default=None)
     status: str = doc(
-        "How it ended: success, failed, timeout, env_error, policy_error, storage_error, aborted.",
+        "How it ended: success, failed, timeout, env_error, policy_error, storage_error, "
+        "endpoint_error, aborted.",
         index=True,
     )
     failure_category: str = doc(
         "Why it ended: success, verifier_failed, max_steps, timeout, parse_failures, env_error, "
-        "policy_error, storage_error, aborted.",
+        "policy_error, storage_error, endpoint_error, aborted.",
         index=True,
     )
     failure_reason: str | None = text_col(
