@@ -3,10 +3,16 @@
 AgentError
 ├── ProtocolError          the assistant message breaks protocol v1 (→ `<tool_error>`, never fatal alone)
 ├── PolicyError            the policy could not produce an answer (→ episode `policy_error`)
-│   ├── PolicyTimeout      the request timed out (after retries)
-│   ├── PolicyHTTPError    the endpoint answered with an HTTP error (after retries for 429/5xx)
-│   ├── PolicyResponseError the endpoint answered, but not with a usable chat completion
-│   └── PolicyLoadError    a local checkpoint could not be loaded
+│   ├── PolicyTimeout      the policy did not answer in time
+│   ├── PolicyHTTPError    the endpoint refused the request (HTTP 400, 413, 422: e.g. the
+│   │                      history outgrew the model's context)
+│   ├── PolicyResponseError the answer is unusable (larger than the body cap)
+│   ├── PolicyLoadError    a local checkpoint could not be loaded
+│   └── EndpointError      the model endpoint failed (→ episode `endpoint_error`, an
+│       │                  infrastructure outcome: never the agent's, redone by a re-run)
+│       ├── EndpointTimeout       requests timed out, after the retries
+│       ├── EndpointHTTPError     429/5xx after the retries, or 401/403/404 (misconfigured)
+│       └── EndpointResponseError 2xx bodies that were not a chat completion, after the retries
 ├── PolicySpecError        a policy spec string is malformed or names an unknown policy
 └── VerifierError          the verifier did not produce a `{"score", "reason"}` outcome
 """
@@ -78,6 +84,36 @@ class PolicyResponseError(PolicyError):
 
 class PolicyLoadError(PolicyError):
     """A local model checkpoint could not be loaded."""
+
+
+class EndpointError(PolicyError):
+    """The model endpoint could not give a chat completion: it is down, overloaded,
+    misconfigured or answering garbage. Infrastructure, never the agent's: the episode ends
+    `endpoint_error`, and preflight raises it when the endpoint does not answer at all."""
+
+    def __init__(self, message: str, *, endpoint: str, attempts: int = 1) -> None:
+        PolicyError.__init__(self, message, setting="--policy")
+        self.endpoint = endpoint
+        """The base URL of the endpoint."""
+        self.attempts = attempts
+        """Requests made before giving up."""
+
+
+class EndpointTimeout(EndpointError, PolicyTimeout):
+    """Every attempt timed out."""
+
+
+class EndpointHTTPError(EndpointError, PolicyHTTPError):
+    """The endpoint answered 429/5xx on every attempt, or 401/403/404."""
+
+    def __init__(self, message: str, *, endpoint: str, attempts: int, status_code: int) -> None:
+        EndpointError.__init__(self, message, endpoint=endpoint, attempts=attempts)
+        self.status_code = status_code
+
+
+class EndpointResponseError(EndpointError, PolicyResponseError):
+    """The endpoint answered 2xx on every attempt, never with a chat completion (an HTML
+    error page, a body that is not JSON, JSON without `choices`…)."""
 
 
 class PolicySpecError(AgentError, ValueError):

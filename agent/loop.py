@@ -11,7 +11,11 @@ How an episode ends (status / failure category):
 - `<final>` and a lower score → failed / verifier_failed
 - `max_steps` turns, or the same call `repeat_abort_after` times in a row → failed / max_steps
 - `max_consecutive_parse_failures` unparsable turns in a row → failed / parse_failures
-- the policy fails (timeout, HTTP error, garbage) → policy_error / policy_error
+- the model endpoint fails (down, timing out, 429/5xx or garbage after the retries, or a
+  policy with an endpoint passing `policy_timeout_s`) → endpoint_error / endpoint_error:
+  infrastructure, like env_error
+- the policy fails otherwise (a refused request, an in-process policy's timeout or load
+  failure) → policy_error / policy_error
 - the sandbox cannot start or crashes, or the verifier is broken → env_error / env_error
 - the sandbox's hard timeout or the loop's `episode_timeout_s` → timeout / timeout
 
@@ -27,7 +31,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agent.errors import PolicyError, PolicyTimeout, ProtocolError, VerifierError
+from agent.errors import (
+    EndpointError,
+    EndpointTimeout,
+    PolicyError,
+    PolicyTimeout,
+    ProtocolError,
+    VerifierError,
+)
 from agent.native_calls import parse_native_tool_calls
 from agent.policies.base import Policy, PolicyRequest
 from agent.protocol import parse_message
@@ -132,11 +143,23 @@ class _Episode:
             async with asyncio.timeout(self.settings.policy_timeout_s):
                 response = await self.policy.respond(request)
         except TimeoutError as e:
-            error = PolicyTimeout(
-                f"policy did not answer within {self.settings.policy_timeout_s:g} s"
-            )
+            limit = f"{self.settings.policy_timeout_s:g} s"
+            endpoint = self.policy.endpoint
+            if endpoint is not None:
+                late: PolicyError = EndpointTimeout(
+                    f"the endpoint {endpoint} did not answer within {limit}", endpoint=endpoint
+                )
+                raise _EpisodeEnd(
+                    EpisodeStatus.ENDPOINT_ERROR, FailureCategory.ENDPOINT_ERROR, str(late)
+                ) from e
+            late = PolicyTimeout(f"policy did not answer within {limit}")
             raise _EpisodeEnd(
-                EpisodeStatus.POLICY_ERROR, FailureCategory.POLICY_ERROR, str(error)
+                EpisodeStatus.POLICY_ERROR, FailureCategory.POLICY_ERROR, str(late)
+            ) from e
+        except EndpointError as e:
+            reason = f"{type(e).__name__}: {e}"
+            raise _EpisodeEnd(
+                EpisodeStatus.ENDPOINT_ERROR, FailureCategory.ENDPOINT_ERROR, reason
             ) from e
         except PolicyError as e:
             reason = f"{type(e).__name__}: {e}"

@@ -39,7 +39,8 @@ NO_BLOCK_MESSAGE = (
 def record_response(
     step: Step, response: PolicyResponse, *, latency_ms: float, settings: LoopSettings
 ) -> str:
-    """Raw text (capped), tokens, latency, native calls, perturbation; returns the text to parse."""
+    """Raw text (capped), tokens, latency, native calls, retries, the answering model,
+    perturbation; returns the text to parse."""
     text = response.text
     if len(text) > settings.max_output_chars:
         text = text[: settings.max_output_chars]
@@ -50,6 +51,8 @@ def record_response(
     step.generation_latency_ms = latency_ms
     step.native_tool_calls = response.native_tool_calls
     step.finish_reason = response.finish_reason
+    step.endpoint_retries = response.retries
+    step.response_model = response.model
     step.policy_perturbation = response.perturbation
     return text
 

@@ -90,7 +90,8 @@ class PolicySettings(BaseSettings):
     request_timeout_s: float = Field(default=120.0, gt=0)
     """Timeout of one HTTP request to an endpoint."""
     max_retries: int = Field(default=4, ge=0)
-    """Retries on 429, 5xx and transport errors."""
+    """Retries on transport errors, timeouts, 408/409/425/429/5xx and 2xx bodies that are
+    not a chat completion."""
     backoff_initial_s: float = Field(default=0.5, ge=0)
     """First retry delay; doubles each retry (a `Retry-After` header wins when larger)."""
     backoff_max_s: float = Field(default=20.0, ge=0)
@@ -101,5 +102,12 @@ class PolicySettings(BaseSettings):
     """torch device for `hf:` checkpoints (`cpu`, `cuda`, `cuda:1`, …)."""
     native_tools: bool = False
     """Send `tools=[…]` and accept native `tool_calls` instead of the text protocol."""
+    outage_episodes: int = Field(default=8, ge=0)
+    """Episodes in a row ending `endpoint_error` after which a collection starts no more:
+    the endpoint is down, the rest of the plan would only burn retries (the run ends
+    needing a re-run of its key). 0: never stop early."""
+    preflight_timeout_s: float = Field(default=60.0, gt=0)
+    """Deadline of preflight's 1-token completion to an `openai:` endpoint (a CPU server
+    loading its model may need longer)."""
     noisy: NoisyRates = Field(default_factory=NoisyRates)
     """Perturbation rates of `scripted:noisy`."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox.types import FileChange, InjectedFault, ResourceUsage
 
 __all__ = [
+    "INFRASTRUCTURE_STATUSES",
     "AgentIdentity",
     "AtifRemainder",
     "ContextStep",
@@ -36,6 +38,7 @@ __all__ = [
     "Trajectory",
     "episode_id_for",
     "history_hash",
+    "success_rate",
     "utcnow",
 ]
 
@@ -72,6 +75,22 @@ class EpisodeStatus(StrEnum):
     STORAGE_ERROR = "storage_error"
     ENDPOINT_ERROR = "endpoint_error"
     ABORTED = "aborted"
+
+
+INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(
+    {EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR, EpisodeStatus.ENDPOINT_ERROR}
+)
+"""Outcomes of a failed sandbox, object store or model endpoint: never the agent's. They get
+no reward, stay out of success rates and training, QC discards them, and re-running the run
+key redoes them. The one definition; everything that treats infrastructure apart reads it."""
+
+
+def success_rate(by_status: Mapping[str, int]) -> float:
+    """Successes over the episodes that say something about the agent (infrastructure
+    outcomes left out); 0.0 when there are none."""
+    infra = {str(s) for s in INFRASTRUCTURE_STATUSES}
+    judged = sum(n for status, n in by_status.items() if status not in infra)
+    return by_status.get(EpisodeStatus.SUCCESS.value, 0) / judged if judged else 0.0
 
 
 class FailureCategory(StrEnum):
@@ -179,6 +198,10 @@ class Step(BaseModel):
     """Raw OpenAI `tool_calls` JSON when the endpoint used native tool calling."""
     finish_reason: str | None = None
     """The policy's finish reason (`stop`, `length`, `tool_calls`…), when reported."""
+    endpoint_retries: int = 0
+    """Retries of the policy request before this answer (transport errors, timeouts, 429/5xx, bodies that were not a chat completion); 0 for policies without an endpoint."""
+    response_model: str | None = None
+    """Model name the endpoint reported in its answer, when it reported one."""
     policy_perturbation: str | None = None
     """Deliberate perturbation a scripted policy injected into this turn (`scripted:noisy`:
     `malformed`, `unknown_tool`, `missing_arg`, `mistyped_arg`, `premature_final`,

@@ -175,7 +175,9 @@ def collect(
                 f"success rate {result.success_rate:.1%}, {result.duration_s:.1f} s; "
                 f"by status {result.by_status}"
             )
-        line = _rerun_line(engine, preflight.run_id, plan.run_key, result.episodes)
+        line = _rerun_line(
+            engine, preflight.run_id, plan.run_key, result.episodes, planned=result.planned
+        )
     finally:
         engine.dispose()
     if line:
@@ -191,21 +193,27 @@ def _resume_command(run_key: str) -> str:
     return shlex.join(["epiflow", *args])
 
 
-def _rerun_line(engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int) -> str | None:
-    """The last line when some episodes need a re-run: how many, why, and the command."""
+def _rerun_line(
+    engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int, *, planned: int
+) -> str | None:
+    """The last line when some episodes need a re-run: how many, why, and the command.
+    Planned episodes never started (the run stopped early: its endpoint was down) count."""
     from storage.runs import rerun_needed
 
     needed = rerun_needed(engine, run_id)
-    if not needed:
+    unstarted = max(0, planned - episodes)
+    if not needed and not unstarted:
         return None
-    total = sum(n.count for n in needed.values())
-    why = "; ".join(
+    total = sum(n.count for n in needed.values()) + unstarted
+    parts = [
         f"{n.count} {status}" + (f" ({n.reason})" if n.reason else "")
         for status, n in sorted(needed.items())
-    )
+    ]
+    if unstarted:
+        parts.append(f"{unstarted} not started (the run stopped early)")
     return (
-        f"{total} of {episodes} episodes need a re-run: {why}. Fix the cause, then re-run "
-        f"to redo only them: {_resume_command(run_key)}"
+        f"{total} of {planned} episodes need a re-run: {'; '.join(parts)}. Fix the cause, "
+        f"then re-run to redo only them: {_resume_command(run_key)}"
     )
 
 

@@ -164,7 +164,7 @@ async def _run_check(
     from agent.loop import run_episode
     from agent.policies import make_policy
     from agent.settings import LoopSettings
-    from agent.trajectory import EpisodeStatus
+    from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus
     from sandbox import SandboxSpec, open_sandbox
 
     try:
@@ -188,7 +188,7 @@ async def _run_check(
                 settings=loop_settings,
                 open_sandbox=opener,
             )
-        env_broken = traj.status in (EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR)
+        env_broken = traj.status in INFRASTRUCTURE_STATUSES
         return InstanceResult(
             template=task.template,
             seed=task.seed,

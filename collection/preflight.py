@@ -11,7 +11,10 @@ order, each with a one-line error naming the setting to fix:
 - the object store takes a write of `PROBE_BYTES` (a full disk fails here; the probe is
   deleted);
 - no other process is collecting the run key right now (`storage.run_lock`; the flow
-  takes the lock for real, this only fails early).
+  takes the lock for real, this only fails early);
+- the policy answers: an `openai:` endpoint gives a 1-token completion within
+  `EPIFLOW_AGENT_POLICY_PREFLIGHT_TIMEOUT_S` (`check_policy`; nothing listening, an HTTP
+  error or an HTML page fails here with the URL, not as a run of `endpoint_error`s).
 
 The Prefect API is the entry point's to check (`config.prefect.apply_prefect_settings`):
 nothing here imports Prefect.
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from agent.policies.base import Policy
+from agent.settings import PolicySettings
 from collection.plan import Plan
 from collection.runner import Collection, open_collection
 from config.settings import Settings
@@ -104,6 +109,15 @@ def check_object_store(store: ObjectStore) -> None:
     store.delete(key)
 
 
+def check_policy(policy: Policy, settings: PolicySettings) -> str | None:
+    """Probe the policy's endpoint, when it has one; returns the model that answered.
+
+    Raises:
+        EndpointError: the endpoint gave no completion in time (one line naming the URL).
+    """
+    return asyncio.run(policy.probe(deadline_s=settings.preflight_timeout_s))
+
+
 def preflight_collection(
     plan: Plan,
     settings: Settings,
@@ -119,6 +133,7 @@ def preflight_collection(
         SandboxUnavailable: no jail can start with these sandbox settings.
         StorageError: the database or object store cannot be used or written, or the
             run key is being collected (`RunKeyBusy`).
+        EndpointError: the policy's model endpoint does not answer.
     """
     collection = open_collection(plan, settings, engine=engine, store=store)
     try:
@@ -126,6 +141,7 @@ def preflight_collection(
         check_writable(collection.engine)
         check_object_store(collection.store)
         acquire_run_key(settings.database, plan.run_key).release()
+        check_policy(collection.policy, settings.policy)
     except BaseException:
         asyncio.run(collection.aclose())
         raise

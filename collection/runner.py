@@ -28,9 +28,10 @@ from sqlalchemy import Engine
 
 from agent.errors import PolicySpecError
 from agent.loop import run_episode
+from agent.outage import EndpointOutage
 from agent.policies import make_policy
 from agent.policies.base import Policy
-from agent.trajectory import Trajectory
+from agent.trajectory import Trajectory, success_rate
 from collection.errors import CollectError
 from collection.outbox import Outbox
 from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
@@ -74,6 +75,8 @@ class Collection:
     """Dispose the engine on close (False when the caller passed its own)."""
     written: IngestReport = field(default_factory=IngestReport)
     """What this process has persisted so far."""
+    outage: EndpointOutage = field(default_factory=lambda: EndpointOutage(limit=0))
+    """The early-stop rule for a model endpoint that is down (`agent.outage`)."""
 
     @property
     def request(self) -> CollectRequest:
@@ -118,7 +121,13 @@ def open_collection(
             engine.dispose()
         raise
     return Collection(
-        plan=plan, settings=settings, policy=policy, engine=engine, store=store, owns_engine=owns
+        plan=plan,
+        settings=settings,
+        policy=policy,
+        engine=engine,
+        store=store,
+        owns_engine=owns,
+        outage=EndpointOutage(limit=settings.policy.outage_episodes),
     )
 
 
@@ -259,12 +268,16 @@ async def run_episodes(
         trajectory.difficulty = p.task.difficulty
         # Step rewards and discounted returns are stored with the rows (seed 000 §4.3).
         trajectory = apply_rewards(trajectory, settings.rewards)
+        if collection.outage.record(trajectory.status, trajectory.failure_reason):
+            logger.warning(collection.outage.message(collection.plan.run_key))
         if on_episode is not None:
             on_episode(trajectory)
         await outbox.put(trajectory)
 
     async def worker() -> None:
         for p in pending:  # one shared iterator: each worker takes the next planned episode
+            if collection.outage.tripped:
+                return  # the endpoint is down: the rest stays unstored for the re-run
             await one(p)
             # A cancellation swallowed below (a library that turns it into a result) must
             # not start the next episode: a stopped run stops.
@@ -341,7 +354,7 @@ def collection_result(
         steps=run_steps,
         executed_steps=steps,
         by_status=counts,
-        success_rate=(counts.get("success", 0) / total) if total else 0.0,
+        success_rate=success_rate(counts),
         duration_s=round(time.monotonic() - started, 3),
     )
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.trajectory import INFRASTRUCTURE_STATUSES
 from scoring.settings import QualitySettings, RewardSettings, RuleJudgeSettings
 
 __all__ = ["GateSettings", "QcConfig"]
@@ -30,8 +31,9 @@ class GateSettings(BaseSettings):
     """Version of the episode-level suite (`episode_v<version>.json`)."""
     batch_suite_version: str = "1"
     """Version of the batch-level suite (`batch_v<version>.json`)."""
-    env_error_statuses: frozenset[str] = frozenset({"env_error", "storage_error"})
-    """Episode statuses that mean the environment failed (→ discard, counted in the batch rate)."""
+    env_error_statuses: frozenset[str] = frozenset(str(s) for s in INFRASTRUCTURE_STATUSES)
+    """Episode statuses that mean the infrastructure failed: the sandbox, the object store or
+    the model endpoint (→ discard, counted in the batch rate)."""
     incomplete_statuses: frozenset[str] = frozenset({"policy_error", "aborted"})
     """Episode statuses with no outcome to learn from (→ discard, not counted as env errors)."""
     env_error_types: frozenset[str] = frozenset(

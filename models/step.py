@@ -71,6 +71,14 @@ class Step(SQLModel, table=True):
     finish_reason: str | None = doc(
         "The endpoint's finish reason (stop, length, tool_calls), when known.", default=None
     )
+    endpoint_retries: int = doc(
+        "Retries of the policy request before this answer (transport errors, timeouts, "
+        "429/5xx, bodies that were not a chat completion); 0 for policies without an endpoint.",
+        default=0,
+    )
+    response_model: str | None = doc(
+        "Model name the endpoint reported in its answer, when it reported one.", default=None
+    )
     repetition_warning: bool = doc(
         "True when the observation warned about a repeated identical call.", default=False
     )

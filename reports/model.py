@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agent.trajectory import Trajectory
+from agent.trajectory import Trajectory, success_rate
 
 
 class RunInfo(BaseModel):
@@ -56,7 +56,7 @@ class TemplateStats(BaseModel):
     template: str
     """Template name."""
     episodes: int
-    """Episodes of the template."""
+    """Episodes of the template (infrastructure outcomes left out)."""
     successes: int
     """Those with status `success`."""
 
@@ -262,6 +262,5 @@ class RunReport(BaseModel):
 
     @property
     def success_rate(self) -> float:
-        """Successful episodes / episodes."""
-        total = self.n_episodes
-        return self.by_status.get("success", 0) / total if total else 0.0
+        """Successful episodes / episodes that are not infrastructure outcomes."""
+        return success_rate(self.by_status)

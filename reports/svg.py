@@ -20,6 +20,7 @@ STATUS_COLORS = {
     "env_error": "#e03131",
     "policy_error": "#9c36b5",
     "storage_error": "#495057",
+    "endpoint_error": "#1c7ed6",
     "aborted": "#868e96",
 }
 """Fill colour per episode status (the same in charts, badges and tables)."""

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from agent.trajectory import Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
 from scoring.calls import call_target, is_format_error, repeated_call_steps
 from scoring.settings import RewardSettings
 
@@ -107,7 +107,16 @@ def compute_rewards(trajectory: Trajectory, settings: RewardSettings) -> RewardB
 
 
 def apply_rewards(trajectory: Trajectory, settings: RewardSettings) -> Trajectory:
-    """A copy of the trajectory with immediate rewards, returns, final and total reward filled."""
+    """A copy of the trajectory with immediate rewards, returns, final and total reward
+    filled; an infrastructure outcome (`INFRASTRUCTURE_STATUSES`) gets none: its rewards
+    stay 0 and its final and total reward None, since it says nothing about the agent."""
+    if trajectory.status in INFRASTRUCTURE_STATUSES:
+        steps = [
+            s.model_copy(update={"immediate_reward": 0.0, "return_": 0.0}) for s in trajectory.steps
+        ]
+        return trajectory.model_copy(
+            update={"steps": steps, "final_reward": None, "total_reward": None}
+        )
     breakdown = compute_rewards(trajectory, settings)
     steps = [
         step.model_copy(update={"immediate_reward": r, "return_": g})

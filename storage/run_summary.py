@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Engine, select
 from sqlmodel import col
 
+from agent.trajectory import INFRASTRUCTURE_STATUSES
 from models import Episode
 from storage.run_rows import tool_call_counts
 
@@ -31,9 +32,9 @@ class RunSummary(BaseModel):
     by_failure_category: dict[str, int] = Field(default_factory=dict)
     """Episodes by failure category."""
     success_rate: float = 0.0
-    """Successful episodes / episodes."""
+    """Successful episodes / episodes that are not infrastructure outcomes."""
     success_rate_by_template: dict[str, float] = Field(default_factory=dict)
-    """Success rate of each template."""
+    """Success rate of each template (infrastructure outcomes left out)."""
     tool_failure_rate: dict[str, float] = Field(default_factory=dict)
     """Failed calls / calls, per tool."""
     tool_calls: dict[str, int] = Field(default_factory=dict)
@@ -75,14 +76,16 @@ def summarize_frames(episodes: pl.DataFrame, calls: pl.DataFrame) -> RunSummary:
     (`tool`, `calls`, `failed`) counts (`storage.run_rows.tool_call_counts`)."""
     if episodes.is_empty():
         return RunSummary()
+    # Infrastructure outcomes say nothing about the agent: out of every success rate.
+    judged = episodes.filter(~pl.col("status").is_in(sorted(map(str, INFRASTRUCTURE_STATUSES))))
     ok = pl.col("status") == "success"
-    by_template = episodes.group_by("template").agg(ok.mean().alias("rate")).sort("template")
+    by_template = judged.group_by("template").agg(ok.mean().alias("rate")).sort("template")
     summary = RunSummary(
         episodes=episodes.height,
         steps=int(episodes["n_steps"].sum()),
         by_status=_counts(episodes, "status"),
         by_failure_category=_counts(episodes, "failure_category"),
-        success_rate=float(episodes.select(ok.mean()).item()),
+        success_rate=float(judged.select(ok.mean()).item()) if judged.height else 0.0,
         success_rate_by_template={
             r["template"]: round(float(r["rate"]), 4) for r in by_template.iter_rows(named=True)
         },

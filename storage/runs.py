@@ -3,7 +3,7 @@
 A run's id is derived from its key (`models.run_id_for`), and episode ids from the run key,
 task and rollout, so re-running a key resumes it: `remaining_episodes` returns the planned
 ids not stored yet, after purging the ones an infrastructure failure spoiled
-(`RETRIED_STATUSES`: `env_error`, `storage_error`) so they run again.
+(`RETRIED_STATUSES`: `env_error`, `storage_error`, `endpoint_error`) so they run again.
 
 A run's status is `running`, `completed`, `failed` or `interrupted` (stopped by a signal;
 re-running the key resumes it). `rerun_needed` says how many of a run's episodes a re-run
@@ -25,17 +25,17 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
-from agent.trajectory import EpisodeStatus, Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
 from models import Artifact, CollectionRun, Episode, Step, run_id_for
 from storage.db import SETTING as DATABASE_SETTING
 from storage.episodes import load_trajectory
 from storage.errors import DatabaseUnavailable, RunNotFound
 from storage.objects import ObjectStore
 
-RETRIED_STATUSES = frozenset({EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR})
+RETRIED_STATUSES = INFRASTRUCTURE_STATUSES
 """Stored episodes that a re-run of their key runs again: an infrastructure failure (the
 sandbox could not start or crashed, the object store could not take the episode's
-objects) says nothing about the policy, so it is never final."""
+objects, the model endpoint was down) says nothing about the policy, so it is never final."""
 
 RUN_STATUSES = ("running", "completed", "failed", "interrupted")
 """Values of `collection_run.status`."""

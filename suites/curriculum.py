@@ -9,8 +9,9 @@ SQL that feeds them lives in storage. Expected columns:
     policy          str, optional   policy spec; `policy=` filters on it
     verifier_score  float, optional verifier score in [0, 1] (null when it did not run)
 
-Episodes that say nothing about the policy's skill (`env_error`, `storage_error`,
-`policy_error`, `aborted`) are left out of the rates.
+Episodes that say nothing about the policy's skill (the infrastructure outcomes
+`env_error`, `storage_error`, `endpoint_error`, and `policy_error`, `aborted`) are left out
+of the rates.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-UNINFORMATIVE_STATUSES = frozenset({"env_error", "storage_error", "policy_error", "aborted"})
+from agent.trajectory import INFRASTRUCTURE_STATUSES
+
+UNINFORMATIVE_STATUSES = frozenset(
+    {str(s) for s in INFRASTRUCTURE_STATUSES} | {"policy_error", "aborted"}
+)
 """Statuses excluded from success rates: the environment or plumbing failed, not the policy."""
 
 

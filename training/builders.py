@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.prompt import PromptStyle
-from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, ParseKind, Trajectory
 from training.conversations import Message, episode_messages, plain_text, prompt_messages
 
 __all__ = [
@@ -190,10 +190,9 @@ def dpo_rows(
     )
     groups: dict[str, list[SourceEpisode]] = defaultdict(list)
     for ep in episodes:
-        if ep.verdict == "discard" or ep.trajectory.status in (
-            EpisodeStatus.ENV_ERROR,
-            EpisodeStatus.STORAGE_ERROR,
-            EpisodeStatus.ABORTED,
+        if ep.verdict == "discard" or (
+            ep.trajectory.status in INFRASTRUCTURE_STATUSES
+            or ep.trajectory.status == EpisodeStatus.ABORTED
         ):
             continue
         groups[key(ep.trajectory)].append(ep)
@@ -242,10 +241,9 @@ def kto_rows(
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
     for ep in episodes:
-        if ep.verdict == "discard" or ep.trajectory.status in (
-            EpisodeStatus.ENV_ERROR,
-            EpisodeStatus.STORAGE_ERROR,
-            EpisodeStatus.ABORTED,
+        if ep.verdict == "discard" or (
+            ep.trajectory.status in INFRASTRUCTURE_STATUSES
+            or ep.trajectory.status == EpisodeStatus.ABORTED
         ):
             continue
         messages = episode_messages(ep.trajectory, prompt_style)

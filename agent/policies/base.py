@@ -54,6 +54,9 @@ class PolicyResponse(BaseModel):
     """Kind of deliberate perturbation a scripted policy injected into this message."""
     model: str | None = None
     """Model name as reported by the endpoint, when known."""
+    retries: int = 0
+    """Requests retried before this answer (an endpoint's transport errors, timeouts,
+    429/5xx, bodies that were not a chat completion)."""
 
 
 class Policy(ABC):
@@ -66,12 +69,19 @@ class Policy(ABC):
     spec: str
     """The spec string this policy was made from (recorded on the trajectory)."""
 
+    endpoint: str | None = None
+    """Base URL of the model endpoint the policy calls; None for in-process policies. A
+    policy with an endpoint that does not answer in time ends the episode `endpoint_error`
+    (infrastructure), and preflight probes it."""
+
     @abstractmethod
     async def respond(self, request: PolicyRequest) -> PolicyResponse:
         """The next assistant message.
 
         Raises:
-            PolicyError: the policy could not answer (timeout, HTTP error, garbage,
+            EndpointError: the model endpoint failed (down, overloaded, garbage after
+                the retries); the episode ends as `endpoint_error`.
+            PolicyError: the policy could not answer otherwise (a refused request, a
                 load failure); the episode ends as `policy_error`.
         """
 
@@ -82,6 +92,17 @@ class Policy(ABC):
         compact prompt) returns that style, so what the loop records is what the model saw.
         """
         return render_system_prompt(tools)
+
+    async def probe(self, *, deadline_s: float) -> str | None:
+        """Check, before a run, that the policy can answer at all; returns what answered
+        (the endpoint's model) or None when there is nothing to check (in-process
+        policies).
+
+        Raises:
+            EndpointError: the endpoint gave no answer within `deadline_s` (the message
+                names the URL).
+        """
+        return None
 
     async def aclose(self) -> None:
         """Release resources. Safe to call twice."""

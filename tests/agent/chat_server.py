@@ -23,9 +23,14 @@ def reply(text: str, **extra: Any) -> Action:
 
 
 class ChatServer:
-    """Serves `POST /v1/chat/completions`; each request pops the next action (the last one repeats)."""
+    """Serves `POST /v1/chat/completions`; each request pops the next action (the last one repeats).
 
-    def __init__(self, actions: list[Action] | None = None) -> None:
+    Actions: `ok` (a completion of `text`), `sleep` (stall `seconds`, then answer), `status`
+    (that HTTP status), `garbage` (200 with an HTML page), `empty_choices`, `script`
+    (`answer(body) -> text` computes the completion from the request).
+    """
+
+    def __init__(self, actions: list[Action] | None = None, *, port: int = 0) -> None:
         self.actions: deque[Action] = deque(actions or [])
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -63,11 +68,16 @@ class ChatServer:
                     return
 
         self.handler = Handler
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # `port`: a server started again where an earlier one died (an endpoint coming back).
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
 
     @property
     def base_url(self) -> str:
@@ -86,6 +96,10 @@ class ChatServer:
                 action.get("headers"),
             )
             return
+        if kind == "script":
+            # The answer computed from the request (e.g. each task's reference solution).
+            action = {"kind": "ok", "text": action["answer"](body)}
+            kind = "ok"
         if kind == "garbage":
             handler._send(200, b"<html>502 Bad Gateway</html>")
             return

@@ -189,23 +189,24 @@ def test_episode_through_the_endpoint_succeeds(task, spec) -> None:
     "failure", [{"kind": "garbage"}, {"kind": "empty_choices"}, {"kind": "status", "status": 500}]
 )
 def test_endpoint_failure_mid_episode_keeps_the_steps(task, spec, failure) -> None:
+    # An endpoint failing after the retries is infrastructure, never the agent's.
     texts = oracle_texts(task)
     with ChatServer([reply(texts[0]), reply(texts[1]), failure]) as server:
         traj = run_with(server, task, spec)
     assert (traj.status, traj.failure_category) == (
-        EpisodeStatus.POLICY_ERROR,
-        FailureCategory.POLICY_ERROR,
+        EpisodeStatus.ENDPOINT_ERROR,
+        FailureCategory.ENDPOINT_ERROR,
     )
     assert traj.failure_reason
     assert len(traj.steps) == 2
 
 
-def test_stalled_endpoint_mid_episode_is_a_policy_error(task, spec) -> None:
+def test_stalled_endpoint_mid_episode_is_an_endpoint_error(task, spec) -> None:
     texts = oracle_texts(task)
     settings = FAST.model_copy(update={"request_timeout_s": 0.2, "max_retries": 0})
     with ChatServer([reply(texts[0]), {"kind": "sleep", "seconds": 1.0}]) as server:
         traj = run_with(server, task, spec, policy_settings=settings)
-    assert traj.failure_category == FailureCategory.POLICY_ERROR and "PolicyTimeout" in (
+    assert traj.failure_category == FailureCategory.ENDPOINT_ERROR and "EndpointTimeout" in (
         traj.failure_reason or ""
     )
     assert len(traj.steps) == 1
@@ -247,3 +248,57 @@ def test_native_tool_calls_are_parsed_and_answered_with_tool_messages(task, spec
     assert second[2]["tool_calls"] == native
     assert second[3]["role"] == "tool" and second[3]["tool_call_id"] == "call_abc"
     assert "hello" in second[3]["content"]
+
+
+def test_retries_are_counted_logged_and_the_model_recorded(task, spec, caplog) -> None:
+    texts = oracle_texts(task)
+    actions = [{"kind": "garbage"}, {"kind": "status", "status": 502}, *map(reply, texts)]
+    caplog.set_level("WARNING", logger="agent.policies.openai_compat")
+    with ChatServer(actions) as server:
+        traj = run_with(server, task, spec)
+    assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
+    # An HTML 200 is retried like a 5xx; the first step needed two retries.
+    assert [s.endpoint_retries for s in traj.steps] == [2] + [0] * (len(traj.steps) - 1)
+    assert {s.response_model for s in traj.steps} == {"loop-model"}
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 2
+    assert "HTTP 200 with a body that is not JSON" in lines[0] and "attempt 1 of 3" in lines[0]
+    assert "HTTP 502 (attempt 2 of 3); retrying in" in lines[1]
+    assert all(server.base_url in line for line in lines)
+
+
+def test_probe_names_the_url_when_nothing_listens() -> None:
+    from agent.errors import EndpointError
+    from agent.policies.openai_compat import probe_endpoint
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    with pytest.raises(EndpointError, match=f"the model endpoint {url} cannot be reached") as info:
+        asyncio.run(probe_endpoint(url, "m", FAST, deadline_s=2.0))
+    assert "\n" not in info.value.user_message()
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        ({"kind": "garbage"}, "answered a 1-token completion with a body that is not JSON"),
+        ({"kind": "status", "status": 404}, "answered HTTP 404"),
+        ({"kind": "sleep", "seconds": 2.0}, "gave no completion within 0.3 s"),
+    ],
+)
+def test_probe_fails_on_a_misbehaving_endpoint(action, message) -> None:
+    from agent.errors import EndpointError
+
+    with ChatServer([action]) as server:
+        policy = OpenAIPolicy(server.base_url, "m", FAST)
+        with pytest.raises(EndpointError, match=message):
+            asyncio.run(policy.probe(deadline_s=0.3))
+
+
+def test_probe_returns_the_answering_model() -> None:
+    with ChatServer([reply("x")]) as server:
+        policy = OpenAIPolicy(server.base_url, "served-name", FAST)
+        assert asyncio.run(policy.probe(deadline_s=5.0)) == "served-name"
+        assert server.requests[0]["max_tokens"] == 1

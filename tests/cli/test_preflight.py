@@ -191,3 +191,10 @@ def test_every_invalid_setting_is_named(env: dict[str, str], tmp_path: Path) -> 
     bad = {"EPIFLOW_SANDBOX_CGROUPS": "bogus", "EPIFLOW_SANDBOX_START_TIMEOUT_S": "-1"}
     line = one_error_line(epiflow({**env, **bad}, *COLLECT, cwd=tmp_path))
     assert "EPIFLOW_SANDBOX_CGROUPS" in line and "EPIFLOW_SANDBOX_START_TIMEOUT_S" in line, line
+
+
+def test_model_endpoint_with_nothing_listening(env: dict[str, str], tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    line = one_error_line(epiflow(env, *COLLECT, "--policy", f"openai:{url}#m", cwd=tmp_path))
+    assert f"the model endpoint {url} cannot be reached" in line and "--policy" in line, line
+    assert_nothing_written(env, tmp_path)

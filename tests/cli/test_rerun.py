@@ -159,3 +159,28 @@ def test_storage_errors_of_a_full_disk_need_a_rerun(
     url = env["EPIFLOW_DATABASE_URL"]
     assert result["steps"] == sql(url, "SELECT COUNT(*) FROM step")
     assert 0 < result["executed_steps"] < result["steps"]
+
+
+def test_an_endpoint_outage_exits_3_and_stops_early(env: dict[str, str], tmp_path: Path) -> None:
+    # A real HTTP server that answers the preflight's probe, then only HTTP 500: the first
+    # two episodes are endpoint_error after their retries, the rest never start.
+    from tests.agent.chat_server import ChatServer, reply
+
+    fast = {
+        **env,
+        "EPIFLOW_AGENT_POLICY_MAX_RETRIES": "1",
+        "EPIFLOW_AGENT_POLICY_BACKOFF_INITIAL_S": "0.01",
+        "EPIFLOW_AGENT_POLICY_OUTAGE_EPISODES": "2",
+    }
+    with ChatServer([reply("pong"), {"kind": "status", "status": 500}]) as server:
+        first = collect(
+            fast, tmp_path, "down", "--concurrency", "1", "--policy", f"openai:{server.base_url}#m"
+        )
+    assert first.returncode == 3, first.stderr[-3000:]
+    assert json.loads(first.stdout)["by_status"] == {"endpoint_error": 2}
+    line = last_line(first.stderr)
+    assert line.startswith("6 of 6 episodes need a re-run: 2 endpoint_error (EndpointHTTPError"), (
+        line
+    )
+    assert "4 not started (the run stopped early)" in line and "--run-key down" in line
+    assert "retrying in" in first.stderr and server.base_url in first.stderr
