@@ -64,16 +64,9 @@ def serve_command(model_dir: Path, *, port: int, continuous_batching: bool = Tru
     """The `transformers serve` command line for `model_dir` on 127.0.0.1:`port`."""
     cli = Path(sys.executable).with_name("transformers")
     command = [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--device", "cpu"] if not _has_cuda() else []
     if continuous_batching:
         command.append("--continuous-batching")
-    return command + ["--log-level", "info"]
-
-
-def _has_cuda() -> bool:
-    return bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()) and os.path.exists(
-        "/dev/nvidia0"
-    )
+    return [*command, "--log-level", "info"]
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

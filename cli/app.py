@@ -25,6 +25,7 @@ from sqlalchemy.exc import OperationalError
 
 from cli import collect as _cli_collect
 from cli import dataset as _cli_dataset
+from cli import models as _cli_models
 from cli import ops as _cli_ops
 from cli import protocol as _cli_protocol
 from cli import report as _cli_report
@@ -50,6 +51,7 @@ app.add_typer(_cli_suites.app, name="suites")
 app.add_typer(_cli_dataset.app, name="dataset")
 app.add_typer(_cli_protocol.app, name="protocol")
 app.add_typer(_cli_sandbox.app, name="sandbox")
+app.add_typer(_cli_models.app, name="models")
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
