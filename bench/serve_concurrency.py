@@ -33,8 +33,6 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, max_tokens: int,
         ],
         "max_tokens": max_tokens,
         "temperature": 0.0,
-        # The completion must run its full length in both arms: no early stop.
-        "ignore_eos": True,
     }
     response = await client.post(f"{url}/chat/completions", json=body)
     response.raise_for_status()

@@ -108,7 +108,7 @@ def prepare_pretrained(source: PretrainedSource, *, home: Path) -> Path:
         config = loaded.config
         if hasattr(config, "quantization_config"):
             delattr(config, "quantization_config")
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
         model.load_state_dict(loaded.state_dict(), strict=True)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
