@@ -181,3 +181,20 @@ def test_tampered_snapshot_is_refused(migrated_engine, store, scored, tmp_path):
     store.put(info.object_key, b"not parquet")
     with pytest.raises(SnapshotError, match="sha256"):
         read_snapshot(store, info)
+
+
+def test_the_manifest_counts_unparsed_turns_cut_from_sft_rows(migrated_engine, store):
+    """The `dataset` row (and so `epiflow_dataset.json`) says how many assistant turns the
+    SFT rows left out because they did not parse."""
+    from tests.training.factory import garbage_step
+
+    recovered = episode(task=7, steps=[call_step(0, "ls"), garbage_step(1), final_step(2)])
+    persist_episodes(migrated_engine, store, [recovered, episode(task=8)])
+    info = build_snapshot(migrated_engine, store, kind="sft")
+    assert info.manifest == {
+        "episodes_cut": 1,
+        "turns_after_unparsed_cut": 1,
+        "unparsed_turns_cut": 1,
+    }
+    with Session(migrated_engine) as session:
+        assert session.get(Dataset, info.id).manifest == info.manifest
