@@ -29,7 +29,7 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from config.settings import Settings, load_settings
 from flows import route_library_logs
@@ -67,6 +67,9 @@ class TrainFlowResult(BaseModel):
     """Training throughput."""
     stopped_by_time: bool = False
     """Training ended at `max_time_s`, before its step budget."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the logs say went wrong beyond the loss, with what to change
+    (`training.diagnostics`), e.g. GRPO groups with zero reward variance."""
     flow_run_id: str | None = None
     """The train flow run (for links in the UI)."""
     evaluation: EvaluationResult | None = None
@@ -322,8 +325,11 @@ async def register_checkpoint_task(
 def training_markdown(result: TrainFlowResult) -> str:
     """The training artifact: what was trained, and the evaluation run that followed."""
     lines = ["# Training run", ""]
-    for k, v in result.model_dump(mode="json", exclude={"evaluation", "flow_run_id"}).items():
+    dumped = result.model_dump(mode="json", exclude={"evaluation", "flow_run_id", "warnings"})
+    for k, v in dumped.items():
         lines.append(f"- **{k}**: {v}")
+    if result.warnings:
+        lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in result.warnings]
     if result.evaluation is not None:
         e = result.evaluation
         lines += [
@@ -410,6 +416,7 @@ async def train(
         tokens=trained.result.tokens,
         tokens_per_s=trained.result.tokens_per_s,
         stopped_by_time=trained.result.stopped_by_time,
+        warnings=trained.result.warnings,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
     if evaluation.instances > 0:
