@@ -149,7 +149,7 @@ class SandboxReward:
             SandboxError: the sandbox could not start (an environment problem, not a
                 policy failure: it must not be turned into a reward).
         """
-        from agent.verify import resolve_verifier
+        from suites.verify import run_verifier
 
         parsed = _parse(text, self.tools)
         step = self.settings.step_reward_weight * format_reward(parsed)
@@ -159,7 +159,7 @@ class SandboxReward:
         try:
             if parsed.call is not None:
                 await box.call_tool(parsed.call.tool, dict(parsed.call.args))
-            outcome = await resolve_verifier()(box, task)
+            outcome = await run_verifier(box, task)
         finally:
             await box.close()
         if outcome.error:
