@@ -116,6 +116,7 @@ async def evaluation_episodes(
                 run_key=run_key,
                 max_steps=options.max_steps,
                 max_new_tokens=options.max_new_tokens,
+                rewards=settings.rewards,
             )
         labelled = [t.model_copy(update={"policy": spec}) for t in trajectories]
         await asyncio.to_thread(persist_episodes, engine, store, labelled)

@@ -273,6 +273,7 @@ async def train_task(
                 work_dir=work,
                 settings=training,
                 base_checkpoint_id=base,
+                rewards=settings.rewards,
                 prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
                 on_metrics=monitor.on_metrics,
             )

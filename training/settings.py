@@ -97,11 +97,6 @@ class TrainingSettings(BaseSettings):
     """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of GRPO rollouts."""
-    step_reward_weight: float = Field(default=0.05, ge=0)
-    """Weight of the format (step) reward next to the verifier score in the GRPO reward; the
-    seed keeps step rewards at 1-5% of the final reward scale."""
-    failure_reward: float = Field(default=-0.5)
-    """GRPO reward of a rollout the verifier rejects (seed 000 §5.5: -0.5 rather than -1)."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO weight of desirable (successful) examples."""
     kto_undesirable_weight: float = Field(default=1.0, gt=0)
