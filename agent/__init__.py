@@ -8,7 +8,7 @@
     prompt        the system prompt (rules + tool schemas)
     policies/     scripted (oracle, noisy, idle), openai-compatible endpoints, local HF checkpoints
     loop          run_episode: one episode in one sandbox → a complete Trajectory (verified
-                  by `suites.verify.run_verifier`)
+                  by `tasks.verify.run_verifier`)
     recording     the record points of a step
     export, atif  ATIF and OpenAI chat-message export/import
     settings      LoopSettings, PolicySettings, NoisyRates (env prefix EPIFLOW_AGENT_)

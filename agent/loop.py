@@ -55,8 +55,8 @@ from sandbox.faults import FaultProfile
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
-from suites.types import TaskInstance
-from suites.verify import Verifier, run_verifier
+from tasks.types import TaskInstance
+from tasks.verify import Verifier, run_verifier
 
 __all__ = ["SandboxOpener", "run_episode"]
 

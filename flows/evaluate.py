@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.trajectory import Trajectory
 from config.settings import Settings, load_settings
 from flows import route_library_logs
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 from training.evaluation import EvaluationMetrics
 
 METRICS = ("completion_rate", "avg_steps", "tool_failure_rate")

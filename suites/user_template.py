@@ -27,8 +27,8 @@ from suites.generator import GeneratedParts, GeneratorJob, run_generator
 from suites.params import draw_params
 from suites.render import RenderError, names_in, render_text, render_value
 from suites.template import TaskDraft, TaskTemplate
-from suites.types import ReferenceCall, VerifierSpec, is_workspace_relative
 from suites.user_decl import TaskDecl, tool_args_problems
+from tasks.types import ReferenceCall, VerifierSpec, is_workspace_relative
 
 VERIFIER_DIR = "/tmp/epiflow-verifier"
 """In-jail folder the verifier files are copied to (outside the agent's /workspace)."""

@@ -74,7 +74,7 @@ def protocol_corpus(
 ) -> list[str]:
     """Texts to train the tokenizer on: the system prompt, tasks, calls, finals, observations.
 
-    `tasks` are `suites.types.TaskInstance`s (prompt and reference solution rendered as
+    `tasks` are `tasks.types.TaskInstance`s (prompt and reference solution rendered as
     the protocol writes them); `trajectories` are `agent.trajectory.Trajectory`s (their
     raw outputs and observations). Both may be empty: the system prompt (in
     `prompt_style`) alone still teaches the tokenizer the protocol's tags and tools.

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 from agent.policies.scripted import reference_cursor
 from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
 from scoring.settings import RewardSettings
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 __all__ = [
     "EvaluationMetrics",

@@ -34,7 +34,7 @@ from agent.settings import LoopSettings
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 from scoring.settings import RewardSettings
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 from training.errors import RewardEnvironmentError
 
 __all__ = [

@@ -13,8 +13,8 @@ import pytest
 from agent.settings import LoopSettings
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
-from suites.types import ReferenceCall, TaskInstance, VerifierSpec
-from suites.verify import VerifierOutcome
+from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
+from tasks.verify import VerifierOutcome
 from tests.agent.doubles import MemorySandbox
 
 VERIFY_SCRIPT = """\

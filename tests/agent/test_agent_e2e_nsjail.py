@@ -147,7 +147,7 @@ def test_a_builtin_suite_task_with_the_suites_verifier(spec) -> None:
 
 
 def test_the_verifier_writes_nested_files_and_a_garbage_one_is_an_env_error(task, spec) -> None:
-    from suites.types import VerifierSpec
+    from tasks.types import VerifierSpec
     from tests.agent.conftest import VERIFY_SCRIPT
 
     files = {"/tmp/verify/nested/check.py": VERIFY_SCRIPT}

@@ -12,7 +12,7 @@ from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, NoisyRates, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind, Trajectory, episode_id_for
 from sandbox.errors import SandboxUnavailable
-from suites.verify import VerifierOutcome
+from tasks.verify import VerifierOutcome
 from tests.agent.conftest import MemoryOpener, memory_verify
 from tests.agent.doubles import ScriptedTextPolicy
 

@@ -13,8 +13,8 @@ import asyncio
 import json
 
 from sandbox import NsjailSandbox, SandboxSpec
-from suites.types import TaskInstance, VerifierSpec
-from suites.verify import VerifierOutcome, run_verifier
+from tasks.types import TaskInstance, VerifierSpec
+from tasks.verify import VerifierOutcome, run_verifier
 from tests.sandbox.conftest import SMALL, Jails
 from tests.sandbox.test_abuse import assert_healthy, shell
 

@@ -19,7 +19,7 @@ from scoring.settings import RewardSettings
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
 from suites.registry import load_suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 from training.rewards import ProtocolReward, SandboxReward, completion_text, suite_task_resolver
 
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.interface import Sandbox
 from sandbox.types import CommandResult
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 __all__ = ["Verifier", "VerifierOutcome", "parse_verifier_stdout", "run_verifier"]
 
