@@ -6,7 +6,7 @@ given checkpoint, else the newest base model, built from the protocol corpus whe
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
 max steps and a table of loss and learning rate, kept current while it trains; stops at
 `max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
-flow follows as a subflow and the training artifact links it.
+flow follows as a subflow and the Prefect training artifact links it.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ async def train_task(
 async def register_checkpoint_task(
     settings: Settings, training: TrainingSettings, trained: TrainedModel
 ) -> uuid.UUID:
-    """Upload the checkpoint with its config artifact; close the training run."""
+    """Upload the checkpoint with its training config; close the training run."""
     from storage.db import make_engine
     from storage.objects import make_object_store
     from training.pipeline import register_checkpoint
@@ -321,7 +321,7 @@ async def register_checkpoint_task(
 
 
 def training_markdown(result: TrainFlowResult) -> str:
-    """The training artifact: what was trained, and the evaluation run that followed."""
+    """The Prefect training artifact: what was trained, and the evaluation run that followed."""
     lines = ["# Training run", ""]
     for k, v in result.model_dump(mode="json", exclude={"evaluation", "flow_run_id"}).items():
         lines.append(f"- **{k}**: {v}")

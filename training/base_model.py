@@ -186,8 +186,8 @@ def build_base_model(dest: Path, corpus: Iterable[str], *, settings: TrainingSet
         tokenizer.save_pretrained(dest)
     except OSError as e:
         raise BaseModelError(f"cannot save the base model to {dest}: {e.strerror}") from e
-    from training.trainers import write_config_artifact
+    from training.trainers import write_training_config
 
     # The directory alone is a complete `hf:` policy, its prompt style included.
-    write_config_artifact(dest, settings=settings, algo=None)
+    write_training_config(dest, settings=settings, algo=None)
     return dest

@@ -79,7 +79,7 @@ class TrainingSettings(BaseSettings):
     prompt_style: PromptStyle = PromptStyle.FULL
     """System prompt the model is trained and deployed with (`agent.prompt`): `full` for
     real models, `compact` for small models built from scratch. Recorded in the
-    checkpoint's training config artifact; the `hf:` policy shows that style."""
+    checkpoint's training config; the `hf:` policy shows that style."""
 
     # lengths
     max_length: int = Field(default=2048, ge=64)

@@ -25,7 +25,7 @@ from training.trainers.common import Algo, TrainJob, TrainResult, read_rows
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
 
-__all__ = ["Algo", "TrainResult", "run_training", "write_config_artifact"]
+__all__ = ["Algo", "TrainResult", "run_training", "write_training_config"]
 
 
 def run_training(
@@ -69,21 +69,21 @@ def run_training(
         rewards if rewards is not None else RewardSettings(),
     )
     result = _run(chosen, rows, job, reward_fn)
-    write_config_artifact(output_dir, settings=settings, algo=chosen.value)
+    write_training_config(output_dir, settings=settings, algo=chosen.value)
     return result
 
 
-def write_config_artifact(model_dir: Path, *, settings: TrainingSettings, algo: str | None) -> None:
+def write_training_config(model_dir: Path, *, settings: TrainingSettings, algo: str | None) -> None:
     """`training_config.json` in `model_dir`, so the directory alone is a complete `hf:` policy
     (its prompt style included); the pipeline's registry upload rewrites it with the
     dataset's lineage."""
     from sandbox.tool_specs import BUILTIN_TOOLS
-    from training.artifact import CONFIG_FILE, build_config_artifact
+    from training.training_config import CONFIG_FILE, build_training_config
 
-    artifact = build_config_artifact(
+    config = build_training_config(
         model_dir, tools=list(BUILTIN_TOOLS.values()), settings=settings, algo=algo
     )
-    (model_dir / CONFIG_FILE).write_text(artifact.model_dump_json(indent=2), encoding="utf-8")
+    (model_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2), encoding="utf-8")
 
 
 def _run(
