@@ -7,8 +7,7 @@ AgentError
 │   ├── PolicyHTTPError    the endpoint answered with an HTTP error (after retries for 429/5xx)
 │   ├── PolicyResponseError the endpoint answered, but not with a usable chat completion
 │   └── PolicyLoadError    a local checkpoint could not be loaded
-├── PolicySpecError        a policy spec string is malformed or names an unknown policy
-└── VerifierError          the verifier did not produce a `{"score", "reason"}` outcome
+└── PolicySpecError        a policy spec string is malformed or names an unknown policy
 """
 
 from __future__ import annotations
@@ -82,7 +81,3 @@ class PolicyLoadError(PolicyError):
 
 class PolicySpecError(AgentError, ValueError):
     """A policy spec string (`scripted:oracle`, `openai:…`, `hf:…`) is invalid."""
-
-
-class VerifierError(AgentError):
-    """The verifier ran but its output is not a `{"score": float, "reason": str}` object."""

@@ -11,7 +11,7 @@ Two styles:
 - `compact` (for small local models trained from scratch): the block grammar and one
   line of tool signatures (~60 tokens with Qwen2's split, ~110 with the `words` split). A model that learns the protocol from data does
   not need the rules spelled out, and on a model built from scratch the full prompt was
-  65 % of every training example's compute. A checkpoint's training config artifact
+  65 % of every training example's compute. A checkpoint's training config
   records the style it was trained with; the `hf:` policy shows that style.
 """
 

@@ -555,9 +555,9 @@ def _evaluate_saves(
     work: Path, heldout: list[Any], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """Completion of every time-based save of the first iteration's training."""
-    from training.artifact import CONFIG_FILE
     from training.callbacks import ELAPSED_FILE
     from training.trainers.common import saves_dir
+    from training.training_config import CONFIG_FILE
 
     out = []
     model_dir = work / "train1" / "model"
@@ -565,7 +565,7 @@ def _evaluate_saves(
         saves_dir(model_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])
     )
     for save in saves:
-        # The save lacks the training config artifact; the final model has the same one.
+        # The save lacks the training config; the final model has the same one.
         shutil.copy(model_dir / CONFIG_FILE, save / CONFIG_FILE)
         mark = json.loads((save / ELAPSED_FILE).read_text())
         evaluation = _evaluate(save, heldout, run_key=f"loop-curve-{save.name}", args=args)

@@ -31,7 +31,7 @@ from suites.errors import SuiteError
 from suites.registry import load_all_suites, load_suite
 from suites.settings import SuitesSettings
 from suites.suite import Suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 if TYPE_CHECKING:
     from sandbox.settings import SandboxSettings

@@ -6,7 +6,7 @@ given checkpoint, else the newest base model, built from the protocol corpus whe
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
 max steps and a table of loss and learning rate, kept current while it trains; stops at
 `max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
-flow follows as a subflow and the training artifact links it.
+flow follows as a subflow and the Prefect training artifact links it.
 """
 
 from __future__ import annotations
@@ -276,6 +276,7 @@ async def train_task(
                 work_dir=work,
                 settings=training,
                 base_checkpoint_id=base,
+                rewards=settings.rewards,
                 prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
                 on_metrics=monitor.on_metrics,
             )
@@ -303,7 +304,7 @@ async def train_task(
 async def register_checkpoint_task(
     settings: Settings, training: TrainingSettings, trained: TrainedModel
 ) -> uuid.UUID:
-    """Upload the checkpoint with its config artifact; close the training run."""
+    """Upload the checkpoint with its training config; close the training run."""
     from storage.db import make_engine
     from storage.objects import make_object_store
     from training.pipeline import register_checkpoint
@@ -323,7 +324,7 @@ async def register_checkpoint_task(
 
 
 def training_markdown(result: TrainFlowResult) -> str:
-    """The training artifact: what was trained, and the evaluation run that followed."""
+    """The Prefect training artifact: what was trained, and the evaluation run that followed."""
     lines = ["# Training run", ""]
     dumped = result.model_dump(mode="json", exclude={"evaluation", "flow_run_id", "warnings"})
     for k, v in dumped.items():

@@ -6,12 +6,12 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandbox.episode import NsjailSandbox
 from sandbox.faults import FaultProfile
 from sandbox.host import prepare_host
 from sandbox.host_setup import HostSetup
 from sandbox.jail import Jail
 from sandbox.nsjail import executor_argv, jail_env, nsjail_argv
+from sandbox.nsjail_sandbox import NsjailSandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.transfer import normalize_files

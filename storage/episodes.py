@@ -29,7 +29,7 @@ from storage.ingest import (
 )
 from storage.objects import ObjectStore
 from storage.rows import mark_storage_error
-from storage.sanitize import decode_output
+from storage.sanitize import decode_row_text
 
 SQL_OUTPUT_CAP = 16_384
 """Characters of stdout/stderr kept in the `step` row; the rest is in the object store."""
@@ -49,7 +49,7 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
             raw: bytes | None = getattr(s, f"{stream}_bytes")
             if raw is None:
                 continue
-            _, truncated, lossy = decode_output(raw, SQL_OUTPUT_CAP)
+            _, truncated, lossy = decode_row_text(raw, SQL_OUTPUT_CAP)
             if truncated or lossy or getattr(s, f"{stream}_truncated"):
                 info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))

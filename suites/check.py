@@ -19,7 +19,7 @@ from agent.trajectory import Step
 from sandbox.interface import Sandbox
 from sandbox.types import ToolResult
 from suites.suite import Suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 ORACLE_POLICY = "scripted:oracle"
 """The policy that replays reference solutions: it must score 1.0 on every instance."""

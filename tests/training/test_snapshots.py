@@ -16,10 +16,10 @@ from sandbox.tool_specs import BUILTIN_TOOLS
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
 from tests.training.factory import call_step, episode, final_step
-from training.artifact import build_config_artifact
 from training.errors import EmptySnapshot, SnapshotError
 from training.registry import save_checkpoint, start_training_run
 from training.snapshots import build_snapshot, fetch_snapshot, read_snapshot
+from training.training_config import build_training_config
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_training_lineage_view_reaches_the_episodes(
     run_id = start_training_run(
         migrated_engine, dataset_id=info.id, algo="sft", base_model="tiny", config={}
     )
-    config = build_config_artifact(
+    config = build_training_config(
         tiny_base_model,
         tools=BUILTIN_TOOLS.values(),
         settings=tiny_settings,

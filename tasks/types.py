@@ -1,4 +1,4 @@
-"""Task instances: what a suite hands to the episode loop. Pure data.
+"""Task instances: what a task source (`suites/`) hands to the episode loop. Pure data.
 
 A `TaskInstance` is generated deterministically from (template, seed, version): the
 workspace files, the prompt, a reference solution (used by the `scripted:oracle`
