@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import datasets
 import polars as pl
@@ -144,12 +145,12 @@ def test_tool_calling_export_trains_with_a_plain_trl_sft_trainer(
     epiflow code), train a few steps. The chat template renders the calls natively and
     the loss covers the assistant turns only."""
     from transformers import AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig, SFTTrainer  # type: ignore[attr-defined]
 
     _, store, info = snapshot
     export_snapshot(store, info, "hf", tmp_path / "hf", messages="tool-calls")
     dataset = datasets.load_from_disk(str(tmp_path / "hf")).select_columns(["messages", "tools"])
-    trainer = SFTTrainer(
+    trainer: Any = SFTTrainer(
         model=str(tiny_base_model),
         train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(str(tiny_base_model)),

@@ -197,4 +197,5 @@ def test_the_manifest_counts_unparsed_turns_cut_from_sft_rows(migrated_engine, s
         "unparsed_turns_cut": 1,
     }
     with Session(migrated_engine) as session:
-        assert session.get(Dataset, info.id).manifest == info.manifest
+        row = session.get(Dataset, info.id)
+        assert row is not None and row.manifest == info.manifest
