@@ -47,6 +47,10 @@ class LockProbe(ChatServer):
         self.name = name
         self.held: list[bool] = []
 
+    def __enter__(self) -> LockProbe:
+        super().__enter__()
+        return self
+
     def _serve(self, handler: Any, action: dict[str, Any], body: dict[str, Any]) -> None:
         self.held.append(self.lock_is_held())
         super()._serve(handler, action, body)
