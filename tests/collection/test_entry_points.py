@@ -32,6 +32,7 @@ from storage.run_lock import acquire_run_key, shard_lock_name
 from storage.settings import DatabaseSettings
 from tests.agent.chat_server import ChatServer, reply
 from tests.cli.local import cli_env, epiflow, local_prefect_home, sandbox_state_dir
+from tests.flows.test_layout import _imports
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ["csv_to_json", "dir_tree"]
@@ -212,16 +213,6 @@ def test_the_collection_path_plans_opens_locks_and_ends_in_one_place() -> None:
         "open_run": 1,
         "close_run": 1,
     }, counts
-
-
-def _imports(tree: ast.AST) -> list[str]:
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-    return names
 
 
 def test_the_collect_command_reads_no_storage_of_its_own() -> None:
