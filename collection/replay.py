@@ -29,7 +29,7 @@ from sandbox.types import ToolResult
 from storage.episodes import load_trajectory
 from storage.objects import ObjectStore
 from storage.replays import record_replay
-from storage.runs import run_sandbox_spec
+from storage.run_reads import run_sandbox_spec
 from suites.registry import load_suite
 
 

@@ -101,7 +101,7 @@ async def dataset_snapshot(
     from storage.db import make_engine
     from storage.objects import make_object_store
     from storage.qc import gated_run_selection
-    from storage.runs import resolve_run
+    from storage.run_reads import resolve_run
     from training.pipeline import DEFAULT_KIND
     from training.snapshots import build_snapshot
 
