@@ -45,8 +45,15 @@ demo: install
 
 test: install system-deps check pytest
 
+# The suite on pytest-xdist workers: most tests wait on services (Prefect, nsjail,
+# PostgreSQL, subprocesses) rather than on a core, so more workers than cores. loadgroup:
+# tests sharing a module fixture stay on one worker (tests/scheduling.py); no reorder:
+# the `slow` tests are collected first and must be handed out first.
+PYTEST_WORKERS ?= 4
+PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 check: install
 	$(BIN)/ruff check .
