@@ -45,12 +45,10 @@ demo: install
 
 test: install system-deps check pytest
 
-# The suite on pytest-xdist workers: most tests wait on services (Prefect, nsjail,
-# PostgreSQL, subprocesses) rather than on a core, so more workers than cores. loadgroup:
-# tests sharing a module fixture stay on one worker (tests/scheduling.py); no reorder:
-# the `slow` tests are collected first and must be handed out first.
-PYTEST_WORKERS ?= 4
-PYTEST_ARGS ?= -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+# Serial by default. PYTEST_ARGS="-n 4 --dist loadgroup" runs the suite on pytest-xdist
+# workers (each with its own Prefect home, tests/conftest.py); not yet the default: under a
+# loaded machine the service-start and demo timeouts fail on workers (issue 21 item 5).
+PYTEST_ARGS ?=
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -31,19 +31,11 @@ import pytest
 from sqlalchemy import Engine
 
 from storage.settings import DatabaseSettings, ObjectStoreSettings
-from tests.scheduling import schedule
 from tests.services.postgres import PostgresCluster, find_pg_bin, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 
 KEEP_ENV = ("EPIFLOW_REQUIRE_POSTGRES", "EPIFLOW_PG_BIN", "EPIFLOW_SCREENSHOT_DIR")
 """Variables about the test run itself, not settings of the code under test."""
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Schedule the suite: see tests/scheduling.py (first, so that pytest-xdist's own hook
-    sees the groups)."""
-    schedule(items, xdist_groups=getattr(config.option, "dist", "no") == "loadgroup")
 
 
 @pytest.fixture(autouse=True)
