@@ -330,6 +330,10 @@ class Trajectory(BaseModel):
     """Verifier score in [0, 1]; None when the verifier did not run."""
     verifier_reason: str | None = None
     """The verifier's short reason."""
+    verifier_details: dict[str, Any] | None = None
+    """What the verifier reported beyond the score; a Harbor task's `{"harbor": {image,
+    substitutions, metadata, reward (every key), tests (per-test CTRF results), ctrf, …}}`
+    (`suites/harbor/verify.py`). None for the built-in verifiers."""
     final_answer: str | None = None
     """Text of the agent's `<final>`, if it gave one."""
     final_reward: float | None = None

@@ -16,6 +16,7 @@ import json
 import math
 import posixpath
 import time
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,6 +74,9 @@ class VerifierOutcome(BaseModel):
     """The verifier's raw stderr (capped at `MAX_RAW_CHARS`)."""
     duration_ms: float = 0.0
     """Wall time of installing and running the verifier, milliseconds."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """What a verifier reports beyond the score (a Harbor task's reward keys, per-test
+    results, image and substitutions: `suites/harbor/verify.py`); stored with the episode."""
 
 
 def parse_verifier_stdout(stdout: str) -> tuple[float, str]:
@@ -108,6 +112,10 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
         SandboxCrashed: the sandbox died while the verifier ran (an environment error).
         EpisodeHardTimeout: the episode's hard timeout fired.
     """
+    if task.environment is not None:  # a Harbor task: its own tests/test.sh in its own image
+        from suites.harbor.verify import run_harbor_verifier
+
+        return await run_harbor_verifier(sandbox, task)
     spec = task.verifier
     started = time.perf_counter()
 
