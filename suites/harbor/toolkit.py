@@ -41,7 +41,9 @@ TOOLKIT_VERSION = "1"
 OFFLINE_MARKER = "/logs/.epiflow-offline"
 """Where the shims record what needed the network (the verifier jail's `/logs` tmpfs)."""
 
-_WITH = re.compile(r"(?:^|\s)(?:--with|-w)[\s=]+([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s]+)?)")
+_WITH = re.compile(
+    r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
+)
 _PIP = re.compile(r"\b(?:pip3?|uv pip|python3? -m pip)\s+install\s+([^\n;&|]+)")
 
 TOOLKIT_ENV = {
