@@ -242,3 +242,27 @@ def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: 
         assert "needs the network" in (traj.failure_reason or "") and "example.com" in (traj.failure_reason or "")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@needs_builder
+def test_exported_builtin_templates_round_trip_with_oracle_one() -> None:
+    from agent.trajectory import EpisodeStatus
+    from suites.builtin import builtin_suite
+    from suites.harbor.export import export_task
+
+    root = Path(tempfile.mkdtemp(dir=IMAGES.parent))
+    root.chmod(0o755)
+    try:
+        tasks = builtin_suite().instances(2, templates=["csv_to_json", "dir_tree", "log_errors"])
+        for task in tasks:
+            export_task(task, root)
+        suite = load_harbor_suite(root, name="exported", images_dir=IMAGES)
+        assert sorted(suite.templates) == sorted(f"builtin.{t.template}.{t.seed}" for t in tasks)
+        for name in suite.templates:
+            harbor_task = suite.generate(name, 0)
+            traj = _episode(harbor_task, "scripted:oracle")
+            assert traj.status == EpisodeStatus.SUCCESS and traj.verifier_score == 1.0, (name, traj.failure_reason, traj.verifier_reason)
+            idle = _episode(harbor_task, "scripted:idle")
+            assert idle.verifier_score == 0.0, (name, idle.verifier_reason)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
