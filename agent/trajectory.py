@@ -331,9 +331,7 @@ class Trajectory(BaseModel):
     verifier_reason: str | None = None
     """The verifier's short reason."""
     verifier_details: dict[str, Any] | None = None
-    """What the verifier reported beyond the score; a Harbor task's `{"harbor": {image,
-    substitutions, metadata, reward (every key), tests (per-test CTRF results), ctrf, …}}`
-    (`suites/harbor/verify.py`). None for the built-in verifiers."""
+    """What the verifier reported beyond the score (a Harbor task's image, substitutions, reward keys and per-test results); None for the built-in verifiers."""
     final_answer: str | None = None
     """Text of the agent's `<final>`, if it gave one."""
     final_reward: float | None = None
