@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox.images import ensure_image  # noqa: E402
-from suites.harbor.suite import HarborSuite, load_harbor_suite  # noqa: E402
+from sandbox.images import ensure_image
+from suites.harbor.suite import HarborSuite, load_harbor_suite
 
 INTEROP = Path(__file__).resolve().parents[2] / "shared" / "interop" / "harbor-tasks"
 
@@ -57,10 +57,14 @@ async def _opens(suite: HarborSuite, n: int) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output)")
     parser.add_argument("--episodes", type=int, default=3)
-    parser.add_argument("--images-dir", type=Path, default=Path(tempfile.gettempdir()) / "epiflow-test-images")
+    parser.add_argument(
+        "--images-dir", type=Path, default=Path(tempfile.gettempdir()) / "epiflow-test-images"
+    )
     parser.add_argument("--no-cold", action="store_true", help="skip the build from nothing")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -103,7 +107,13 @@ def main() -> None:
     for i in range(args.episodes):
         started = time.perf_counter()
         traj = asyncio.run(
-            run_episode(task, make_policy("scripted:idle"), spec=SandboxSpec(), run_key=f"bench-harbor-{i}", settings=LoopSettings())
+            run_episode(
+                task,
+                make_policy("scripted:idle"),
+                spec=SandboxSpec(),
+                run_key=f"bench-harbor-{i}",
+                settings=LoopSettings(),
+            )
         )
         episode_s.append(time.perf_counter() - started)
         verify_s.append(float((traj.verifier_details or {}).get("harbor", {}).get("verify_s", 0.0)))

@@ -154,7 +154,9 @@ def check(
         )
     idle_scored = [t.task for t in report.harbor_tasks if t.idle_score]
     if idle_scored:
-        problems.append(f"scripted:idle scored above 0 on {', '.join(idle_scored)}: a verifier passes without work")
+        problems.append(
+            f"scripted:idle scored above 0 on {', '.join(idle_scored)}: a verifier passes without work"
+        )
     if min_score is not None and report.mean_score < min_score:
         problems.append(f"mean score {report.mean_score:.3f} is below --min-score {min_score:g}")
     for problem in problems:

@@ -137,6 +137,8 @@ def workdir_seed(image: ImageMount, *, max_bytes: int) -> dict[str, bytes]:
             data = path.read_bytes()
             total += len(data)
             if total > max_bytes:
-                raise TransferError(f"the image's {image.workdir} holds more than {max_bytes} bytes")
+                raise TransferError(
+                    f"the image's {image.workdir} holds more than {max_bytes} bytes"
+                )
             files[path.relative_to(base).as_posix()] = data
     return files

@@ -195,9 +195,7 @@ def _run(argv: list[str], *, what: str, timeout_s: float, log: Path) -> None:
         raise ImageBuildError(f"{what}: did not finish within {timeout_s:g} s (log: {log})") from e
     if done.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise ImageBuildError(
-            f"{what}: exit code {done.returncode}: {tail[0][:300]} (log: {log})"
-        )
+        raise ImageBuildError(f"{what}: exit code {done.returncode}: {tail[0][:300]} (log: {log})")
 
 
 def _check_root() -> None:
@@ -280,7 +278,12 @@ def ensure_image(plan: ImagePlan, images_dir: Path, *, timeout_s: float = 900) -
         log = staging / "build.log"
         root = staging / "root"
         try:
-            _run(["cp", "-a", "--reflink=auto", str(base), str(root)], what="copy base", timeout_s=timeout_s, log=log)
+            _run(
+                ["cp", "-a", "--reflink=auto", str(base), str(root)],
+                what="copy base",
+                timeout_s=timeout_s,
+                log=log,
+            )
             for step in plan.steps:
                 _apply(step, plan, root, log=log, timeout_s=timeout_s)
             _finish(plan, root)

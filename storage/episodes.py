@@ -56,7 +56,9 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
     ctrf = (t.verifier_details or {}).get("harbor", {}).get("ctrf")
     if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (suites/harbor/verify.py)
-        info = store.put(f"{prefix}/verifier/ctrf.json", ctrf.encode(), content_type="application/json")
+        info = store.put(
+            f"{prefix}/verifier/ctrf.json", ctrf.encode(), content_type="application/json"
+        )
         refs.append(ArtifactRef(info=info, kind="ctrf"))
     body = t.model_dump_json(by_alias=True).encode()
     info = store.put(f"{prefix}/trajectory.json", body, content_type="application/json")

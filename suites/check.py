@@ -210,7 +210,9 @@ def summarize(
                 below_full=sum(r.score < 1.0 for r in items),
                 distinct=len({r.content_digest or r.task_id for r in items}),
                 failed=failed,
-                verify_s=_mean(times) if (times := [r.verify_s for r in items if r.verify_s is not None]) else None,
+                verify_s=_mean(times)
+                if (times := [r.verify_s for r in items if r.verify_s is not None])
+                else None,
             )
         )
         everything += items

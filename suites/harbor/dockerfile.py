@@ -17,7 +17,6 @@ recorded substitution.
 
 from __future__ import annotations
 
-import glob
 import json
 import posixpath
 import re
@@ -30,11 +29,11 @@ from suites.harbor.errors import UnsupportedEnvironment
 _IGNORED = {
     "CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "SHELL", "MAINTAINER",
 }  # fmt: skip
-_UBUNTU = {
+_UBUNTU: dict[str, Release] = {
     "24.04": "trixie", "noble": "trixie", "latest": "trixie", "24.10": "trixie", "25.04": "trixie",
     "22.04": "bookworm", "jammy": "bookworm", "20.04": "bookworm", "focal": "bookworm",
 }  # fmt: skip
-_DEBIAN = {
+_DEBIAN: dict[str, Release] = {
     "bookworm": "bookworm", "12": "bookworm", "trixie": "trixie", "13": "trixie",
     "stable": "trixie", "latest": "trixie",
 }  # fmt: skip
@@ -72,39 +71,67 @@ def map_base(image: str, file: Path, line: int) -> tuple[Release, bool, str]:
     tag = tag or "latest"
     refuse = UnsupportedEnvironment
     if "alpine" in repo or "alpine" in tag:
-        raise refuse(file, line, f"FROM {image}", "alpine (musl) bases are not supported; use a Debian, Ubuntu or python:* base")
+        raise refuse(
+            file,
+            line,
+            f"FROM {image}",
+            "alpine (musl) bases are not supported; use a Debian, Ubuntu or python:* base",
+        )
     if "@" in name:
         raise refuse(file, line, f"FROM {image}", "digest-pinned images are not supported")
     if repo == "ubuntu":
-        release = _UBUNTU.get(tag)
-        if release is None:
-            raise refuse(file, line, f"FROM {image}", f"unknown ubuntu tag {tag!r} (supported: {', '.join(sorted(_UBUNTU))})")
-        return release, False, f"{image} → Debian {release} (minbase)"  # type: ignore[return-value]
+        mapped = _UBUNTU.get(tag)
+        if mapped is None:
+            raise refuse(
+                file,
+                line,
+                f"FROM {image}",
+                f"unknown ubuntu tag {tag!r} (supported: {', '.join(sorted(_UBUNTU))})",
+            )
+        return mapped, False, f"{image} → Debian {mapped} (minbase)"
     if repo == "debian":
-        release = _DEBIAN.get(tag.split("-")[0])
-        if release is None:
-            raise refuse(file, line, f"FROM {image}", "only debian bookworm and trixie are served here")
-        return release, False, f"{image} → Debian {release} (minbase)"  # type: ignore[return-value]
+        mapped = _DEBIAN.get(tag.split("-")[0])
+        if mapped is None:
+            raise refuse(
+                file, line, f"FROM {image}", "only debian bookworm and trixie are served here"
+            )
+        return mapped, False, f"{image} → Debian {mapped} (minbase)"
     if repo == "python":
         match = re.match(r"^(\d+)(?:\.(\d+))?", tag)
-        minor = int(match.group(2)) if match and match.group(2) else (13 if tag in ("latest", "3", "slim") else -1)
+        minor = (
+            int(match.group(2))
+            if match and match.group(2)
+            else (13 if tag in ("latest", "3", "slim") else -1)
+        )
         if "bookworm" in tag:
             release: Release = "bookworm"
-        elif "trixie" in tag:
-            release = "trixie"
-        elif match and match.group(1) == "3" and minor >= 12 or tag in ("latest", "slim", "3"):
+        elif (
+            "trixie" in tag
+            or (match and match.group(1) == "3" and minor >= 12)
+            or tag in ("latest", "slim", "3")
+        ):
             release = "trixie"
         elif match and match.group(1) == "3" and minor == 11:
             release = "bookworm"
         else:
-            raise refuse(file, line, f"FROM {image}", "only Python 3.11 (bookworm) and 3.13 (trixie) are available here")
+            raise refuse(
+                file,
+                line,
+                f"FROM {image}",
+                "only Python 3.11 (bookworm) and 3.13 (trixie) are available here",
+            )
         wanted = f"3.{minor}" if minor >= 0 else "3"
         have = _PYTHON_OF[release]
         note = f"{image} → Debian {release} with its python3 ({have}" + (
             ")" if wanted == have else f", not {wanted})"
         )
         return release, True, note
-    raise refuse(file, line, f"FROM {image}", "unknown base image (supported: ubuntu:*, debian:bookworm|trixie, python:3.11+)")
+    raise refuse(
+        file,
+        line,
+        f"FROM {image}",
+        "unknown base image (supported: ubuntu:*, debian:bookworm|trixie, python:3.11+)",
+    )
 
 
 def parse_dockerfile(path: Path, *, build_timeout_s: float = 900) -> ImagePlan:
@@ -136,7 +163,12 @@ def parse_dockerfile(path: Path, *, build_timeout_s: float = 900) -> ImagePlan:
             raise UnsupportedEnvironment(path, line, keyword, "heredocs are not supported")
         if keyword == "FROM":
             if release is not None:
-                raise UnsupportedEnvironment(path, line, f"FROM {rest}", "multi-stage builds are not supported (one FROM only)")
+                raise UnsupportedEnvironment(
+                    path,
+                    line,
+                    f"FROM {rest}",
+                    "multi-stage builds are not supported (one FROM only)",
+                )
             words = [w for w in rest.split() if not w.startswith("--platform")]
             if not words:
                 raise UnsupportedEnvironment(path, line, "FROM", "names no image")
@@ -148,7 +180,9 @@ def parse_dockerfile(path: Path, *, build_timeout_s: float = 900) -> ImagePlan:
             command = command if not command.startswith("--") else _strip_flags(command, path, line)
             if re.search(r"\bpip3?\b|python3? -m pip", command):
                 packages.update(("python3-pip", "python3-venv"))
-            steps.append(RunStep(line=line, command=command, workdir=workdir, env={**build_args, **env}))
+            steps.append(
+                RunStep(line=line, command=command, workdir=workdir, env={**build_args, **env})
+            )
         elif keyword in ("COPY", "ADD"):
             steps.append(_copy(keyword, rest, path, line, context, workdir))
         elif keyword == "WORKDIR":
@@ -169,7 +203,9 @@ def parse_dockerfile(path: Path, *, build_timeout_s: float = 900) -> ImagePlan:
     if release is None:
         raise UnsupportedEnvironment(path, None, "FROM", "the Dockerfile has no FROM")
     if packages:
-        subs.append(f"pip at build time: Debian {' '.join(sorted(packages))} installed, PIP_BREAK_SYSTEM_PACKAGES=1")
+        subs.append(
+            f"pip at build time: Debian {' '.join(sorted(packages))} installed, PIP_BREAK_SYSTEM_PACKAGES=1"
+        )
     if workdir == "/":
         workdir = "/app"
         subs.append("no WORKDIR → /app")
@@ -239,21 +275,33 @@ def _copy(keyword: str, rest: str, path: Path, line: int, context: Path, workdir
     words = [w for w in words if not w.startswith("--")]
     for flag in flags:
         if flag.startswith("--from"):
-            raise UnsupportedEnvironment(path, line, f"{keyword} {flag}", "multi-stage builds are not supported")
+            raise UnsupportedEnvironment(
+                path, line, f"{keyword} {flag}", "multi-stage builds are not supported"
+            )
     if len(words) < 2:
         raise UnsupportedEnvironment(path, line, keyword, "needs a source and a destination")
     *sources, dest = words
     resolved: list[str] = []
     for source in sources:
         if re.match(r"^[a-z]+://", source):
-            raise UnsupportedEnvironment(path, line, f"{keyword} {source}", "URLs are not fetched at build time")
-        matches = sorted(glob.glob(str(context / source)))
+            raise UnsupportedEnvironment(
+                path, line, f"{keyword} {source}", "URLs are not fetched at build time"
+            )
+        matches = sorted(str(m) for m in context.glob(source.lstrip("/")))
         if not matches:
-            raise UnsupportedEnvironment(path, line, f"{keyword} {source}", f"not found in the build context {context}")
+            raise UnsupportedEnvironment(
+                path, line, f"{keyword} {source}", f"not found in the build context {context}"
+            )
         for match in matches:
-            rel = Path(match).resolve().relative_to(context.resolve()) if Path(match).resolve().is_relative_to(context.resolve()) else None
+            rel = (
+                Path(match).resolve().relative_to(context.resolve())
+                if Path(match).resolve().is_relative_to(context.resolve())
+                else None
+            )
             if rel is None:
-                raise UnsupportedEnvironment(path, line, f"{keyword} {source}", "leaves the build context")
+                raise UnsupportedEnvironment(
+                    path, line, f"{keyword} {source}", "leaves the build context"
+                )
             resolved.append(rel.as_posix())
     absolute = posixpath.join(workdir, dest) if not dest.startswith("/") else dest
     target = posixpath.normpath(absolute) + ("/" if dest.endswith("/") else "")

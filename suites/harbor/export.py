@@ -44,25 +44,40 @@ def _toml_str(text: str) -> str:
 
 
 def solve_script(task: TaskInstance) -> str:
-    lines = ["#!/bin/bash", f"# reference solution of {task.task_id} (epiflow export)", "set -e", "cd /workspace"]
+    lines = [
+        "#!/bin/bash",
+        f"# reference solution of {task.task_id} (epiflow export)",
+        "set -e",
+        "cd /workspace",
+    ]
     for step in task.reference_solution:
         if step.tool == "execute_shell":
-            lines.append(f"( cd /workspace && sh -c {shlex.quote(str(step.args['command']))} ) || true")
+            lines.append(
+                f"( cd /workspace && sh -c {shlex.quote(str(step.args['command']))} ) || true"
+            )
         elif step.tool == "write_file":
             path = str(step.args["path"])
             target = path if path.startswith("/") else posixpath.join("/workspace", path)
             encoded = base64.b64encode(str(step.args.get("content", "")).encode()).decode()
             lines.append(f"mkdir -p {shlex.quote(posixpath.dirname(target))}")
-            lines.append(f"base64 -d > {shlex.quote(target)} <<'EPIFLOW_EOF'\n{encoded}\nEPIFLOW_EOF")
+            lines.append(
+                f"base64 -d > {shlex.quote(target)} <<'EPIFLOW_EOF'\n{encoded}\nEPIFLOW_EOF"
+            )
     return "\n".join(lines) + "\n"
 
 
 def test_script(task: TaskInstance) -> str:
     spec = task.verifier
-    lines = ["#!/bin/bash", f"# verifier of {task.task_id} (epiflow export): runs offline", "mkdir -p /logs/verifier"]
+    lines = [
+        "#!/bin/bash",
+        f"# verifier of {task.task_id} (epiflow export): runs offline",
+        "mkdir -p /logs/verifier",
+    ]
     for path in sorted(spec.files):
         rel = path.lstrip("/")
-        lines.append(f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cp /tests/files/{shlex.quote(rel)} {shlex.quote(path)}")
+        lines.append(
+            f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cp /tests/files/{shlex.quote(rel)} {shlex.quote(path)}"
+        )
     inline = spec.inline_python
     if inline is not None:
         command = "python3 -I -S /tests/verifier.py " + " ".join(shlex.quote(a) for a in inline[1])
@@ -90,9 +105,9 @@ def export_task(task: TaskInstance, out: Path) -> Path:
     (folder / "tests" / "files").mkdir(parents=True, exist_ok=True)
     (folder / "solution").mkdir(exist_ok=True)
     for rel, content in task.files.items():
-        path = env / "workspace" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content, encoding="utf-8")
+        file = env / "workspace" / rel
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(content, encoding="utf-8")
     (env / "Dockerfile").write_text(
         "FROM python:3.13-slim\nWORKDIR /workspace\n"
         + ("COPY workspace/ /workspace/\n" if task.files else "")
@@ -100,16 +115,16 @@ def export_task(task: TaskInstance, out: Path) -> Path:
     (folder / "instruction.md").write_text(task.prompt, encoding="utf-8")
     (folder / "task.toml").write_text(
         'version = "1.0"\n\n[metadata]\n'
-        f'difficulty = {_toml_str(["trivial", "easy", "medium", "hard", "expert"][task.difficulty - 1])}\n'
-        f'category = {_toml_str("epiflow-" + task.suite)}\n'
+        f"difficulty = {_toml_str(['trivial', 'easy', 'medium', 'hard', 'expert'][task.difficulty - 1])}\n"
+        f"category = {_toml_str('epiflow-' + task.suite)}\n"
         f"tags = [{_toml_str(task.template)}, {_toml_str('seed-' + str(task.seed))}]\n"
         f"epiflow_task_id = {_toml_str(task.task_id)}\n\n"
         f"[verifier]\ntimeout_sec = {max(task.verifier.timeout_s, 60.0)}\n\n"
         "[agent]\ntimeout_sec = 600.0\n\n"
         '[environment]\ncpus = 1\nmemory = "2G"\nstorage = "1G"\n'
     )
-    for path, text in task.verifier.files.items():
-        target = folder / "tests" / "files" / path.lstrip("/")
+    for jail_path, text in task.verifier.files.items():
+        target = folder / "tests" / "files" / jail_path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     inline = task.verifier.inline_python

@@ -126,11 +126,15 @@ class HarborSuite(Suite):
         self.images_dir = images_dir
         self.invalid = invalid or []
         """Tasks left out (malformed or unsupported), when loaded with skip-invalid."""
-        self.plans = {t.name: parse_dockerfile(t.dockerfile, build_timeout_s=t.build_timeout_s) for t in tasks}
+        self.plans = {
+            t.name: parse_dockerfile(t.dockerfile, build_timeout_s=t.build_timeout_s) for t in tasks
+        }
         self._environments: dict[str, TaskEnvironment] = {}
         self._lock = threading.Lock()
         templates = [self._template(t) for t in tasks]
-        super().__init__(name, "1", templates, description=f"Harbor dataset {source}", source=source)
+        super().__init__(
+            name, "1", templates, description=f"Harbor dataset {source}", source=source
+        )
 
     def _template(self, task: HarborTask) -> TaskTemplate:
         workdir = self.plans[task.name].workdir
@@ -138,14 +142,20 @@ class HarborSuite(Suite):
             prompt=task.instruction,
             reference_solution=oracle_steps(task, workdir),
             reference_final="Done.",
-            verifier=VerifierSpec(argv=["bash", "/tests/test.sh"], timeout_s=task.verifier_timeout_s),
+            verifier=VerifierSpec(
+                argv=["bash", "/tests/test.sh"], timeout_s=task.verifier_timeout_s
+            ),
         )
-        first = next((line.strip("# ").strip() for line in task.instruction.splitlines() if line.strip()), "")
+        first = next(
+            (line.strip("# ").strip() for line in task.instruction.splitlines() if line.strip()), ""
+        )
         return TaskTemplate(
             name=task.name,
             version=f"{task.version}+{task.content_hash[:10]}",
             difficulty=task.difficulty,
-            summary=f"{first} (harbor: {task.difficulty_label or '-'}, {task.category or '-'})"[:120],
+            summary=f"{first} (harbor: {task.difficulty_label or '-'}, {task.category or '-'})"[
+                :120
+            ],
             build=lambda _rng: draft,
         )
 
@@ -161,12 +171,16 @@ class HarborSuite(Suite):
             task, plan = self.tasks[name], self.plans[name]
             built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
             python = "3.13" if plan.release == "trixie" else "3.11"
-            requirements = verifier_requirements((task.tests_dir / "test.sh").read_text(errors="replace"))
+            requirements = verifier_requirements(
+                (task.tests_dir / "test.sh").read_text(errors="replace")
+            )
             toolkit = ensure_toolkit(self.images_dir, requirements, python)
             spec_limits, notes = limits(task)
             substitutions = [*built.substitutions, *notes]
             if task.docker_image:
-                substitutions.append(f"docker_image {task.docker_image} not pulled: built from the Dockerfile")
+                substitutions.append(
+                    f"docker_image {task.docker_image} not pulled: built from the Dockerfile"
+                )
             env = TaskEnvironment(
                 image=ImageMount(root=built.root, digest=built.digest, workdir=plan.workdir, env=plan.env),
                 limits=spec_limits,

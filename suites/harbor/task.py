@@ -90,12 +90,12 @@ def content_hash(folder: Path) -> str:
 
 def _size_mib(value: object, file: Path, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise HarborTaskError(file, field, f"expected a size such as \"2G\" or \"512M\", got {value!r}")
+        raise HarborTaskError(file, field, f'expected a size such as "2G" or "512M", got {value!r}')
     if isinstance(value, int | float):
         return int(value)
     match = _SIZE.match(value)
     if not match:
-        raise HarborTaskError(file, field, f"expected a size such as \"2G\" or \"512M\", got {value!r}")
+        raise HarborTaskError(file, field, f'expected a size such as "2G" or "512M", got {value!r}')
     return max(1, int(float(match.group(1)) * _UNIT_MIB[match.group(2).upper()]))
 
 
@@ -132,11 +132,15 @@ def load_task(path: Path) -> HarborTask:
         raise HarborTaskError(toml_path, "steps", "multi-step tasks ([[steps]]) are not supported")
     schema = str(data.get("schema_version", data.get("version", "1.0")))
     if schema not in ("1.0", "1.1"):
-        raise HarborTaskError(toml_path, "schema_version", f"unsupported schema {schema!r} (1.0 or 1.1)")
+        raise HarborTaskError(
+            toml_path, "schema_version", f"unsupported schema {schema!r} (1.0 or 1.1)"
+        )
     task_table = _table(data, "task", toml_path)
     raw_name = task_table.get("name", path.name)
     if not isinstance(raw_name, str) or not raw_name.strip():
-        raise HarborTaskError(toml_path, "task.name", f"expected a non-empty string, got {raw_name!r}")
+        raise HarborTaskError(
+            toml_path, "task.name", f"expected a non-empty string, got {raw_name!r}"
+        )
     name = re.sub(r"[^a-z0-9_.-]+", "-", raw_name.strip().lower().replace("/", ".")).strip("-")
     version = str(task_table.get("version", data.get("version", "1.0")))
     agent = _table(data, "agent", toml_path)
@@ -145,7 +149,9 @@ def load_task(path: Path) -> HarborTask:
     meta = _table(data, "metadata", toml_path)
     cpus = env.get("cpus", 1)
     if isinstance(cpus, bool) or not isinstance(cpus, int | float) or cpus < 1:
-        raise HarborTaskError(toml_path, "environment.cpus", f"expected a whole number ≥ 1, got {cpus!r}")
+        raise HarborTaskError(
+            toml_path, "environment.cpus", f"expected a whole number ≥ 1, got {cpus!r}"
+        )
     if "memory" in env and "memory_mb" in env:
         raise HarborTaskError(toml_path, "environment.memory", "give memory or memory_mb, not both")
     memory = (
@@ -157,13 +163,19 @@ def load_task(path: Path) -> HarborTask:
         else _size_mib(env.get("storage_mb", 10240), toml_path, "environment.storage_mb")
     )  # fmt: skip
     if memory < 512:
-        raise HarborTaskError(toml_path, "environment.memory", f"at least 512 MiB, got {memory} MiB")
+        raise HarborTaskError(
+            toml_path, "environment.memory", f"at least 512 MiB, got {memory} MiB"
+        )
     tags = meta.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise HarborTaskError(toml_path, "metadata.tags", f"expected a list of strings, got {tags!r}")
+        raise HarborTaskError(
+            toml_path, "metadata.tags", f"expected a list of strings, got {tags!r}"
+        )
     for key in ("difficulty", "category"):
         if not isinstance(meta.get(key, ""), str):
-            raise HarborTaskError(toml_path, f"metadata.{key}", f"expected a string, got {meta[key]!r}")
+            raise HarborTaskError(
+                toml_path, f"metadata.{key}", f"expected a string, got {meta[key]!r}"
+            )
     instruction_path = path / "instruction.md"
     try:
         instruction = instruction_path.read_text(encoding="utf-8")
@@ -173,9 +185,19 @@ def load_task(path: Path) -> HarborTask:
         raise HarborTaskError(instruction_path, "<file>", f"cannot be read: {e}") from e
     if not instruction.strip():
         raise HarborTaskError(instruction_path, "<file>", "is empty")
-    for required, what in (("environment/Dockerfile", "the environment"), ("tests/test.sh", "the verifier")):
+    for required, what in (
+        ("environment/Dockerfile", "the environment"),
+        ("tests/test.sh", "the verifier"),
+    ):
         if not (path / required).is_file():
-            raise HarborTaskError(path / required, "<file>", f"missing ({what}; docker-compose environments are not supported)" if required.endswith("Dockerfile") and (path / "environment" / "docker-compose.yaml").exists() else f"missing ({what})")
+            raise HarborTaskError(
+                path / required,
+                "<file>",
+                f"missing ({what}; docker-compose environments are not supported)"
+                if required.endswith("Dockerfile")
+                and (path / "environment" / "docker-compose.yaml").exists()
+                else f"missing ({what})",
+            )
     docker_image = env.get("docker_image")
     return HarborTask(
         path=path,
@@ -185,8 +207,12 @@ def load_task(path: Path) -> HarborTask:
         content_hash=content_hash(path),
         instruction=instruction,
         agent_timeout_s=_number(agent, "timeout_sec", toml_path, "agent.timeout_sec", 600.0),
-        verifier_timeout_s=_number(verifier, "timeout_sec", toml_path, "verifier.timeout_sec", 600.0),
-        build_timeout_s=_number(env, "build_timeout_sec", toml_path, "environment.build_timeout_sec", 900.0),
+        verifier_timeout_s=_number(
+            verifier, "timeout_sec", toml_path, "verifier.timeout_sec", 600.0
+        ),
+        build_timeout_s=_number(
+            env, "build_timeout_sec", toml_path, "environment.build_timeout_sec", 900.0
+        ),
         cpus=int(cpus),
         memory_mib=memory,
         storage_mib=storage,

@@ -173,7 +173,9 @@ def ensure_toolkit(images_dir: Path, requirements: tuple[str, ...], python: str)
     if uv is None:
         raise ImageBuildError("the offline verifier toolkit needs uv on the host (pip install uv)")
     key = hashlib.sha256(
-        json.dumps([TOOLKIT_VERSION, list(requirements), python, str(uv[0].stat().st_size)]).encode()
+        json.dumps(
+            [TOOLKIT_VERSION, list(requirements), python, str(uv[0].stat().st_size)]
+        ).encode()
     ).hexdigest()[:16]
     folder = images_dir / f"toolkit-{key}"
     if (folder / "toolkit.json").is_file():
@@ -192,7 +194,9 @@ def ensure_toolkit(images_dir: Path, requirements: tuple[str, ...], python: str)
     return folder
 
 
-def _build(staging: Path, requirements: tuple[str, ...], python: str, uv: tuple[Path, Path]) -> None:
+def _build(
+    staging: Path, requirements: tuple[str, ...], python: str, uv: tuple[Path, Path]
+) -> None:
     for sub in ("bin", "shims", "wheels"):
         (staging / sub).mkdir(parents=True)
     shutil.copy2(uv[0], staging / "bin" / "uv")

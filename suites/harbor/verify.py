@@ -18,6 +18,7 @@ a malformed or out-of-range reward, a verifier jail that cannot start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import shutil
@@ -59,6 +60,14 @@ for name, path, cap in (
         out[name + "_truncated"] = True
 print(json.dumps(out))
 """
+
+
+def _read_tree(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def verifier_spec(env: TaskEnvironment, agent_spec: SandboxSpec) -> SandboxSpec:
@@ -114,13 +123,17 @@ def reward_from(collected: dict[str, str]) -> tuple[float | None, dict[str, Any]
         return value, keys, "reward.txt"
     if "reward_json" in collected:
         keys = _reward_json(collected["reward_json"])
-        numbers = {k: v for k, v in keys.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        numbers = {
+            k: v for k, v in keys.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }
         for key in ("reward", "score"):
             if key in numbers:
                 return float(numbers[key]), keys, "reward.json"
         if len(numbers) == 1:
             return float(next(iter(numbers.values()))), keys, "reward.json"
-        raise ValueError(f"reward.json has no `reward` or `score` key and {len(numbers)} numbers: {sorted(keys)}")
+        raise ValueError(
+            f"reward.json has no `reward` or `score` key and {len(numbers)} numbers: {sorted(keys)}"
+        )
     return None, {}, ""
 
 
@@ -179,19 +192,25 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
     export = getattr(sandbox, "export", None)
     settings = getattr(sandbox, "settings", None)
     agent_spec = getattr(sandbox, "spec", None)
-    if export is None or not isinstance(settings, SandboxSettings) or not isinstance(agent_spec, SandboxSpec):
-        return _error("a Harbor verifier needs an nsjail sandbox (export, settings, spec)", details, started)
+    if (
+        export is None
+        or not isinstance(settings, SandboxSettings)
+        or not isinstance(agent_spec, SandboxSpec)
+    ):
+        return _error(
+            "a Harbor verifier needs an nsjail sandbox (export, settings, spec)", details, started
+        )
     await sandbox.stop_processes()
     scratch = Path(tempfile.mkdtemp(prefix="epiflow-harbor-"))
     try:
         report = await export(scratch, max_bytes=settings.populate_max_bytes)
         if report.truncated or report.left_out or report.skipped:
-            return _error(f"the agent's workdir is too large to hand to the verifier ({report})", details, started)
-        files = {
-            p.relative_to(scratch).as_posix(): p.read_bytes()
-            for p in sorted(scratch.rglob("*"))
-            if p.is_file() and not p.is_symlink()
-        }
+            return _error(
+                f"the agent's workdir is too large to hand to the verifier ({report})",
+                details,
+                started,
+            )
+        files = await asyncio.to_thread(_read_tree, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     from sandbox.factory import activate, start_jail
@@ -224,7 +243,9 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
     try:
         collected: dict[str, str] = json.loads(collected_run.stdout.decode("utf-8", "replace"))
     except ValueError:
-        return _error("could not read /logs/verifier from the verifier jail", details, started, **raw)
+        return _error(
+            "could not read /logs/verifier from the verifier jail", details, started, **raw
+        )
     if "ctrf" in collected:
         info["ctrf"] = collected["ctrf"]
         info["tests"] = ctrf_tests(collected["ctrf"])
@@ -236,7 +257,9 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
             details, started, **raw,
         )  # fmt: skip
     if run.timed_out:
-        return _error(f"tests/test.sh timed out after {env.verifier_timeout_s:g} s", details, started, **raw)
+        return _error(
+            f"tests/test.sh timed out after {env.verifier_timeout_s:g} s", details, started, **raw
+        )
     try:
         score, keys, source = reward_from(collected)
     except ValueError as e:
@@ -251,7 +274,12 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
                 reason=f"tests/test.sh exited {run.exit_code} without writing a reward (tests failed)",
                 details=details, duration_ms=duration_ms, **raw,
             )  # fmt: skip
-        return _error("tests/test.sh wrote neither /logs/verifier/reward.txt nor reward.json", details, started, **raw)
+        return _error(
+            "tests/test.sh wrote neither /logs/verifier/reward.txt nor reward.json",
+            details,
+            started,
+            **raw,
+        )
     if not math.isfinite(score) or not 0.0 <= score <= 1.0:
         return _error(f"reward {score!r} ({source}) is outside [0, 1]", details, started, **raw)
     passed = sum(1 for t in info.get("tests", []) if t["status"] == "passed")

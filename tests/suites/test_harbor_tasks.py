@@ -37,7 +37,9 @@ needs_builder = pytest.mark.skipif(
 )
 
 
-def _task(root: Path, name: str, *, toml: str, dockerfile: str, test_sh: str, solve: str = "") -> Path:
+def _task(
+    root: Path, name: str, *, toml: str, dockerfile: str, test_sh: str, solve: str = ""
+) -> Path:
     task = root / name
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -59,7 +61,11 @@ def test_both_interop_tasks_parse_with_their_limits_and_metadata() -> None:
     assert (hello.memory_mib, hello.storage_mib, hello.cpus) == (2048, 10240, 1)  # memory = "2G"
     assert (csv.memory_mib, csv.storage_mib, csv.cpus) == (4096, 10240, 2)  # memory_mb
     assert (hello.agent_timeout_s, csv.verifier_timeout_s) == (120.0, 300.0)
-    assert (csv.difficulty_label, csv.category, csv.tags) == ("easy", "data-processing", ("csv", "python", "filter"))
+    assert (csv.difficulty_label, csv.category, csv.tags) == (
+        "easy",
+        "data-processing",
+        ("csv", "python", "filter"),
+    )
     assert hello.instruction.startswith("Create a file called hello.txt")
     assert len(hello.content_hash) == 64 and hello.content_hash != csv.content_hash
 
@@ -85,7 +91,9 @@ def test_schema_1_1_names_the_task(tmp_path: Path) -> None:
         ("version = \n", "<file>"),
     ],
 )
-def test_malformed_task_toml_is_one_line_naming_file_and_field(tmp_path: Path, toml: str, field: str) -> None:
+def test_malformed_task_toml_is_one_line_naming_file_and_field(
+    tmp_path: Path, toml: str, field: str
+) -> None:
     task = _task(tmp_path, "t", toml=toml, dockerfile="FROM ubuntu:24.04\n", test_sh="true\n")
     with pytest.raises(HarborTaskError) as caught:
         load_task(task)
@@ -101,13 +109,19 @@ def test_malformed_task_toml_is_one_line_naming_file_and_field(tmp_path: Path, t
         ("FROM python:3.13-alpine\n", 1, "alpine"),
         ("FROM nvidia/cuda:12.1.0-devel-ubuntu22.04\n", 1, "unknown base image"),
         ("FROM ubuntu:24.04 AS build\nRUN true\nFROM ubuntu:24.04\n", 3, "multi-stage"),
-        ("FROM ubuntu:24.04\n\nCOPY --from=ghcr.io/astral-sh/uv:latest /uv /bin/\n", 3, "multi-stage"),
+        (
+            "FROM ubuntu:24.04\n\nCOPY --from=ghcr.io/astral-sh/uv:latest /uv /bin/\n",
+            3,
+            "multi-stage",
+        ),
         ("FROM ubuntu:24.04\nADD https://example.com/x.tgz /x\n", 2, "URLs"),
         ("FROM ubuntu:24.04\nONBUILD RUN true\n", 2, "not supported"),
         ("# comment\nFROM python:3.9\n", 2, "Python 3.11"),
     ],
 )
-def test_unsupported_environments_are_refused_naming_the_line(tmp_path: Path, dockerfile: str, line: int, words: str) -> None:
+def test_unsupported_environments_are_refused_naming_the_line(
+    tmp_path: Path, dockerfile: str, line: int, words: str
+) -> None:
     path = tmp_path / "Dockerfile"
     path.write_text(dockerfile)
     with pytest.raises(UnsupportedEnvironment) as caught:
@@ -117,7 +131,9 @@ def test_unsupported_environments_are_refused_naming_the_line(tmp_path: Path, do
 
 
 def test_a_docker_compose_environment_is_refused(tmp_path: Path) -> None:
-    task = _task(tmp_path, "t", toml='version = "1.0"\n', dockerfile="FROM ubuntu:24.04\n", test_sh="true\n")
+    task = _task(
+        tmp_path, "t", toml='version = "1.0"\n', dockerfile="FROM ubuntu:24.04\n", test_sh="true\n"
+    )
     (task / "environment" / "Dockerfile").unlink()
     (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
     with pytest.raises(HarborTaskError, match="docker-compose environments are not supported"):
@@ -130,15 +146,31 @@ def test_bases_map_to_the_debian_releases_served_here() -> None:
     assert (hello.release, csv.release) == ("trixie", "trixie")
     assert hello.base_key() == csv.base_key()  # one base image for both tasks
     assert hello.substitutions == ("ubuntu:24.04 → Debian trixie (minbase)",)
-    assert csv.substitutions[0].startswith("python:3.13-slim → Debian trixie with its python3 (3.13)")
+    assert csv.substitutions[0].startswith(
+        "python:3.13-slim → Debian trixie with its python3 (3.13)"
+    )
     assert csv.python_links and csv.workdir == "/app"
 
 
-def test_a_dataset_with_bad_tasks_lists_them_and_runs_the_rest_only_when_asked(tmp_path: Path) -> None:
+def test_a_dataset_with_bad_tasks_lists_them_and_runs_the_rest_only_when_asked(
+    tmp_path: Path,
+) -> None:
     good = 'version = "1.0"\n'
-    _task(tmp_path, "good", toml=good, dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n", test_sh="true\n")
+    _task(
+        tmp_path,
+        "good",
+        toml=good,
+        dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+        test_sh="true\n",
+    )
     _task(tmp_path, "alpine", toml=good, dockerfile="FROM alpine:3.22\n", test_sh="true\n")
-    _task(tmp_path, "bad-toml", toml='version = "1.0"\n[environment]\ncpus = 0\n', dockerfile="FROM ubuntu:24.04\n", test_sh="true\n")
+    _task(
+        tmp_path,
+        "bad-toml",
+        toml='version = "1.0"\n[environment]\ncpus = 0\n',
+        dockerfile="FROM ubuntu:24.04\n",
+        test_sh="true\n",
+    )
     with pytest.raises(HarborDatasetError) as caught:
         load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images")
     lines = str(caught.value).splitlines()
@@ -154,11 +186,16 @@ def test_rewards_ctrf_and_requirements_are_read_as_harbor_writes_them() -> None:
     assert reward_from({})[0] is None
     with pytest.raises(ValueError, match="no `reward` or `score`"):
         reward_from({"reward_json": '{"a": 1, "b": 2}'})
-    tests = ctrf_tests('{"results": {"tests": [{"name": "t::a", "status": "failed", "duration": 3, "message": "boom"}]}}')
+    tests = ctrf_tests(
+        '{"results": {"tests": [{"name": "t::a", "status": "failed", "duration": 3, "message": "boom"}]}}'
+    )
     assert tests == [{"name": "t::a", "status": "failed", "duration_ms": 3.0, "message": "boom"}]
     script = (INTEROP / "csv-filter" / "tests" / "test.sh").read_text()
     assert verifier_requirements(script) == ("pytest-json-ctrf==0.3.5", "pytest==8.4.1")
-    assert verifier_requirements("pip install requests==2.32.3 -q\nuv run --with 'numpy' x") == ("numpy", "requests==2.32.3")
+    assert verifier_requirements("pip install requests==2.32.3 -q\nuv run --with 'numpy' x") == (
+        "numpy",
+        "requests==2.32.3",
+    )
 
 
 # --- end to end on real nsjail -------------------------------------------------------------
@@ -171,7 +208,13 @@ def _episode(task, policy_spec: str):  # type: ignore[no-untyped-def]
     from sandbox import SandboxSpec
 
     return asyncio.run(
-        run_episode(task, make_policy(policy_spec), spec=SandboxSpec(), run_key=f"harbor-test/{policy_spec}", settings=LoopSettings())
+        run_episode(
+            task,
+            make_policy(policy_spec),
+            spec=SandboxSpec(),
+            run_key=f"harbor-test/{policy_spec}",
+            settings=LoopSettings(),
+        )
     )
 
 
@@ -183,7 +226,9 @@ def interop_suite():  # type: ignore[no-untyped-def]
 
 
 @needs_builder
-def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(interop_suite, db_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(
+    interop_suite, db_url: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     from agent.trajectory import EpisodeStatus
     from models import HarborEpisode, HarborTest
     from storage.episodes import persist_episodes
@@ -195,14 +240,23 @@ def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(interop_suite, db_ur
         task = interop_suite.generate(name, 0)
         assert task.environment is not None and task.environment.image.workdir == "/app"
         oracle = _episode(task, "scripted:oracle")
-        assert oracle.status == EpisodeStatus.SUCCESS, (oracle.failure_reason, oracle.verifier_reason)
+        assert oracle.status == EpisodeStatus.SUCCESS, (
+            oracle.failure_reason,
+            oracle.verifier_reason,
+        )
         assert oracle.verifier_score == 1.0
         assert any(s.tool == "execute_shell" and "solve.sh" in str(s.args) for s in oracle.steps)
         idle = _episode(task, "scripted:idle")
-        assert idle.status == EpisodeStatus.FAILED and idle.verifier_score == 0.0, idle.verifier_reason
+        assert idle.status == EpisodeStatus.FAILED and idle.verifier_score == 0.0, (
+            idle.verifier_reason
+        )
         info = oracle.verifier_details["harbor"]  # type: ignore[index]
         assert info["image"] == task.environment.image.digest
-        assert info["substitutions"] and info["tests"] and all(t["status"] == "passed" for t in info["tests"])
+        assert (
+            info["substitutions"]
+            and info["tests"]
+            and all(t["status"] == "passed" for t in info["tests"])
+        )
         trajectories += [oracle, idle]
 
     engine = create_engine(db_url)
@@ -214,7 +268,10 @@ def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(interop_suite, db_ur
         episodes = conn.execute(select(HarborEpisode.__table__)).mappings().all()  # type: ignore[attr-defined]
         tests = conn.execute(select(HarborTest.__table__)).mappings().all()  # type: ignore[attr-defined]
     by = {(r["task_name"], r["tests_passed"] == r["tests_total"]): r for r in episodes}
-    assert by[("csv-filter", True)]["reward"] == {"score": 1.0} and by[("csv-filter", True)]["category"] == "data-processing"
+    assert (
+        by[("csv-filter", True)]["reward"] == {"score": 1.0}
+        and by[("csv-filter", True)]["category"] == "data-processing"
+    )
     assert by[("hello-world", True)]["reward"] == {"reward": 1.0}
     assert {r["status"] for r in tests} == {"passed", "failed"}
     assert len([r for r in tests if r["status"] == "passed"]) == 5  # 2 + 3 tests of the oracles
@@ -239,7 +296,9 @@ def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: 
         suite = load_harbor_suite(root, name="net", images_dir=IMAGES)
         traj = _episode(suite.generate("needs-net", 0), "scripted:oracle")
         assert traj.status == EpisodeStatus.ENV_ERROR, traj.failure_reason
-        assert "needs the network" in (traj.failure_reason or "") and "example.com" in (traj.failure_reason or "")
+        assert "needs the network" in (traj.failure_reason or "") and "example.com" in (
+            traj.failure_reason or ""
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -261,7 +320,11 @@ def test_exported_builtin_templates_round_trip_with_oracle_one() -> None:
         for name in suite.templates:
             harbor_task = suite.generate(name, 0)
             traj = _episode(harbor_task, "scripted:oracle")
-            assert traj.status == EpisodeStatus.SUCCESS and traj.verifier_score == 1.0, (name, traj.failure_reason, traj.verifier_reason)
+            assert traj.status == EpisodeStatus.SUCCESS and traj.verifier_score == 1.0, (
+                name,
+                traj.failure_reason,
+                traj.verifier_reason,
+            )
             idle = _episode(harbor_task, "scripted:idle")
             assert idle.verifier_score == 0.0, (name, idle.verifier_reason)
     finally:
