@@ -201,7 +201,7 @@ def test_rewards_ctrf_and_requirements_are_read_as_harbor_writes_them() -> None:
 # --- end to end on real nsjail -------------------------------------------------------------
 
 
-def _episode(task, policy_spec: str):  # type: ignore[no-untyped-def]
+def _episode(task, policy_spec: str):
     from agent.loop import run_episode
     from agent.policies import make_policy
     from agent.settings import LoopSettings
@@ -219,7 +219,7 @@ def _episode(task, policy_spec: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def interop_suite():  # type: ignore[no-untyped-def]
+def interop_suite():
     IMAGES.mkdir(exist_ok=True)
     IMAGES.chmod(0o755)
     return load_harbor_suite(INTEROP, name="harbor-tasks", images_dir=IMAGES)
@@ -228,7 +228,7 @@ def interop_suite():  # type: ignore[no-untyped-def]
 @needs_builder
 def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(
     interop_suite, db_url: str, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from agent.trajectory import EpisodeStatus
     from models import HarborEpisode, HarborTest
     from storage.episodes import persist_episodes
@@ -250,7 +250,7 @@ def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(
         assert idle.status == EpisodeStatus.FAILED and idle.verifier_score == 0.0, (
             idle.verifier_reason
         )
-        info = oracle.verifier_details["harbor"]  # type: ignore[index]
+        info = oracle.verifier_details["harbor"]
         assert info["image"] == task.environment.image.digest
         assert (
             info["substitutions"]
