@@ -245,6 +245,7 @@ class _Episode:
             raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, reason) from e
         traj.verifier_score = outcome.score
         traj.verifier_reason = outcome.reason
+        traj.verifier_details = dict(getattr(outcome, "details", None) or {}) or None
         if outcome.error:
             raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, outcome.reason)
 
@@ -289,6 +290,8 @@ async def run_episode(
         asyncio.CancelledError: the caller cancelled; the sandbox is closed first.
     """
     tools = dict(tools if tools is not None else BUILTIN_TOOLS)
+    if task.environment is not None:  # a Harbor task: its own image and limits
+        spec = task.environment.sandbox_spec(spec)
     seed = rollout_index if policy_seed is None else policy_seed
     fault_profile: dict[str, Any] = faults.model_dump(mode="json") if faults is not None else {}
     traj = Trajectory(

@@ -20,6 +20,7 @@ from sqlmodel import col
 from agent.trajectory import Trajectory
 from models import Artifact, Episode
 from storage.errors import ObjectNotFound, ObjectStoreError
+from storage.harbor_rows import write_harbor_rows
 from storage.ingest import (
     ArtifactRef,
     EpisodeBundle,
@@ -53,6 +54,12 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
             if truncated or lossy or getattr(s, f"{stream}_truncated"):
                 info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
+    ctrf = (t.verifier_details or {}).get("harbor", {}).get("ctrf")
+    if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (suites/harbor/verify.py)
+        info = store.put(
+            f"{prefix}/verifier/ctrf.json", ctrf.encode(), content_type="application/json"
+        )
+        refs.append(ArtifactRef(info=info, kind="ctrf"))
     body = t.model_dump_json(by_alias=True).encode()
     info = store.put(f"{prefix}/trajectory.json", body, content_type="application/json")
     refs.append(ArtifactRef(info=info, kind="trajectory"))
@@ -87,6 +94,7 @@ def persist_episodes(
     else:
         bundles = [upload(t) for t in todo]
     report = ingest_episodes(engine, bundles)
+    write_harbor_rows(engine, [b.trajectory for b in bundles], report.inserted)
     report.skipped_existing = sorted(set(report.skipped_existing) | present, key=str)
     return report
 

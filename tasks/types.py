@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from suites.environment import TaskEnvironment
+
 
 class ReferenceCall(BaseModel):
     """One tool call of a task's reference solution."""
@@ -83,6 +85,8 @@ class TaskInstance(BaseModel):
     """The oracle's `<final>` text."""
     verifier: VerifierSpec
     """How the outcome is checked."""
+    environment: TaskEnvironment | None = None
+    """The task's own image and limits (a Harbor task); None: the toolchain jail."""
 
     @property
     def content_digest(self) -> str:

@@ -25,6 +25,7 @@ import math
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,6 +85,9 @@ class VerifierOutcome(BaseModel):
     """The verifier's raw stderr (capped at `MAX_RAW_CHARS`)."""
     duration_ms: float = 0.0
     """Wall time of installing and running the verifier, milliseconds."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """What a verifier reports beyond the score (a Harbor task's reward keys, per-test
+    results, image and substitutions: `suites/harbor/verify.py`); stored with the episode."""
 
 
 Verifier = Callable[[Sandbox, TaskInstance], Awaitable[VerifierOutcome]]
@@ -123,6 +127,10 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
         SandboxCrashed: the sandbox died while the verifier ran (an environment error).
         EpisodeHardTimeout: the episode's hard timeout fired.
     """
+    if task.environment is not None:  # a Harbor task: its own tests/test.sh in its own image
+        from suites.harbor.verify import run_harbor_verifier
+
+        return await run_harbor_verifier(sandbox, task)
     spec = task.verifier
     started = time.perf_counter()
 
