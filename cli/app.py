@@ -12,30 +12,43 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import importlib
 import json
 import signal
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from sqlalchemy.exc import OperationalError
 
-from cli import collect as _cli_collect
-from cli import dataset as _cli_dataset
-from cli import ops as _cli_ops
-from cli import protocol as _cli_protocol
-from cli import report as _cli_report
-from cli import sandbox as _cli_sandbox
-from cli import suites as _cli_suites
-from config.settings import Settings, load_settings
 from core.errors import EpiflowError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from config.settings import Settings
 
 USER_ERRORS = (EpiflowError,)
 """Failures a user fixes through settings or arguments: one line, exit code 2. Every
 package's root error derives from `EpiflowError` (see `core/errors.py`)."""
+
+REGISTERED: dict[str, tuple[str, ...]] = {
+    "cli.collect": ("collect", "show", "export", "import", "replay"),
+    "cli.ops": ("qc", "train", "evaluate", "serve"),
+    "cli.report": ("report",),
+}
+"""Command modules with a `register(app)`, and the top-level commands each adds."""
+GROUPS: dict[str, str] = {
+    "suites": "cli.suites",
+    "dataset": "cli.dataset",
+    "protocol": "cli.protocol",
+    "sandbox": "cli.sandbox",
+}
+"""Command groups (a module's own `app`), by name."""
+# A command imports only its own module (`epiflow protocol parse` never imports the
+# collection stack): `build_app` adds just the module that owns it. `epiflow --help` and
+# an unknown name add every module, so the listing and "no such command" stay whole.
 
 app = typer.Typer(
     name="epiflow",
@@ -43,13 +56,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-_cli_collect.register(app)
-_cli_ops.register(app)
-_cli_report.register(app)
-app.add_typer(_cli_suites.app, name="suites")
-app.add_typer(_cli_dataset.app, name="dataset")
-app.add_typer(_cli_protocol.app, name="protocol")
-app.add_typer(_cli_sandbox.app, name="sandbox")
+"""The commands defined here (`db`, `prefect`, `demo`); `build_app` adds the modules."""
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
@@ -59,12 +66,39 @@ prefect_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(prefect_app, name="prefect")
+_added: set[str] = set()
+
+
+def build_app(command: str | None = None) -> typer.Typer:
+    """The `epiflow` app with the module that owns `command` added, or every module
+    (`None`, or a name no module owns). Adding is idempotent."""
+    owners = [m for m, names in REGISTERED.items() if command in names]
+    groups = [command] if command in GROUPS else []
+    if not owners and not groups:
+        owners, groups = list(REGISTERED), list(GROUPS)
+    for module in owners:
+        if module not in _added:
+            importlib.import_module(module).register(app)
+            _added.add(module)
+    for name in groups:
+        if name not in _added:
+            app.add_typer(importlib.import_module(GROUPS[name]).app, name=name)
+            _added.add(name)
+    return app
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The first argument that is not an option: the command asked for, if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 
 def _settings() -> Settings:
+    from config.settings import load_settings
+
     return load_settings()
 
 
@@ -230,24 +264,35 @@ def main() -> None:
     # test) sees where a command that will not stop is waiting, without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        app()
+        build_app(_command_of(sys.argv[1:]))()
     except USER_ERRORS as e:
         sys.exit(report_error(e))
-    except ValidationError as e:
-        sys.exit(report_line(validation_line(e)))
-    except OperationalError as e:
-        reason = str(e.orig or e).strip().splitlines()[0][:300]
-        sys.exit(
-            report_line(f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)")
-        )
-    except OSError as e:
-        if e.errno not in _DISK_ERRNOS:
+    except Exception as e:
+        # pydantic and SQLAlchemy are imported by the commands that use them, not here:
+        # an error of theirs can only come from a command that imported them.
+        if _is_instance(e, "pydantic_core", "ValidationError"):
+            sys.exit(report_line(validation_line(e)))
+        if _is_instance(e, "sqlalchemy.exc", "OperationalError"):
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+            sys.exit(
+                report_line(
+                    f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)"
+                )
+            )
+        if not isinstance(e, OSError) or e.errno not in _DISK_ERRNOS:
             raise
         where = f" ({e.filename})" if e.filename else ""
         sys.exit(report_line(f"{e.strerror}{where}: free space or make it writable, then re-run"))
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)
         sys.exit(128 + signal.SIGINT)
+
+
+def _is_instance(error: Exception, module: str, name: str) -> bool:
+    """`isinstance(error, module.name)` without importing `module` when nothing has."""
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(cls, type) and isinstance(error, cls)
 
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
