@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import functools
 import importlib
 import json
 import signal
@@ -19,13 +20,12 @@ import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from core.errors import EpiflowError
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+    from rich.console import Console
 
     from config.settings import Settings
 
@@ -92,8 +92,21 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+@functools.cache
+def _console(*, stderr: bool) -> Console:
+    """The terminal (stdout, or stderr for errors), made when first printed to: `rich`
+    is not imported by a command that prints nothing through it."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=True)
+
+
+def _err() -> Console:
+    return _console(stderr=True)
+
+
+def _out() -> Console:
+    return _console(stderr=False)
 
 
 def _settings() -> Settings:
@@ -112,7 +125,7 @@ def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] =
     engine = make_engine(settings.database)
     before = migrate.current_revision(engine)
     after = migrate.upgrade(engine, revision)
-    out.print(f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after}")
+    _out().print(f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after}")
 
 
 @db_app.command("downgrade")
@@ -129,7 +142,7 @@ def db_downgrade(
     engine = make_engine(settings.database)
     before = migrate.current_revision(engine)
     after = migrate.downgrade(engine, revision)
-    out.print(
+    _out().print(
         f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after or 'empty'}"
     )
 
@@ -150,7 +163,7 @@ def db_current(
         typer.echo(json.dumps({"current": current, "head": head, "up_to_date": current == head}))
     else:
         state = "up to date" if current == head else "behind: run `epiflow db upgrade`"
-        out.print(f"current {current or 'empty'}, head {head} ({state})")
+        _out().print(f"current {current or 'empty'}, head {head} ({state})")
 
 
 @db_app.command("orphans")
@@ -171,7 +184,7 @@ def db_orphans(
     report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
     for key in report.keys:
         typer.echo(key)
-    err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
+    _err().print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
 @prefect_app.command("start")
@@ -183,7 +196,7 @@ def prefect_start() -> None:
     settings = _settings().prefect
     attached = attach(settings)
     verb = "started" if attached.started else "running"
-    out.print(
+    _out().print(
         f"local Prefect server {verb}: UI {attached.state.ui_url}, API {attached.state.api_url}; "
         f"it stops {settings.local_idle_s:g} s after the last command exits"
     )
@@ -203,12 +216,12 @@ def prefect_status(
         typer.echo(json.dumps(asdict(found)))
     elif found.running:
         health = "healthy" if found.healthy else "not answering yet"
-        out.print(
+        _out().print(
             f"local Prefect server {found.api_url} (pid {found.pid}, {health}), "
             f"{found.leases} command(s) attached; UI: {found.api_url.removesuffix('/api') if found.api_url else ''}"
         )
     else:
-        out.print(f"no local Prefect server running ({found.directory})")
+        _out().print(f"no local Prefect server running ({found.directory})")
 
 
 @prefect_app.command("stop")
@@ -217,7 +230,9 @@ def prefect_stop() -> None:
     from config.prefect_server import stop
 
     stopped = stop()
-    out.print("stopped the local Prefect server" if stopped else "no local Prefect server running")
+    _out().print(
+        "stopped the local Prefect server" if stopped else "no local Prefect server running"
+    )
 
 
 @prefect_app.command("setup")
@@ -234,7 +249,7 @@ def prefect_setup() -> None:
     settings = _settings().prefect
     url = apply_prefect_settings(settings)
     report = asyncio.run(ensure_automations(settings))
-    out.print(f"Prefect automations at {url}: {report.line()}", highlight=False)
+    _out().print(f"Prefect automations at {url}: {report.line()}", highlight=False)
 
 
 @prefect_app.command("yaml")
@@ -253,7 +268,7 @@ def demo(
     """Run the main job on embedded defaults and say where to look."""
     from cli.demo import run_demo
 
-    summary = run_demo(_settings(), console=err if as_json else out)
+    summary = run_demo(_settings(), console=_err() if as_json else _out())
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -284,7 +299,7 @@ def main() -> None:
         where = f" ({e.filename})" if e.filename else ""
         sys.exit(report_line(f"{e.strerror}{where}: free space or make it writable, then re-run"))
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
+        _err().print("interrupted", highlight=False)
         sys.exit(128 + signal.SIGINT)
 
 
@@ -310,17 +325,21 @@ def validation_line(error: ValidationError) -> str:
 
 def report_line(message: str) -> int:
     """Print a one-line error; returns the exit code (2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    from rich.markup import escape
+
+    _err().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return 2
 
 
 def report_error(error: EpiflowError) -> int:
     """Print a user error: its one line, then any detail lines (e.g. every problem of a
     `suite.yaml`) indented below; returns the exit code (2)."""
-    err.print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
+    from rich.markup import escape
+
+    _err().print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
     for line in str(error).splitlines()[1:]:
         if line.strip():
-            err.print(f"  {line.strip()}", highlight=False, markup=False)
+            _err().print(f"  {line.strip()}", highlight=False, markup=False)
     return 2
 
 
