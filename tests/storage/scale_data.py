@@ -83,6 +83,7 @@ class ScaleIds:
     """Ids the cookbook's parameterised queries are run with."""
 
     qc_run_id: uuid.UUID
+    regate_qc_run_id: uuid.UUID
     checkpoint_id: uuid.UUID
     child_checkpoint_id: uuid.UUID
     episode_id: uuid.UUID
@@ -304,6 +305,7 @@ def build_scale_database(
     first = trajectories[1]  # a noisy episode
     return ScaleIds(
         qc_run_id=qc_ids[runs[0]],
+        regate_qc_run_id=regate,
         checkpoint_id=ids[0],
         child_checkpoint_id=ids[1],
         episode_id=first.episode_id,
