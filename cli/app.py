@@ -17,7 +17,7 @@ import importlib
 import json
 import signal
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -286,7 +286,7 @@ def main() -> None:
         # pydantic and SQLAlchemy are imported by the commands that use them, not here:
         # an error of theirs can only come from a command that imported them.
         if _is_instance(e, "pydantic_core", "ValidationError"):
-            sys.exit(report_line(validation_line(e)))
+            sys.exit(report_line(validation_line(cast("ValidationError", e))))
         if _is_instance(e, "sqlalchemy.exc", "OperationalError"):
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
             sys.exit(

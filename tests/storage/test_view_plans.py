@@ -162,7 +162,7 @@ def test_every_view_column_has_its_comment(scale_db: ScaleDb) -> None:
 def test_lineage_rows_name_the_run_that_made_each_checkpoint(scale_db: ScaleDb) -> None:
     ids = scale_db.ids
     with scale_db.engine.connect() as conn:
-        made_by = dict(
+        made_by: dict[uuid.UUID, str] = dict(
             conn.execute(
                 text(
                     "SELECT c.id, t.algo FROM checkpoint c JOIN training_run t "
