@@ -8,11 +8,11 @@ What the views need at scale (measured by `bench/sql_scale.py`, 100k episodes, 1
 
 - `qc_result (episode_id, created_at)`: the latest verdict of an episode without a scan
   of `qc_result` per row (the primary key starts with the gate run; 56 s at 16k episodes).
-- `episode_summary`'s latest verdict as "no later verdict of the episode exists" (`NOT
-  EXISTS`, an anti-join) instead of `created_at = (SELECT MAX …)`: the same rows (ties at
-  the latest time included, as before), but the planner estimates it right and
-  hash-joins; the correlated form (and a join with `GROUP BY episode_id`) were estimated
-  at 0.05-0.5% of their rows and drove nested loops.
+- `episode_summary`'s latest verdict as a join with each episode's latest `created_at`
+  (`GROUP BY episode_id`) instead of a correlated `created_at = (SELECT MAX …)`: the same
+  rows (ties at the latest time included, as before), with no subplan per row. (A `NOT
+  EXISTS` anti-join estimated better on `count(*)` but ran for over 20 minutes on
+  `SELECT *` at 100k episodes under load.)
 - `step (tool, duration_ms) WHERE parse_kind = 'tool_call' AND tool IS NOT NULL`,
   including on PostgreSQL the columns the failed-call rule reads: the tool-call views and
   cookbook queries read this narrow index instead of every step's text.
@@ -60,10 +60,11 @@ EPISODE_SUMMARY = _COLUMNS + """
         LEFT JOIN (
             SELECT qr.episode_id, qr.qc_run_id, qr.verdict, qr.quality_score
             FROM qc_result qr
-            WHERE NOT EXISTS (
-                SELECT 1 FROM qc_result q2
-                WHERE q2.episode_id = qr.episode_id AND q2.created_at > qr.created_at
-            )
+            JOIN (
+                SELECT q2.episode_id, MAX(q2.created_at) AS created_at
+                FROM qc_result q2
+                GROUP BY q2.episode_id
+            ) latest ON latest.episode_id = qr.episode_id AND latest.created_at = qr.created_at
         ) lq ON lq.episode_id = e.id
 """
 _LINEAGE_HEAD = """
