@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from cli.stores import stores
-from config.settings import load_settings
+from cli.stores import load_settings, stores
 
 if TYPE_CHECKING:
     from cli.interrupts import Interrupted

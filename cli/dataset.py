@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from config.settings import load_settings
+from cli.stores import load_settings
 
 app = typer.Typer(help="Dataset snapshots (training data).", no_args_is_help=True)
 

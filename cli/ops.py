@@ -10,7 +10,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
-from config.settings import load_settings
+from cli.stores import load_settings
 
 out = Console(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
