@@ -55,7 +55,7 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
                 info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
     ctrf = (t.verifier_details or {}).get("harbor", {}).get("ctrf")
-    if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (suites/harbor/verify.py)
+    if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (tasks/harbor_verify.py)
         info = store.put(
             f"{prefix}/verifier/ctrf.json", ctrf.encode(), content_type="application/json"
         )

@@ -2,7 +2,7 @@
 
 A `TaskInstance` with an environment runs in a jail chrooted into its built image
 (`SandboxSpec.image`) with the task's own limits, and is verified by its own `tests/test.sh`
-in a verifier jail of the same image (`suites/harbor/verify.py`) instead of a
+in a verifier jail of the same image (`tasks/harbor_verify.py`) instead of a
 `VerifierSpec` command in the agent's jail.
 """
 

@@ -1,6 +1,6 @@
 """A Harbor task's verifier as written: `tests/test.sh` in a verifier jail of the task's image.
 
-After the agent's episode (`suites.verify.run_verifier` hands tasks with an environment
+After the agent's episode (`tasks.verify.run_verifier` hands tasks with an environment
 here): every process the agent left is killed, the agent's final workdir is exported from
 its jail, and a fresh **verifier jail** of the same image starts with that workdir, the
 task's `tests/` bound read-only at `/tests` (the agent's jail never had it), a writable
@@ -32,13 +32,31 @@ from sandbox.image_spec import ImageMount
 from sandbox.interface import Sandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
-from suites.environment import TaskEnvironment
-from suites.harbor.toolkit import OFFLINE_MARKER, TOOLKIT_ENV
-from suites.types import TaskInstance
-from suites.verify import MAX_RAW_CHARS, VerifierOutcome
+from tasks.environment import TaskEnvironment
+from tasks.types import TaskInstance
+from tasks.verify import MAX_RAW_CHARS, VerifierOutcome
 
 CTRF_CAP = 512 * 1024
 """Bytes of `ctrf.json` kept (the rest would not fit the executor's output cap)."""
+OFFLINE_MARKER = "/logs/.epiflow-offline"
+"""Where the shims record what needed the network (the verifier jail's `/logs` tmpfs)."""
+
+TOOLKIT_ENV = {
+    "UV_OFFLINE": "1",
+    "UV_NO_INDEX": "1",
+    "UV_FIND_LINKS": "/opt/epiflow/wheels",
+    "UV_PYTHON_DOWNLOADS": "never",
+    "UV_PYTHON_PREFERENCE": "only-system",
+    "UV_CACHE_DIR": "/tmp/.uv-cache",
+    "UV_LINK_MODE": "copy",
+    "UV_NO_PROGRESS": "1",
+    "PIP_NO_INDEX": "1",
+    "PIP_FIND_LINKS": "/opt/epiflow/wheels",
+    "PIP_BREAK_SYSTEM_PACKAGES": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+"""The verifier jail's extra environment (besides `PATH`)."""
+
 SHIMS_PATH = "/opt/epiflow/shims:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _COLLECT = f"""\

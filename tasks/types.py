@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from suites.environment import TaskEnvironment
+from tasks.environment import TaskEnvironment
 
 
 class ReferenceCall(BaseModel):

@@ -87,7 +87,7 @@ class VerifierOutcome(BaseModel):
     """Wall time of installing and running the verifier, milliseconds."""
     details: dict[str, Any] = Field(default_factory=dict)
     """What a verifier reports beyond the score (a Harbor task's reward keys, per-test
-    results, image and substitutions: `suites/harbor/verify.py`); stored with the episode."""
+    results, image and substitutions: `tasks/harbor_verify.py`); stored with the episode."""
 
 
 Verifier = Callable[[Sandbox, TaskInstance], Awaitable[VerifierOutcome]]
@@ -128,7 +128,7 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
         EpisodeHardTimeout: the episode's hard timeout fired.
     """
     if task.environment is not None:  # a Harbor task: its own tests/test.sh in its own image
-        from suites.harbor.verify import run_harbor_verifier
+        from tasks.harbor_verify import run_harbor_verifier
 
         return await run_harbor_verifier(sandbox, task)
     spec = task.verifier

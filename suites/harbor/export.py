@@ -24,7 +24,7 @@ import posixpath
 import shlex
 from pathlib import Path
 
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 _COLLECT_SCORE = (
     "import json, sys\n"

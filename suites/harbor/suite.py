@@ -20,7 +20,6 @@ from typing import Any
 
 from sandbox.image_spec import ImageMount
 from sandbox.images import ensure_image
-from suites.environment import TaskEnvironment
 from suites.errors import SuiteError
 from suites.harbor.dockerfile import parse_dockerfile
 from suites.harbor.errors import HarborTaskError
@@ -28,7 +27,8 @@ from suites.harbor.task import HarborTask, is_task_dir, load_task
 from suites.harbor.toolkit import ensure_toolkit, verifier_requirements
 from suites.suite import Suite
 from suites.template import TaskDraft, TaskTemplate, call
-from suites.types import ReferenceCall, TaskInstance, VerifierSpec
+from tasks.environment import TaskEnvironment
+from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
 
 TMPFS_MIB = 256
 SOLUTION_DIR = "/tmp/solution"

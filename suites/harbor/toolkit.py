@@ -38,29 +38,12 @@ from pathlib import Path
 from sandbox.images import ImageBuildError, _locked
 
 TOOLKIT_VERSION = "1"
-OFFLINE_MARKER = "/logs/.epiflow-offline"
-"""Where the shims record what needed the network (the verifier jail's `/logs` tmpfs)."""
 
 _WITH = re.compile(
     r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
 )
 _PIP = re.compile(r"\b(?:pip3?|uv pip|python3? -m pip)\s+install\s+([^\n;&|]+)")
 
-TOOLKIT_ENV = {
-    "UV_OFFLINE": "1",
-    "UV_NO_INDEX": "1",
-    "UV_FIND_LINKS": "/opt/epiflow/wheels",
-    "UV_PYTHON_DOWNLOADS": "never",
-    "UV_PYTHON_PREFERENCE": "only-system",
-    "UV_CACHE_DIR": "/tmp/.uv-cache",
-    "UV_LINK_MODE": "copy",
-    "UV_NO_PROGRESS": "1",
-    "PIP_NO_INDEX": "1",
-    "PIP_FIND_LINKS": "/opt/epiflow/wheels",
-    "PIP_BREAK_SYSTEM_PACKAGES": "1",
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-}
-"""The verifier jail's extra environment (besides `PATH`)."""
 
 _APT = r"""#!/bin/sh
 # epiflow offline shim: apt-get/apt without the network (docs/harbor.md)
