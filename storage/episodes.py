@@ -73,14 +73,20 @@ def persist_episodes(
     *,
     upload_workers: int = 8,
 ) -> IngestReport:
-    """Write objects (concurrently) then rows (one transaction). Idempotent on episode id.
+    """Write objects (concurrently) then rows (one transaction). Idempotent on episode id;
+    an id named twice in one batch is written once, as its first occurrence.
 
     Raises:
         IngestError: the SQL batch failed; objects written for it are orphans.
     """
     with engine.connect() as conn:
         present = existing_episode_ids(conn, (t.episode_id for t in trajectories))
-    todo = [t for t in trajectories if t.episode_id not in present]
+    # One episode id, one upload: a batch naming an id twice would write one key twice and
+    # leave SQL describing one version while the object holds the other.
+    first: dict[uuid.UUID, Trajectory] = {}
+    for t in trajectories:
+        first.setdefault(t.episode_id, t)
+    todo = [t for i, t in first.items() if i not in present]
 
     def upload(t: Trajectory) -> EpisodeBundle:
         try:
