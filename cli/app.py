@@ -19,7 +19,6 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from sqlalchemy.exc import OperationalError
 
@@ -30,6 +29,7 @@ from cli import protocol as _cli_protocol
 from cli import report as _cli_report
 from cli import sandbox as _cli_sandbox
 from cli import suites as _cli_suites
+from cli.terminal import TerminalConsole, neutralise
 from config.settings import Settings, load_settings
 from core.errors import EpiflowError
 
@@ -60,8 +60,8 @@ prefect_app = typer.Typer(
 )
 app.add_typer(prefect_app, name="prefect")
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = TerminalConsole(stderr=True, soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 
 
 def _settings() -> Settings:
@@ -136,7 +136,7 @@ def db_orphans(
     store.check()
     report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
     for key in report.keys:
-        typer.echo(key)
+        typer.echo(neutralise(key))
     err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from cli.stores import stores
+from cli.terminal import TerminalConsole
 from config.settings import load_settings
 
 if TYPE_CHECKING:
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from cli.interrupts import Interrupted
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = TerminalConsole(stderr=True, soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 

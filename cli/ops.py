@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
 
+from cli.terminal import TerminalConsole
 from config.settings import load_settings
 
-out = Console(soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
