@@ -96,9 +96,9 @@ def _command_of(argv: list[str]) -> str | None:
 def _console(*, stderr: bool) -> Console:
     """The terminal (stdout, or stderr for errors), made when first printed to: `rich`
     is not imported by a command that prints nothing through it."""
-    from rich.console import Console
+    from cli.terminal import TerminalConsole
 
-    return Console(stderr=stderr, soft_wrap=True)
+    return TerminalConsole(stderr=stderr, soft_wrap=True)
 
 
 def _err() -> Console:
@@ -171,6 +171,7 @@ def db_orphans(
     delete: Annotated[bool, typer.Option(help="Delete the orphaned objects.")] = False,
 ) -> None:
     """List (or delete) objects in the object store that no row points at."""
+    from cli.terminal import neutralise
     from storage.db import make_engine
     from storage.episodes import delete_orphans, list_orphans
     from storage.migrate import ensure_current
@@ -183,7 +184,7 @@ def db_orphans(
     store.check()
     report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
     for key in report.keys:
-        typer.echo(key)
+        typer.echo(neutralise(key))
     _err().print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from cli.stores import load_settings, stores
+from cli.terminal import TerminalConsole
 
 if TYPE_CHECKING:
     from cli.interrupts import Interrupted
     from collection.lifecycle import CollectionOutcome
     from collection.request import CollectResult
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = TerminalConsole(stderr=True, soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 

@@ -16,9 +16,9 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from cli.terminal import TerminalConsole
 from sandbox.images import ImageBuildError
 from suites.check import (
     ORACLE_POLICY,
@@ -45,8 +45,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_out = Console(soft_wrap=True)
-_err = Console(stderr=True, soft_wrap=True)
+_out = TerminalConsole(soft_wrap=True)
+_err = TerminalConsole(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:

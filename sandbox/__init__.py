@@ -11,7 +11,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox.nsjail_sandbox import NsjailSandbox
     from sandbox.errors import (
         EpisodeHardTimeout,
         SandboxCrashed,
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from sandbox.factory import open_sandbox
     from sandbox.faults import FaultProfile
     from sandbox.interface import Sandbox
+    from sandbox.nsjail_sandbox import NsjailSandbox
     from sandbox.pool import WarmPool, pooled_opener
     from sandbox.settings import SandboxSettings
     from sandbox.spec import SandboxSpec

@@ -1,7 +1,7 @@
 """harbor tasks
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0006
 Create Date: 2026-12-01 22:25:35.602258
 """
 from collections.abc import Sequence
@@ -15,7 +15,7 @@ import models.columns  # custom column types (UTCDateTime)
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0007'
-down_revision: str | None = '0004'
+down_revision: str | None = '0006'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

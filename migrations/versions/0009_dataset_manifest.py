@@ -1,7 +1,7 @@
 """dataset manifest
 
 Revision ID: 0009
-Revises: 0004
+Revises: 0007
 Create Date: 2026-12-01 22:10:00.000000
 
 `dataset.manifest`: what the builder left out of a snapshot and why, counted (e.g. the
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0009'
-down_revision: str | None = '0004'
+down_revision: str | None = '0007'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
