@@ -63,12 +63,20 @@ def scale_db(pg_cluster: PostgresCluster) -> Iterator[ScaleDb]:
         engine.dispose()
 
 
-def plan(engine: Engine, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+def plan(
+    engine: Engine,
+    sql: str,
+    params: dict[str, Any] | None = None,
+    *,
+    settings: dict[str, str] | None = None,
+) -> dict[str, Any]:
     values = params or {}
     stmt = text(f"EXPLAIN (FORMAT JSON) {sql}").bindparams(
         *(bindparam(k, type_=Uuid()) for k, v in values.items() if isinstance(v, uuid.UUID))
     )
     with engine.connect() as conn:
+        for name, value in (settings or {}).items():
+            conn.execute(text("SELECT set_config(:n, :v, true)"), {"n": name, "v": value})
         raw = conn.execute(stmt, values).scalar_one()
     doc = raw if isinstance(raw, list) else json.loads(raw)
     top: dict[str, Any] = doc[0]["Plan"]
@@ -120,8 +128,15 @@ def test_point_lookups_use_the_indexes(scale_db: ScaleDb) -> None:
         {"e": ids.lineage_episode_id},
     )
     assert "ix_dataset_episode_episode_id" in indexes_used(lineage)
-    tools = plan(scale_db.engine, "SELECT * FROM tool_failure_rates")
-    assert "ix_step_tool_calls" in indexes_used(tools)
+    # The whole view aggregates every tool call: whether a seq scan of `step` or an
+    # index-only scan of the partial index is cheaper is the planner's call on the
+    # statistics of the moment (it went both ways on one data set), so the test asserts
+    # that the index answers the view (its predicate and included columns match) once seq
+    # scans are priced out, and leaves the speed to bench/sql_scale.py.
+    whole = plan(
+        scale_db.engine, "SELECT * FROM tool_failure_rates", settings={"enable_seqscan": "off"}
+    )
+    assert "ix_step_tool_calls" in indexes_used(whole), json.dumps(whole, indent=1)[:3000]
 
 
 def test_latest_verdict_is_the_latest_gate_run(scale_db: ScaleDb) -> None:
