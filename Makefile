@@ -45,8 +45,13 @@ demo: install
 
 test: install system-deps check pytest
 
+# Serial by default. PYTEST_ARGS="-n 4 --dist loadgroup" runs the suite on pytest-xdist
+# workers (each with its own Prefect home, tests/conftest.py); not yet the default: under a
+# loaded machine the service-start and demo timeouts fail on workers (issue 21 item 5).
+PYTEST_ARGS ?=
+
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 check: install
 	$(BIN)/ruff check .

@@ -7,9 +7,9 @@
     render        calls, finals and observations as text
     prompt        the system prompt (rules + tool schemas)
     policies/     scripted (oracle, noisy, idle), openai-compatible endpoints, local HF checkpoints
-    loop          run_episode: one episode in one sandbox → a complete Trajectory
+    loop          run_episode: one episode in one sandbox → a complete Trajectory (verified
+                  by `tasks.verify.run_verifier`)
     recording     the record points of a step
-    verify        running the task's verifier in the sandbox
     export, atif  ATIF and OpenAI chat-message export/import
     settings      LoopSettings, PolicySettings, NoisyRates (env prefix EPIFLOW_AGENT_)
     errors        the error tree

@@ -2,7 +2,11 @@
 
 Field names and shapes follow the ATIF RFC (laude-institute/harbor,
 docs/rfcs/0001-trajectory-format.md) up to v1.5: v1.2 system-step observations, v1.3/v1.4
-`completion_token_ids` / `prompt_token_ids`, v1.5 `agent.tool_definitions`. These models
+`completion_token_ids` / `prompt_token_ids`, v1.5 `agent.tool_definitions`, step
+`is_copied_context` and root `continued_trajectory_ref`. They are at least as strict as
+Harbor's own models (`harbor.models.trajectories`): step ids run 1, 2, … in order, every
+`source_call_id` names a call of its own step, agent-only fields appear on agent steps
+only, timestamps are ISO 8601. These models
 validate a document (every error carries its field path); the conversion to and from
 `Trajectory` reads the validated document and keeps what epiflow has no field for
 (`agent.atif_convert`). Objects where producers add provider data (`metrics`, observation
@@ -13,9 +17,10 @@ is an error that names it instead of data silently dropped.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
@@ -33,6 +38,8 @@ ATIF_SCHEMA_VERSION = "ATIF-v1.5"
 """The ATIF version epiflow writes (and the newest it reads)."""
 
 _VERSION = re.compile(r"^ATIF-v1\.([0-5])$")
+_AGENT_ONLY = ("model_name", "reasoning_effort", "reasoning_content", "tool_calls", "metrics")
+"""Step fields Harbor allows on `agent` steps only."""
 
 
 class AtifToolCall(BaseModel):
@@ -118,8 +125,32 @@ class AtifStep(BaseModel):
     """Environment feedback (agent steps), or the result of a system operation (system steps)."""
     metrics: AtifMetrics | None = None
     """Token counts, costs, token ids and log probabilities."""
+    is_copied_context: bool | None = None
+    """Copied from a previous trajectory for context (after summarisation, v1.5); such
+    steps were trained on already and never become training targets."""
     extra: dict[str, Any] | None = None
     """Custom step metadata (`extra["epiflow"]`: epiflow's step fields the ATIF core does not carry)."""
+
+    @field_validator("timestamp")
+    @classmethod
+    def _iso_timestamp(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError as e:
+                raise ValueError(f"not an ISO 8601 timestamp: {value!r}") from e
+        return value
+
+    @model_validator(mode="after")
+    def _agent_only_fields(self) -> AtifStep:
+        if self.source != "agent":
+            for name in _AGENT_ONLY:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name!r} is only allowed on agent steps, this step's source is "
+                        f"{self.source!r}"
+                    )
+        return self
 
 
 class AtifAgent(BaseModel):
@@ -175,6 +206,8 @@ class AtifTrajectory(BaseModel):
     """Free-form notes."""
     final_metrics: AtifFinalMetrics | None = None
     """Aggregates."""
+    continued_trajectory_ref: str | None = None
+    """The file that continues this trajectory (v1.5, e.g. after context summarisation)."""
     extra: dict[str, Any] | None = Field(default=None)
     """Custom root metadata (`extra["epiflow"]`: the episode fields the ATIF core does not carry)."""
 
@@ -184,3 +217,27 @@ class AtifTrajectory(BaseModel):
         if not _VERSION.match(value):
             raise ValueError(f"{value!r} is not an ATIF version epiflow reads (ATIF-v1.0 … v1.5)")
         return value
+
+    @model_validator(mode="after")
+    def _step_ids_in_order(self) -> AtifTrajectory:
+        for i, step in enumerate(self.steps):
+            if step.step_id != i + 1:
+                raise ValueError(
+                    f"steps.{i}.step_id: expected {i + 1} (step ids run 1, 2, … in order), "
+                    f"got {step.step_id}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _call_references_resolve(self) -> AtifTrajectory:
+        for i, step in enumerate(self.steps):
+            if step.observation is None:
+                continue
+            ids = {c.tool_call_id for c in step.tool_calls or []}
+            for j, result in enumerate(step.observation.results):
+                if result.source_call_id is not None and result.source_call_id not in ids:
+                    raise ValueError(
+                        f"steps.{i}.observation.results.{j}.source_call_id: "
+                        f"{result.source_call_id!r} names no tool call of step {step.step_id}"
+                    )
+        return self

@@ -13,8 +13,7 @@ AgentError
 │       ├── EndpointTimeout       requests timed out, after the retries
 │       ├── EndpointHTTPError     429/5xx after the retries, or 401/403/404 (misconfigured)
 │       └── EndpointResponseError 2xx bodies that were not a chat completion, after the retries
-├── PolicySpecError        a policy spec string is malformed or names an unknown policy
-└── VerifierError          the verifier did not produce a `{"score", "reason"}` outcome
+└── PolicySpecError        a policy spec string is malformed or names an unknown policy
 """
 
 from __future__ import annotations
@@ -118,7 +117,3 @@ class EndpointResponseError(EndpointError, PolicyResponseError):
 
 class PolicySpecError(AgentError, ValueError):
     """A policy spec string (`scripted:oracle`, `openai:…`, `hf:…`) is invalid."""
-
-
-class VerifierError(AgentError):
-    """The verifier ran but its output is not a `{"score": float, "reason": str}` object."""

@@ -37,7 +37,6 @@ from agent.errors import (
     PolicyError,
     PolicyTimeout,
     ProtocolError,
-    VerifierError,
 )
 from agent.native_calls import parse_native_tool_calls
 from agent.policies.base import Policy, PolicyRequest
@@ -61,13 +60,13 @@ from agent.trajectory import (
     history_hash,
     utcnow,
 )
-from agent.verify import Verifier, resolve_verifier
 from sandbox.errors import EpisodeHardTimeout, SandboxCrashed, SandboxError
 from sandbox.faults import FaultProfile
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
+from tasks.verify import Verifier, run_verifier
 
 __all__ = ["SandboxOpener", "run_episode"]
 
@@ -266,12 +265,9 @@ class _Episode:
         except SandboxError as e:
             reason = f"sandbox failed in the verifier: {type(e).__name__}: {e}"
             raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, reason) from e
-        except VerifierError as e:
-            raise _EpisodeEnd(
-                EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, f"verifier error: {e}"
-            ) from e
         traj.verifier_score = outcome.score
         traj.verifier_reason = outcome.reason
+        traj.verifier_details = dict(getattr(outcome, "details", None) or {}) or None
         if outcome.error:
             raise _EpisodeEnd(EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, outcome.reason)
 
@@ -295,7 +291,7 @@ async def run_episode(
     policy_seed: int | None = None,
     faults: FaultProfile | None = None,
     fault_seed: int = 0,
-    verify: Verifier | None = None,
+    verify: Verifier = run_verifier,
     open_sandbox: SandboxOpener | None = None,
     tools: Mapping[str, ToolSpec] | None = None,
 ) -> Trajectory:
@@ -308,7 +304,7 @@ async def run_episode(
         policy_seed: seed handed to the policy; defaults to `rollout_index`, so the
             rollouts of one task differ and a re-run repeats them.
         faults, fault_seed: the `sandbox.FaultProfile` and its seed (None: no faults).
-        verify: verifier; defaults to `resolve_verifier()`.
+        verify: the verifier; defaults to `run_verifier`, the one runner of a `VerifierSpec`.
         open_sandbox: sandbox factory; defaults to `sandbox.open_sandbox` (tests pass a double).
         tools: tools offered to the agent; defaults to the built-in tools.
 
@@ -316,6 +312,8 @@ async def run_episode(
         asyncio.CancelledError: the caller cancelled; the sandbox is closed first.
     """
     tools = dict(tools if tools is not None else BUILTIN_TOOLS)
+    if task.environment is not None:  # a Harbor task: its own image and limits
+        spec = task.environment.sandbox_spec(spec)
     seed = rollout_index if policy_seed is None else policy_seed
     fault_profile: dict[str, Any] = faults.model_dump(mode="json") if faults is not None else {}
     traj = Trajectory(
@@ -351,7 +349,7 @@ async def run_episode(
             name: sandbox.tool_versions.get(name, t.version) for name, t in tools.items()
         }
         episode = _Episode(task, policy, traj, sandbox, tools, settings, seed)
-        await _drive(episode, verify if verify is not None else resolve_verifier())
+        await _drive(episode, verify)
     finally:
         traj.ended_at = utcnow()
         await sandbox.close()

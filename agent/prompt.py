@@ -11,7 +11,7 @@ Two styles:
 - `compact` (for small local models trained from scratch): the block grammar and one
   line of tool signatures (~60 tokens with Qwen2's split, ~110 with the `words` split). A model that learns the protocol from data does
   not need the rules spelled out, and on a model built from scratch the full prompt was
-  65 % of every training example's compute. A checkpoint's training config artifact
+  65 % of every training example's compute. A checkpoint's training config
   records the style it was trained with; the `hf:` policy shows that style.
 """
 
@@ -25,7 +25,13 @@ from agent.coerce import describe_type
 from agent.trajectory import PROTOCOL_VERSION
 from sandbox.tool_specs import ToolSpec
 
-__all__ = ["PromptStyle", "render_compact_prompt", "render_system_prompt", "tool_signature"]
+__all__ = [
+    "PromptStyle",
+    "render_compact_prompt",
+    "render_system_prompt",
+    "render_tool_calling_prompt",
+    "tool_signature",
+]
 
 
 class PromptStyle(StrEnum):
@@ -59,6 +65,13 @@ Rules:
 - A <warning> in a result means you should change course (stop repeating, or finish soon).
 
 Tools:
+"""
+
+_TOOL_CALLING = """You are an agent working inside a sandbox. You act only through the tools you \
+are given: call one tool per message, then wait for its result. Results come back as
+<tool_result id="…" name="…" exit_code="…">output</tool_result>; a <warning> in a result
+means you should change course. When the task is done, answer with
+<final>what you did and the answer, if the task asks for one</final> and no tool call.
 """
 
 _COMPACT = """Protocol v{version}. One block per message:
@@ -106,3 +119,9 @@ def render_system_prompt(
         return render_compact_prompt(tools)
     sections = ["\n".join(_tool_lines(t)) for t in tools]
     return _RULES.format(version=PROTOCOL_VERSION) + "\n\n".join(sections) + "\n"
+
+
+def render_tool_calling_prompt() -> str:
+    """The system prompt of a chat whose calls are native `tool_calls` (the tools travel in
+    the request's or the dataset's `tools`, so the prompt carries no call syntax)."""
+    return _TOOL_CALLING

@@ -12,7 +12,7 @@ from typing import Any
 from agent.errors import ProtocolError
 from agent.policies.base import PolicyResponse
 from agent.protocol import ParsedMessage
-from agent.render import decode_output, render_tool_error, render_tool_result, render_warning
+from agent.render import decode_step_text, render_tool_error, render_tool_result, render_warning
 from agent.settings import LoopSettings
 from agent.trajectory import ParseKind, Step
 from sandbox.types import ToolResult
@@ -113,8 +113,8 @@ def record_result(
     step.error_type = result.error_type
     step.stdout_bytes = result.stdout
     step.stderr_bytes = result.stderr
-    step.stdout, out_cut = decode_output(result.stdout, settings.step_text_max_chars)
-    step.stderr, err_cut = decode_output(result.stderr, settings.step_text_max_chars)
+    step.stdout, out_cut = decode_step_text(result.stdout, settings.step_text_max_chars)
+    step.stderr, err_cut = decode_step_text(result.stderr, settings.step_text_max_chars)
     step.stdout_truncated = result.stdout_truncated or out_cut
     step.stderr_truncated = result.stderr_truncated or err_cut
     step.duration_ms = result.duration_ms

@@ -17,7 +17,7 @@ from sandbox.types import ToolResult
 
 __all__ = [
     "cdata",
-    "decode_output",
+    "decode_step_text",
     "render_final",
     "render_tool_call",
     "render_tool_error",
@@ -74,8 +74,11 @@ def render_final(text: str, *, preamble: str = "") -> str:
     return f"{preamble}<final>{body}</final>"
 
 
-def decode_output(data: bytes, max_chars: int) -> tuple[str, bool]:
-    """Bytes → NUL-free text of at most `max_chars` characters; True when shortened."""
+def decode_step_text(data: bytes, max_chars: int) -> tuple[str, bool]:
+    """Bytes → NUL-free text of at most `max_chars` characters; True when shortened.
+
+    The text a step and its observation show (`storage.sanitize.decode_row_text` is the
+    stored row's, which also flags lossy decoding)."""
     text = data.decode("utf-8", errors="replace").replace("\x00", "")
     if len(text) > max_chars:
         return text[:max_chars], True
@@ -97,8 +100,8 @@ def render_tool_result(call_id: str, tool: str, result: ToolResult, *, max_chars
         attrs.append('timed_out="true"')
     if result.error_type:
         attrs.append(f'error="{_attr(result.error_type)}"')
-    stdout, out_cut = decode_output(result.stdout, max_chars)
-    stderr, err_cut = decode_output(result.stderr, max_chars)
+    stdout, out_cut = decode_step_text(result.stdout, max_chars)
+    stderr, err_cut = decode_step_text(result.stderr, max_chars)
     body = stdout
     if out_cut or result.stdout_truncated:
         body += f"\n[output truncated: showing the first {len(stdout)} characters]"

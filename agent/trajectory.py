@@ -355,6 +355,8 @@ class Trajectory(BaseModel):
     """Verifier score in [0, 1]; None when the verifier did not run."""
     verifier_reason: str | None = None
     """The verifier's short reason."""
+    verifier_details: dict[str, Any] | None = None
+    """What the verifier reported beyond the score (a Harbor task's image, substitutions, reward keys and per-test results); None for the built-in verifiers."""
     final_answer: str | None = None
     """Text of the agent's `<final>`, if it gave one."""
     final_reward: float | None = None

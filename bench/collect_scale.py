@@ -87,51 +87,52 @@ def child(args: argparse.Namespace) -> None:
         fields["load1"] = os.getloadavg()[0]
         os.write(report_fd, (json.dumps(fields) + "\n").encode())
 
-    from collection.plan import plan_collection
-    from collection.runner import (
-        PersistedGroup,
-        finish_run,
-        open_collection,
-        remaining,
-        run_episodes,
-        start_run,
-    )
-    from config.settings import load_settings
+    from collection.lifecycle import open_collection, plan_request
+    from collection.plan import Plan, Shard
+    from collection.runner import PersistedGroup, run_episodes
+    from config.settings import Settings, load_settings
     from storage.db import make_engine
     from storage.objects import LocalObjectStore
     from storage.settings import DatabaseSettings
 
     settings = load_settings()
-    request = plan_request(args.episodes, args.concurrency, args.batch_size)
+    request = bench_request(args.episodes, args.concurrency, args.batch_size)
     emit(event="imported")
-    plan = plan_collection(request, settings.suites)
-    plan = dataclasses.replace(
-        plan, episodes=bench_episodes(plan, args.episodes), total=args.episodes
-    )
-    emit(event="planned", planned=len(plan.episodes))
+
+    def bench_plan(request: Any, settings: Settings, shard: Shard | None) -> Plan:
+        plan = plan_request(request, settings, shard)
+        return dataclasses.replace(
+            plan, episodes=bench_episodes(plan, args.episodes), total=args.episodes
+        )
+
     engine = make_engine(DatabaseSettings(url=args.database_url))
-    collection = open_collection(
-        plan, settings, engine=engine, store=LocalObjectStore(Path(args.objects))
-    )
-    start_run(engine, request)
-    todo = remaining(collection)
-    stored = len(plan.episodes) - len(todo)
-    emit(event="start", todo=len(todo), stored=stored)
+    stored = 0
 
     def on_persisted(group: PersistedGroup) -> None:
         nonlocal stored
         stored += len(group.written.inserted)
         emit(event="group", stored=stored, inserted=len(group.written.inserted))
 
-    async def run() -> None:
-        try:
+    async def run() -> int:
+        nonlocal stored
+        async with open_collection(
+            request,
+            settings,
+            engine=engine,
+            store=LocalObjectStore(Path(args.objects)),
+            planner=bench_plan,
+        ) as collection:
+            emit(event="planned", planned=len(collection.plan.episodes))
+            collection.start()
+            todo = collection.remaining()
+            stored = len(collection.plan.episodes) - len(todo)
+            emit(event="start", todo=len(todo), stored=stored)
             await run_episodes(collection, todo, on_persisted=on_persisted)
-        finally:
-            await collection.aclose()
+            collection.end("completed")
+            return len(collection.written.inserted)
 
-    asyncio.run(run())
-    finish_run(collection, status="completed")
-    emit(event="done", stored=stored, executed=len(collection.written.inserted))
+    executed = asyncio.run(run())
+    emit(event="done", stored=stored, executed=executed)
 
 
 def bench_episodes(plan: Any, episodes: int) -> list[Any]:
@@ -142,7 +143,7 @@ def bench_episodes(plan: Any, episodes: int) -> list[Any]:
     return ordered[:episodes]
 
 
-def plan_request(episodes: int, concurrency: int, batch_size: int) -> Any:
+def bench_request(episodes: int, concurrency: int, batch_size: int) -> Any:
     """The request whose first `episodes` planned episodes the benchmark runs."""
     from collection.request import CollectRequest
     from suites.registry import load_suite
@@ -305,7 +306,7 @@ def verify(database_url: str, objects: Path, episodes: int) -> dict[str, Any]:
     from sqlalchemy import func, select
     from sqlmodel import col
 
-    from collection.plan import plan_collection
+    from collection.lifecycle import plan_request
     from config.settings import load_settings
     from models import Episode, Step, run_id_for
     from storage.db import make_engine
@@ -338,7 +339,7 @@ def verify(database_url: str, objects: Path, episodes: int) -> dict[str, Any]:
                     .group_by(col(Episode.status))
                 ).all()
             )
-        plan = plan_collection(plan_request(episodes, 1, 1), load_settings().suites)
+        plan = plan_request(bench_request(episodes, 1, 1), load_settings(), None)
         planned = {p.episode_id for p in bench_episodes(plan, episodes)}
         orphans = list_orphans(engine, LocalObjectStore(objects)).keys
     finally:

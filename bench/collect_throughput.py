@@ -162,7 +162,7 @@ def main() -> None:
     from storage import migrate
     from storage.db import make_engine
     from storage.objects import make_object_store
-    from storage.runs import resolve_run, run_trajectories
+    from storage.run_reads import resolve_run, run_trajectories
 
     settings = load_settings()
     engine = make_engine(settings.database)

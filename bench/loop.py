@@ -21,9 +21,10 @@ compact prompt, the optimiser and schedule, the evaluation limits.
 5. Base evaluation: the base model on the first `--base-heldout` held-out instances per
    template (random weights write `max_new_tokens` of noise every turn: the slowest
    episodes of the run, and always 0).
-6. Train: `training.pipeline.train_checkpoint(algo="sft")` with the recipe's settings and
-   `max_time_s` = what the budget leaves after the reserve for evaluation and saving
-   (`training.callbacks.WallTimeStop` stops at that second; the schedule decays by time).
+6. Train: `training.pipeline.train_checkpoint(algo="sft")` with the recipe's settings: a
+   step budget (`max_steps`, the `loop` and `demo` recipes: load changes the time, not
+   the result), or, for a recipe without one, `max_time_s` = what the budget leaves after
+   the reserve for evaluation and saving (`training.callbacks.WallTimeStop`).
 7. Evaluate the registered checkpoint on `--heldout` held-out instances per template
    (`suite.heldout_instances`: seeds disjoint from every training seed), greedy `hf:`
    policy, real sandboxes: completion overall and per template, and the turn rates
@@ -63,6 +64,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SAVE_RESERVE_S = 25.0
 """Seconds kept for storing the checkpoint and fetching it back (registry round-trip)."""
+
+
+def _iteration_steps(total: int, n_iter: int, it: int, first_share: float) -> int:
+    """Iteration `it`'s SFT steps of a `total`-step budget: all of it for one iteration;
+    `first_share` of it for the first of several, the rest split evenly."""
+    if n_iter == 1:
+        return total
+    first = max(1, round(total * first_share))
+    if it == 1:
+        return first
+    return max(1, (total - first) // (n_iter - 1))
 
 
 def _log(quiet: bool, message: str) -> None:
@@ -309,6 +321,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         heldout = suite.heldout_instances(heldout_n, templates=templates)
         eval_reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
         n_iter = max(1, args.iterations)
+        # A recipe with max_steps trains by steps (the copy warm-up by copy_warmup_steps);
+        # without, SFT gets what the time budget leaves (the older, load-dependent way).
+        step_budget = settings.max_steps
         base_eval_reserve = args.eval_reserve_s * args.base_heldout * len(templates) * 3
         warm_share = (
             args.copy_warmup_share
@@ -388,14 +403,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 iterations[-1]["next_collect_s"] = round(time.perf_counter() - started, 1)
                 iterations[-1]["own_successes"] = len(own.rows)
-            elapsed = time.perf_counter() - t0
-            left = args.budget_s - elapsed - eval_reserve * (n_iter - it + 1)
-            left -= args.iteration_reserve_s * (n_iter - it)
-            share = left / (n_iter - it + 1) if it < n_iter else left
-            if it == 1 and n_iter > 1:
-                share = left * args.first_share
-            max_time = max(30.0, share)
-            _log(quiet, f"iteration {it}: training for {max_time:.0f}s")
+            if step_budget > 0:
+                # A step-budgeted recipe: the iteration's share of the steps, not of the
+                # seconds left, so the machine's load changes the time and not the result.
+                steps = _iteration_steps(step_budget, n_iter, it, args.first_share)
+                budget_update: dict[str, Any] = {"max_steps": steps, "max_time_s": None}
+                _log(quiet, f"iteration {it}: training for {steps} steps")
+            else:
+                elapsed = time.perf_counter() - t0
+                left = args.budget_s - elapsed - eval_reserve * (n_iter - it + 1)
+                left -= args.iteration_reserve_s * (n_iter - it)
+                share = left / (n_iter - it + 1) if it < n_iter else left
+                if it == 1 and n_iter > 1:
+                    share = left * args.first_share
+                max_time = max(30.0, share)
+                budget_update = {"max_time_s": max_time}
+                _log(quiet, f"iteration {it}: training for {max_time:.0f}s")
             started = time.perf_counter()
             outcome = train_checkpoint(
                 engine,
@@ -403,7 +426,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 algo="sft",
                 dataset_id=snapshot.id,
                 work_dir=work / f"train{it}",
-                settings=settings.model_copy(update={"max_time_s": max_time}),
+                settings=settings.model_copy(update=budget_update),
                 base_checkpoint_id=parent_id,
                 on_metrics=curve.on_metrics,
             )
@@ -532,9 +555,9 @@ def _evaluate_saves(
     work: Path, heldout: list[Any], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """Completion of every time-based save of the first iteration's training."""
-    from training.artifact import CONFIG_FILE
     from training.callbacks import ELAPSED_FILE
     from training.trainers.common import saves_dir
+    from training.training_config import CONFIG_FILE
 
     out = []
     model_dir = work / "train1" / "model"
@@ -542,7 +565,7 @@ def _evaluate_saves(
         saves_dir(model_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])
     )
     for save in saves:
-        # The save lacks the training config artifact; the final model has the same one.
+        # The save lacks the training config; the final model has the same one.
         shutil.copy(model_dir / CONFIG_FILE, save / CONFIG_FILE)
         mark = json.loads((save / ELAPSED_FILE).read_text())
         evaluation = _evaluate(save, heldout, run_key=f"loop-curve-{save.name}", args=args)

@@ -11,7 +11,7 @@ idle jails held at once. Prints JSON.
 - `cold_first_call_p50_ms`: `open_sandbox` with one workspace file plus one
   `execute_shell true`: the cold path of an episode, which also pays whatever the executor
   leaves for after its ready frame.
-- `verifier_p50_ms`: `suites.verify.run_verifier` of a `python3 -I -` verifier that imports
+- `verifier_p50_ms`: `tasks.verify.run_verifier` of a `python3 -I -` verifier that imports
   the built-in verifiers' modules and prints its verdict (no task work: the per-episode
   cost of verifying), on a jail that had idle time; `verifier_process_p50_ms`: the same
   script started as `python3 -I -` through `exec` (how verifiers ran before), same jails.
@@ -48,8 +48,8 @@ from sandbox import (
 )
 from sandbox.host import prepare_host
 from sandbox.nsjail import nsjail_argv
-from suites.types import TaskInstance, VerifierSpec
-from suites.verify import run_verifier
+from tasks.types import TaskInstance, VerifierSpec
+from tasks.verify import run_verifier
 
 #: A verifier with the built-in prelude's imports and no task work.
 VERIFIER = (

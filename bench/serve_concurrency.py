@@ -5,8 +5,9 @@ at a time). Prints JSON only.
     python bench/serve_concurrency.py --model-dir DIR [--concurrency 8] [--requests 16] --json
 
 The server is started by `agent.serving.serve_checkpoint` (continuous batching on); each
-request asks for `--max-tokens` completion tokens of an agent-style prompt; tokens are the
-server's `usage.completion_tokens`.
+request asks for a long story capped at `--max-tokens` (`transformers serve` refuses
+`ignore_eos` with 422, so the prompt makes the answers long); tokens are those actually
+generated, the server's `usage.completion_tokens`, reported with the per-request range.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, max_tokens: int,
     body = {
         "model": model,
         "messages": [
-            {"role": "system", "content": "You are an agent. Answer with a tool call."},
-            {"role": "user", "content": f"List the files of directory number {i} and count them."},
+            {"role": "system", "content": "You are a helpful assistant."},
+            {
+                "role": "user",
+                "content": f"Write a long, detailed story (at least 500 words) about a robot "
+                f"named Unit {i} who learns to sort files in a directory tree.",
+            },
         ],
         "max_tokens": max_tokens,
         "temperature": 0.0,
@@ -41,7 +46,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, max_tokens: int,
 
 async def _arm(
     url: str, model: str, *, concurrency: int, requests: int, max_tokens: int
-) -> dict[str, float]:
+) -> dict[str, float | int]:
     async with httpx.AsyncClient(timeout=600) as client:
         gate = asyncio.Semaphore(concurrency)
 
@@ -50,11 +55,14 @@ async def _arm(
                 return await _one(client, url, model, max_tokens, i)
 
         started = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(gated(i) for i in range(requests))))
+        each = await asyncio.gather(*(gated(i) for i in range(requests)))
         wall = time.perf_counter() - started
+    tokens = sum(each)
     return {
         "requests": requests,
         "tokens": tokens,
+        "tokens_per_request_min": min(each),
+        "tokens_per_request_max": max(each),
         "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 2),
     }
@@ -65,7 +73,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with (

@@ -12,31 +12,44 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import functools
+import importlib
 import json
 import signal
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
-from sqlalchemy.exc import OperationalError
 
-from cli import collect as _cli_collect
-from cli import dataset as _cli_dataset
-from cli import models as _cli_models
-from cli import ops as _cli_ops
-from cli import protocol as _cli_protocol
-from cli import report as _cli_report
-from cli import sandbox as _cli_sandbox
-from cli import suites as _cli_suites
-from config.settings import Settings, load_settings
 from core.errors import EpiflowError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from config.settings import Settings
 
 USER_ERRORS = (EpiflowError,)
 """Failures a user fixes through settings or arguments: one line, exit code 2. Every
 package's root error derives from `EpiflowError` (see `core/errors.py`)."""
+
+REGISTERED: dict[str, tuple[str, ...]] = {
+    "cli.collect": ("collect", "show", "export", "import", "replay"),
+    "cli.ops": ("qc", "train", "evaluate", "serve"),
+    "cli.report": ("report",),
+}
+"""Command modules with a `register(app)`, and the top-level commands each adds."""
+GROUPS: dict[str, str] = {
+    "suites": "cli.suites",
+    "dataset": "cli.dataset",
+    "protocol": "cli.protocol",
+    "sandbox": "cli.sandbox",
+    "models": "cli.models",
+}
+"""Command groups (a module's own `app`), by name."""
+# A command imports only its own module (`epiflow protocol parse` never imports the
+# collection stack): `build_app` adds just the module that owns it. `epiflow --help` and
+# an unknown name add every module, so the listing and "no such command" stay whole.
 
 app = typer.Typer(
     name="epiflow",
@@ -44,14 +57,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-_cli_collect.register(app)
-_cli_ops.register(app)
-_cli_report.register(app)
-app.add_typer(_cli_suites.app, name="suites")
-app.add_typer(_cli_dataset.app, name="dataset")
-app.add_typer(_cli_protocol.app, name="protocol")
-app.add_typer(_cli_sandbox.app, name="sandbox")
-app.add_typer(_cli_models.app, name="models")
+"""The commands defined here (`db`, `prefect`, `demo`); `build_app` adds the modules."""
 db_app = typer.Typer(
     help="Database schema (Alembic): upgrade, downgrade, current.", no_args_is_help=True
 )
@@ -61,12 +67,52 @@ prefect_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(prefect_app, name="prefect")
+_added: set[str] = set()
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+
+def build_app(command: str | None = None) -> typer.Typer:
+    """The `epiflow` app with the module that owns `command` added, or every module
+    (`None`, or a name no module owns). Adding is idempotent."""
+    owners = [m for m, names in REGISTERED.items() if command in names]
+    groups = [command] if command in GROUPS else []
+    if not owners and not groups:
+        owners, groups = list(REGISTERED), list(GROUPS)
+    for module in owners:
+        if module not in _added:
+            importlib.import_module(module).register(app)
+            _added.add(module)
+    for name in groups:
+        if name not in _added:
+            app.add_typer(importlib.import_module(GROUPS[name]).app, name=name)
+            _added.add(name)
+    return app
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The first argument that is not an option: the command asked for, if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+@functools.cache
+def _console(*, stderr: bool) -> Console:
+    """The terminal (stdout, or stderr for errors), made when first printed to: `rich`
+    is not imported by a command that prints nothing through it."""
+    from cli.terminal import TerminalConsole
+
+    return TerminalConsole(stderr=stderr, soft_wrap=True)
+
+
+def _err() -> Console:
+    return _console(stderr=True)
+
+
+def _out() -> Console:
+    return _console(stderr=False)
 
 
 def _settings() -> Settings:
+    from config.settings import load_settings
+
     return load_settings()
 
 
@@ -80,7 +126,7 @@ def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision.")] =
     engine = make_engine(settings.database)
     before = migrate.current_revision(engine)
     after = migrate.upgrade(engine, revision)
-    out.print(f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after}")
+    _out().print(f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after}")
 
 
 @db_app.command("downgrade")
@@ -97,7 +143,7 @@ def db_downgrade(
     engine = make_engine(settings.database)
     before = migrate.current_revision(engine)
     after = migrate.downgrade(engine, revision)
-    out.print(
+    _out().print(
         f"database {settings.database.redacted_url()}: {before or 'empty'} -> {after or 'empty'}"
     )
 
@@ -118,7 +164,7 @@ def db_current(
         typer.echo(json.dumps({"current": current, "head": head, "up_to_date": current == head}))
     else:
         state = "up to date" if current == head else "behind: run `epiflow db upgrade`"
-        out.print(f"current {current or 'empty'}, head {head} ({state})")
+        _out().print(f"current {current or 'empty'}, head {head} ({state})")
 
 
 @db_app.command("orphans")
@@ -126,6 +172,7 @@ def db_orphans(
     delete: Annotated[bool, typer.Option(help="Delete the orphaned objects.")] = False,
 ) -> None:
     """List (or delete) objects in the object store that no row points at."""
+    from cli.terminal import neutralise
     from storage.db import make_engine
     from storage.episodes import delete_orphans, list_orphans
     from storage.migrate import ensure_current
@@ -138,8 +185,8 @@ def db_orphans(
     store.check()
     report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
     for key in report.keys:
-        typer.echo(key)
-    err.print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
+        typer.echo(neutralise(key))
+    _err().print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
 @prefect_app.command("start")
@@ -151,7 +198,7 @@ def prefect_start() -> None:
     settings = _settings().prefect
     attached = attach(settings)
     verb = "started" if attached.started else "running"
-    out.print(
+    _out().print(
         f"local Prefect server {verb}: UI {attached.state.ui_url}, API {attached.state.api_url}; "
         f"it stops {settings.local_idle_s:g} s after the last command exits"
     )
@@ -171,12 +218,12 @@ def prefect_status(
         typer.echo(json.dumps(asdict(found)))
     elif found.running:
         health = "healthy" if found.healthy else "not answering yet"
-        out.print(
+        _out().print(
             f"local Prefect server {found.api_url} (pid {found.pid}, {health}), "
             f"{found.leases} command(s) attached; UI: {found.api_url.removesuffix('/api') if found.api_url else ''}"
         )
     else:
-        out.print(f"no local Prefect server running ({found.directory})")
+        _out().print(f"no local Prefect server running ({found.directory})")
 
 
 @prefect_app.command("stop")
@@ -185,7 +232,9 @@ def prefect_stop() -> None:
     from config.prefect_server import stop
 
     stopped = stop()
-    out.print("stopped the local Prefect server" if stopped else "no local Prefect server running")
+    _out().print(
+        "stopped the local Prefect server" if stopped else "no local Prefect server running"
+    )
 
 
 @prefect_app.command("setup")
@@ -202,7 +251,7 @@ def prefect_setup() -> None:
     settings = _settings().prefect
     url = apply_prefect_settings(settings)
     report = asyncio.run(ensure_automations(settings))
-    out.print(f"Prefect automations at {url}: {report.line()}", highlight=False)
+    _out().print(f"Prefect automations at {url}: {report.line()}", highlight=False)
 
 
 @prefect_app.command("yaml")
@@ -221,7 +270,7 @@ def demo(
     """Run the main job on embedded defaults and say where to look."""
     from cli.demo import run_demo
 
-    summary = run_demo(_settings(), console=err if as_json else out)
+    summary = run_demo(_settings(), console=_err() if as_json else _out())
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -232,24 +281,35 @@ def main() -> None:
     # test) sees where a command that will not stop is waiting, without stopping it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        app()
+        build_app(_command_of(sys.argv[1:]))()
     except USER_ERRORS as e:
         sys.exit(report_error(e))
-    except ValidationError as e:
-        sys.exit(report_line(validation_line(e)))
-    except OperationalError as e:
-        reason = str(e.orig or e).strip().splitlines()[0][:300]
-        sys.exit(
-            report_line(f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)")
-        )
-    except OSError as e:
-        if e.errno not in _DISK_ERRNOS:
+    except Exception as e:
+        # pydantic and SQLAlchemy are imported by the commands that use them, not here:
+        # an error of theirs can only come from a command that imported them.
+        if _is_instance(e, "pydantic_core", "ValidationError"):
+            sys.exit(report_line(validation_line(cast("ValidationError", e))))
+        if _is_instance(e, "sqlalchemy.exc", "OperationalError"):
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+            sys.exit(
+                report_line(
+                    f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)"
+                )
+            )
+        if not isinstance(e, OSError) or e.errno not in _DISK_ERRNOS:
             raise
         where = f" ({e.filename})" if e.filename else ""
         sys.exit(report_line(f"{e.strerror}{where}: free space or make it writable, then re-run"))
     except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
+        _err().print("interrupted", highlight=False)
         sys.exit(128 + signal.SIGINT)
+
+
+def _is_instance(error: Exception, module: str, name: str) -> bool:
+    """`isinstance(error, module.name)` without importing `module` when nothing has."""
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(cls, type) and isinstance(error, cls)
 
 
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -267,17 +327,21 @@ def validation_line(error: ValidationError) -> str:
 
 def report_line(message: str) -> int:
     """Print a one-line error; returns the exit code (2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    from rich.markup import escape
+
+    _err().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return 2
 
 
 def report_error(error: EpiflowError) -> int:
     """Print a user error: its one line, then any detail lines (e.g. every problem of a
     `suite.yaml`) indented below; returns the exit code (2)."""
-    err.print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
+    from rich.markup import escape
+
+    _err().print(f"[bold red]error:[/] {escape(error.user_message())}", highlight=False)
     for line in str(error).splitlines()[1:]:
         if line.strip():
-            err.print(f"  {line.strip()}", highlight=False, markup=False)
+            _err().print(f"  {line.strip()}", highlight=False, markup=False)
     return 2
 
 

@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from cli.stores import stores
-from config.settings import load_settings
+from cli.stores import load_settings, stores
+from cli.terminal import TerminalConsole
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from cli.interrupts import Interrupted
+    from collection.lifecycle import CollectionOutcome
+    from collection.request import CollectResult
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = TerminalConsole(stderr=True, soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
@@ -75,8 +74,7 @@ def collect(
     """
     from cli.interrupts import Interrupted, run_interruptibly
     from cli.progress import episode_progress
-    from collection.plan import plan_collection
-    from collection.preflight import preflight_collection
+    from collection.lifecycle import open_collection
     from collection.request import CollectRequest, fresh_run_key
     from config.prefect import apply_prefect_settings
 
@@ -95,94 +93,103 @@ def collect(
         templates=[t.strip() for t in templates.split(",") if t.strip()] if templates else None,
     )
     request = request.keyed(run_key or fresh_run_key(request))
-    # Preflight, before anything is written: the suite and its templates, the policy spec,
-    # the sandbox (a probe jail), the database (schema, writable), the object store
-    # (writable), then Prefect's API (the shared local server is started if needed).
-    plan = plan_collection(request, settings.suites)
-    preflight = preflight_collection(plan, settings)
-    asyncio.run(preflight.policy.aclose())
-    engine = preflight.engine
+    flow_runs: list[str] = []
+    outcome: CollectionOutcome | None = None
     try:
-        apply_prefect_settings(settings.prefect)
-        from prefect.client.schemas.objects import FlowRun, State
+        # Preflight, before anything is written: the suite and its templates, the policy
+        # spec, the sandbox (a probe jail), the database (schema, writable), the object
+        # store (writable), the run key's lock (held until the collection closes); then
+        # Prefect's API (the shared local server is started if needed). The flow runs on
+        # this collection: it plans, opens and locks nothing again.
+        with open_collection(request, settings, preflight=True) as collection:
+            apply_prefect_settings(settings.prefect)
+            from prefect.client.schemas.objects import FlowRun, State
 
-        from flows.collect import collect_episodes
-        from flows.qc import GateOptions
+            from flows.collect import collect_episodes
+            from flows.qc import GateOptions
 
-        flow_runs: list[str] = []
+            def remember(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
+                flow_runs.append(str(flow_run.id))
 
-        def remember(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
-            flow_runs.append(str(flow_run.id))
+            flow = collect_episodes.with_options(on_running=[remember])
 
-        flow = collect_episodes.with_options(on_running=[remember])
-
-        def stopping(signum: int) -> None:
-            err.print(
-                f"{signal.Signals(signum).name}: stopping; saving the finished episodes "
-                "(again to abandon)",
-                highlight=False,
-            )
-
-        if run_key is None:
-            # A manual run never joins another one: it gets a key of its own, said before
-            # it starts (after the checks, which write nothing) so it can be resumed.
-            err.print(
-                f"run key {plan.run_key} (new; resume it with --run-key {plan.run_key})",
-                highlight=False,
-                markup=False,
-            )
-        try:
-            with episode_progress(
-                engine, preflight.run_id, plan.total, console=err, enabled=not as_json
-            ):
-                result = run_interruptibly(
-                    lambda: flow(
-                        request=request,
-                        shards=shards,
-                        shard_deployment=shard_deployment,
-                        gate=gate,
-                        gate_options=GateOptions(trigger="none"),
-                    ),
-                    on_signal=stopping,
+            def stopping(signum: int) -> None:
+                err.print(
+                    f"{signal.Signals(signum).name}: stopping; saving the finished episodes "
+                    "(again to abandon)",
+                    highlight=False,
                 )
-        except Interrupted as stop:
-            stopped = _interrupted(
-                engine, plan.run_key, preflight.run_id, plan.total, flow_runs, stop
-            )
-            err.print(stopped, highlight=False, markup=False)
-            raise typer.Exit(code=stop.exit_code) from None
-        if as_json:
-            typer.echo(
-                result.model_dump_json(
-                    include={
-                        "run_id",
-                        "run_key",
-                        "planned",
-                        "episodes",
-                        "executed",
-                        "steps",
-                        "executed_steps",
-                        "by_status",
-                        "success_rate",
-                        "duration_s",
-                    }
+
+            if run_key is None:
+                # A manual run never joins another one: it gets a key of its own, said
+                # before it starts (after the checks, which write nothing) so it can be
+                # resumed.
+                err.print(
+                    f"run key {collection.run_key} (new; resume it with --run-key "
+                    f"{collection.run_key})",
+                    highlight=False,
+                    markup=False,
                 )
-            )
-        else:
-            out.print(
-                f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} of "
-                f"{result.planned} episodes ({result.executed} run now), {result.steps} steps, "
-                f"success rate {result.success_rate:.1%}, {result.duration_s:.1f} s; "
-                f"by status {result.by_status}"
-            )
-        line = _rerun_line(
-            engine, preflight.run_id, plan.run_key, result.episodes, planned=result.planned
-        )
-    finally:
-        engine.dispose()
+            try:
+                with episode_progress(
+                    collection.stored_episodes,
+                    collection.plan.total,
+                    console=err,
+                    enabled=not as_json,
+                ):
+                    result = run_interruptibly(
+                        lambda: collection.lend(
+                            flow(
+                                request=request,
+                                shards=shards,
+                                shard_deployment=shard_deployment,
+                                gate=gate,
+                                gate_options=GateOptions(trigger="none"),
+                            )
+                        ),
+                        on_signal=stopping,
+                    )
+            except Interrupted:
+                outcome = collection.outcome()
+                raise  # the collection records the run `interrupted` as it closes
+            outcome = collection.outcome(result)
+    except Interrupted as stop:
+        assert outcome is not None
+        err.print(_interrupted(outcome, flow_runs, stop), highlight=False, markup=False)
+        raise typer.Exit(code=stop.exit_code) from None
+    assert outcome is not None and outcome.result is not None
+    _print_result(outcome.result, as_json=as_json)
+    line = _rerun_line(outcome)
     if line:
         err.print(line, highlight=False, markup=False)
         raise typer.Exit(code=EXIT_RERUN)
+
+
+def _print_result(result: CollectResult, *, as_json: bool) -> None:
+    if as_json:
+        typer.echo(
+            result.model_dump_json(
+                include={
+                    "run_id",
+                    "run_key",
+                    "planned",
+                    "episodes",
+                    "executed",
+                    "steps",
+                    "executed_steps",
+                    "by_status",
+                    "success_rate",
+                    "duration_s",
+                }
+            )
+        )
+    else:
+        out.print(
+            f"run [bold]{result.run_key}[/] ({result.run_id}): {result.episodes} of "
+            f"{result.planned} episodes ({result.executed} run now), {result.steps} steps, "
+            f"success rate {result.success_rate:.1%}, {result.duration_s:.1f} s; "
+            f"by status {result.by_status}"
+        )
 
 
 def _resume_command(run_key: str) -> str:
@@ -193,52 +200,39 @@ def _resume_command(run_key: str) -> str:
     return shlex.join(["epiflow", *args])
 
 
-def _rerun_line(
-    engine: Engine, run_id: uuid.UUID, run_key: str, episodes: int, *, planned: int
-) -> str | None:
+def _rerun_line(outcome: CollectionOutcome) -> str | None:
     """The last line when some episodes need a re-run: how many, why, and the command.
     Planned episodes never started (the run stopped early: its endpoint was down) count."""
-    from storage.runs import rerun_needed
-
-    needed = rerun_needed(engine, run_id)
-    unstarted = max(0, planned - episodes)
-    if not needed and not unstarted:
+    result = outcome.result
+    if result is None:
         return None
-    total = sum(n.count for n in needed.values()) + unstarted
-    parts = [
+    unstarted = max(0, result.planned - result.episodes)
+    if not outcome.rerun and not unstarted:
+        return None
+    total = sum(n.count for n in outcome.rerun.values()) + unstarted
+    why = [
         f"{n.count} {status}" + (f" ({n.reason})" if n.reason else "")
-        for status, n in sorted(needed.items())
+        for status, n in sorted(outcome.rerun.items())
     ]
     if unstarted:
-        parts.append(f"{unstarted} not started (the run stopped early)")
+        why.append(f"{unstarted} not started (the run stopped early)")
     return (
-        f"{total} of {planned} episodes need a re-run: {'; '.join(parts)}. Fix the cause, "
-        f"then re-run to redo only them: {_resume_command(run_key)}"
+        f"{total} of {result.planned} episodes need a re-run: {'; '.join(why)}. Fix the "
+        f"cause, then re-run to redo only them: {_resume_command(outcome.run_key)}"
     )
 
 
-def _interrupted(
-    engine: Engine,
-    run_key: str,
-    run_id: uuid.UUID,
-    planned: int,
-    flow_runs: list[str],
-    stop: Interrupted,
-) -> str:
-    """Record an interrupted collection (run `interrupted`, flow run Cancelled) and return
-    the last line: what is stored and how to resume."""
-    from storage.runs import close_run, run_flow_run_id, run_status, run_totals
-
+def _interrupted(outcome: CollectionOutcome, flow_runs: list[str], stop: Interrupted) -> str:
+    """Mark the interrupted collection's flow run Cancelled and return the last line:
+    what is stored and how to resume."""
     name = signal.Signals(stop.signum).name
-    flow_run_id: str | None = flow_runs[0] if flow_runs else run_flow_run_id(engine, run_id)
-    if run_status(engine, run_id) is not None:
-        close_run(engine, run_id, status="interrupted", flow_run_id=flow_run_id)
+    flow_run_id = flow_runs[0] if flow_runs else outcome.flow_run_id
     cancelled = _cancel_flow_run(flow_run_id, f"interrupted by {name}") if flow_run_id else None
-    stored, _ = run_totals(engine, run_id)
     flow_note = f"; flow run {flow_run_id} {cancelled}" if flow_run_id else ""
     return (
-        f"interrupted by {name}: run {run_key} has {stored} of {planned} episodes stored"
-        f"{flow_note}. Resume with: {_resume_command(run_key)}"
+        f"interrupted by {name}: run {outcome.run_key} has {outcome.stored} of "
+        f"{outcome.planned} episodes stored{flow_note}. Resume with: "
+        f"{_resume_command(outcome.run_key)}"
     )
 
 

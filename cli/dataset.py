@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from config.settings import load_settings
+from cli.stores import load_settings
 
 app = typer.Typer(help="Dataset snapshots (training data).", no_args_is_help=True)
 
@@ -22,11 +22,20 @@ def export(
     out: Annotated[
         Path, typer.Option("--out", help="New or empty directory to write into.")
     ] = Path("dataset"),
+    messages: Annotated[
+        str,
+        typer.Option(
+            "--messages",
+            help="Chats as `text` (the XML protocol in content, as trained) or `tool-calls` "
+            "(TRL's tool-calling form: tool_calls, tool messages, a tools column).",
+        ),
+    ] = "text",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Write a snapshot, checked against its sha256, as a Hugging Face `datasets` directory
     (`datasets.load_from_disk(DIR)`), its parquet file or JSON lines, with
-    `epiflow_dataset.json` (id, kind, filter, counts, sha256) beside it."""
+    `epiflow_dataset.json` (id, kind, filter, counts, sha256) beside it. The `weight`
+    column is the quality score: epiflow samples by it, plain TRL ignores it."""
     import json
 
     from cli.stores import stores
@@ -41,7 +50,7 @@ def export(
         raise typer.BadParameter(f"{dataset_id!r} is not a dataset id (a uuid)") from e
     with stores(load_settings()) as (engine, store):
         info = get_snapshot(engine, snapshot_id)
-        files = export_snapshot(store, info, fmt, out)
+        files = export_snapshot(store, info, fmt, out, messages=messages)
     if as_json:
         typer.echo(
             json.dumps(
@@ -49,6 +58,7 @@ def export(
                     "dataset_id": str(info.id),
                     "kind": info.kind.value,
                     "format": fmt,
+                    "messages": messages,
                     "rows": info.n_rows,
                     "out": str(out),
                     "files": [str(f) for f in files],

@@ -27,7 +27,7 @@ from models import run_id_for
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import make_object_store
-from storage.runs import sample_episode
+from storage.run_reads import sample_episode
 
 if TYPE_CHECKING:
     from flows.collect import CollectFlowResult

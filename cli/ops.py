@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
 
-from config.settings import load_settings
+from cli.stores import load_settings
+from cli.terminal import TerminalConsole
 
-out = Console(soft_wrap=True)
+out = TerminalConsole(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 

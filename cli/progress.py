@@ -1,4 +1,5 @@
-"""A rich progress bar for long CLI runs, fed by polling the run's episode count in SQL.
+"""A rich progress bar for long CLI runs, fed by polling the run's episode count in SQL
+(`count`: the collection's `stored_episodes`).
 
 Polling the database (instead of a callback through the flow) also shows episodes that
 other workers' shards write.
@@ -7,24 +8,16 @@ other workers' shards write.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import Engine
-
-from storage.runs import run_totals
-
-
-def _count(engine: Engine, run_id: uuid.UUID) -> int:
-    return run_totals(engine, run_id)[0]
 
 
 @contextmanager
 def episode_progress(
-    engine: Engine, run_id: uuid.UUID, total: int, *, console: Console, enabled: bool = True
+    count: Callable[[], int], total: int, *, console: Console, enabled: bool = True
 ) -> Iterator[None]:
     """Show `episodes stored / total` until the block exits."""
     if not enabled:
@@ -39,13 +32,11 @@ def episode_progress(
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task(
-            "episodes", total=total, completed=min(_count(engine, run_id), total)
-        )
+        bar = progress.add_task("episodes", total=total, completed=min(count(), total))
 
         def poll() -> None:
             while not stop.wait(0.5):
-                progress.update(bar, completed=min(_count(engine, run_id), total))
+                progress.update(bar, completed=min(count(), total))
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
@@ -54,4 +45,4 @@ def episode_progress(
         finally:
             stop.set()
             thread.join()
-            progress.update(bar, completed=min(_count(engine, run_id), total))
+            progress.update(bar, completed=min(count(), total))

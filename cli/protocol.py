@@ -18,6 +18,7 @@ import typer
 from agent.errors import ProtocolError
 from agent.protocol import parse_message
 from agent.trajectory import ParseKind
+from cli.terminal import neutralise
 from sandbox.tool_specs import BUILTIN_TOOLS
 
 app = typer.Typer(
@@ -71,11 +72,13 @@ def parse(
     if as_json:
         typer.echo(json.dumps(outcome, ensure_ascii=False, default=str))
         return
-    typer.echo(f"kind: {outcome['kind']}")
+    # The message is untrusted text: its control characters are shown, not obeyed.
+    typer.echo(neutralise(f"kind: {outcome['kind']}"))
     for key in ("call_id", "tool", "args", "final", "error", "error_code"):
         if outcome[key] is not None:
+            value = outcome[key]
             typer.echo(
-                f"{key}: {outcome[key] if not isinstance(outcome[key], dict) else json.dumps(outcome[key])}"
+                neutralise(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
             )
     if outcome["tolerances"]:
-        typer.echo(f"tolerances: {', '.join(outcome['tolerances'])}")
+        typer.echo(neutralise(f"tolerances: {', '.join(outcome['tolerances'])}"))

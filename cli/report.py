@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from config.settings import load_settings
+from cli.stores import load_settings
 
 
 def report(

@@ -1,8 +1,10 @@
 """Render a trajectory readably in the terminal (`epiflow show`).
 
-Model output, tool output and task text are data, not markup: they are printed as rich
-`Text` (no markup parsing, no highlighting; rich's highlighter is quadratic on long
-lines without spaces) after `fit_text` has cut them to size in one linear pass. By
+Model output, tool output and task text are data, not markup and not terminal control:
+they are printed as rich `Text` (no markup parsing, no highlighting; rich's highlighter is
+quadratic on long lines without spaces) after `fit_text` has made their control
+characters visible (`cli.terminal.neutralise`: an `ESC[2J` in a model's output cannot
+clear the screen) and cut them to size, in linear passes. By
 default a block is cut at `max_chars` and each line at `LINE_CLIP` characters, with a
 marker saying how much was left out; `--full` keeps everything and folds long lines at
 the terminal width; `--raw` prints the stored trajectory object itself.
@@ -18,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent.trajectory import ParseKind, Step, Trajectory
+from cli.terminal import neutralise
 
 _STATUS_STYLE = {"success": "green", "failed": "yellow"}
 
@@ -48,6 +51,11 @@ def fit_text(text: str, *, max_chars: int | None, width: int) -> str:
     return "\n".join(lines) + tail
 
 
+def _safe(value: str, style: str = "") -> Text:
+    """Stored text as rich `Text`, its control characters made visible."""
+    return Text(neutralise(value), style=style)
+
+
 def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None = 1200) -> None:
     """Header (task, policy, outcome), then each step: model text, parsed call, observation."""
     style = _STATUS_STYLE.get(str(t.status), "red")
@@ -57,20 +65,20 @@ def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None 
         return Text(fit_text(value, max_chars=max_chars, width=width))
 
     head = Table.grid(padding=(0, 2))
-    head.add_row("episode", Text(str(t.episode_id)))
-    head.add_row("run", Text(t.run_key))
-    head.add_row("task", Text(f"{t.task_id} (difficulty {t.difficulty})"))
-    head.add_row("policy", Text(t.policy))
+    head.add_row("episode", _safe(str(t.episode_id)))
+    head.add_row("run", _safe(t.run_key))
+    head.add_row("task", _safe(f"{t.task_id} (difficulty {t.difficulty})"))
+    head.add_row("policy", _safe(t.policy))
     if t.agent is not None:
-        head.add_row("agent", Text(f"{t.agent.name} {t.agent.version} (imported)"))
-    status = Text(str(t.status), style=style)
-    status.append(f" / {t.failure_category}")
+        head.add_row("agent", _safe(f"{t.agent.name} {t.agent.version} (imported)"))
+    status = _safe(str(t.status), style=style)
+    status.append(neutralise(f" / {t.failure_category}"))
     if t.failure_reason:
         status.append(": " + fit_text(t.failure_reason, max_chars=max_chars, width=width))
     head.add_row("status", status)
-    head.add_row("verifier", Text(f"{t.verifier_score} {t.verifier_reason or ''}"))
+    head.add_row("verifier", _safe(f"{t.verifier_score} {t.verifier_reason or ''}"))
     head.add_row("reward", Text(f"final {t.final_reward}, total {t.total_reward}"))
-    head.add_row("faults", Text(str(t.fault_profile or "off")))
+    head.add_row("faults", _safe(str(t.fault_profile or "off")))
     console.print(Panel(head, title="epiflow episode", expand=False))
     if t.agent is None:
         console.rule(Text("task prompt"))
@@ -80,7 +88,7 @@ def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None 
         context.setdefault(c.before_step, []).append((c.source, c.message))
     for index in range(len(t.steps) + 1):
         for source, message in context.get(index, []):
-            console.rule(Text(f"{source} (imported)"))
+            console.rule(_safe(f"{source} (imported)"))
             console.print(fit(message))
         if index < len(t.steps):
             _step(t.steps[index], console, fit)
@@ -97,7 +105,7 @@ def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
     if s.policy_perturbation:
         meta.append(f"perturbation {s.policy_perturbation}")
     meta.append(f"reward {s.immediate_reward:+.3f}, return {s.return_:+.3f}")
-    console.rule(Text(" · ".join(meta)))
+    console.rule(_safe(" · ".join(meta)))
     if s.reasoning_content is not None:
         console.print(Text("reasoning", style="bold blue"))
         console.print(fit(s.reasoning_content))
@@ -116,7 +124,7 @@ def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
         console.print(line)
         for change in s.files_changed:
             console.print(
-                Text(
+                _safe(
                     f"  {change.change} {change.path} ({change.size} B, "
                     f"sha256 {str(change.sha256)[:12]})",
                     style="dim",

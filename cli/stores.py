@@ -1,14 +1,25 @@
-"""The database engine and object store a CLI command uses, opened and checked in one place."""
+"""The settings, database engine and object store a CLI command uses, opened and checked
+in one place. Imported by every command module, so it imports none of them at load
+(`epiflow --help` lists the commands without importing SQLAlchemy or the settings)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
-from config.settings import Settings
-from storage.objects import ObjectStore
+    from config.settings import Settings
+    from storage.objects import ObjectStore
+
+
+def load_settings() -> Settings:
+    """`config.settings.load_settings`, imported when a command runs."""
+    from config.settings import load_settings as load
+
+    return load()
 
 
 @contextmanager

@@ -16,22 +16,25 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from cli.terminal import TerminalConsole
+from sandbox.images import ImageBuildError
 from suites.check import (
     ORACLE_POLICY,
     CheckReport,
+    HarborTaskCheck,
     InstanceResult,
     failed_steps,
     nondeterministic_templates,
     summarize,
 )
 from suites.errors import SuiteError
+from suites.harbor.suite import HarborSuite
 from suites.registry import load_all_suites, load_suite
 from suites.settings import SuitesSettings
 from suites.suite import Suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 if TYPE_CHECKING:
     from sandbox.settings import SandboxSettings
@@ -42,8 +45,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_out = Console(soft_wrap=True)
-_err = Console(stderr=True, soft_wrap=True)
+_out = TerminalConsole(soft_wrap=True)
+_err = TerminalConsole(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -126,7 +129,12 @@ def check(
         unstable = nondeterministic_templates(tasks, fresh.generate)
     except SuiteError as e:
         raise _fail(str(e)) from e
+    except ImageBuildError as e:  # infrastructure: building a Harbor task's image failed
+        _err.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(code=3) from e
     report = asyncio.run(_run_check(loaded, tasks, policy, concurrency, sandbox_settings, unstable))
+    if isinstance(loaded, HarborSuite):
+        report = _with_harbor_tasks(loaded, tasks, report, concurrency, sandbox_settings)
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:
@@ -144,12 +152,85 @@ def check(
             f"the oracle scored below 1.0 on {report.below_full} of {total} instance(s): "
             "a reference solution or its verifier is wrong (see the failing steps)"
         )
+    idle_scored = [t.task for t in report.harbor_tasks if t.idle_score]
+    if idle_scored:
+        problems.append(
+            f"scripted:idle scored above 0 on {', '.join(idle_scored)}: a verifier passes without work"
+        )
     if min_score is not None and report.mean_score < min_score:
         problems.append(f"mean score {report.mean_score:.3f} is below --min-score {min_score:g}")
     for problem in problems:
         _err.print(f"error: {problem}", markup=False, highlight=False)
     if problems:
         raise typer.Exit(code=1)
+
+
+@app.command("export")
+def export(
+    suite: Annotated[str, typer.Option(help="Suite name (built-in or a user suite).")] = "builtin",
+    out: Annotated[str, typer.Option(help="Folder to write the task directories into.")] = "",
+    export_format: Annotated[str, typer.Option("--format", help="Only `harbor`.")] = "harbor",
+    templates: Annotated[
+        str | None, typer.Option(help="Comma-separated templates (default: all).")
+    ] = None,
+    instances: Annotated[int, typer.Option(min=1, help="Instances per template.")] = 1,
+    seed: Annotated[int, typer.Option(min=0, help="First instance seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Write seeded instances as Harbor task directories (tests run offline; docs/harbor.md)."""
+    from pathlib import Path
+
+    from suites.harbor.export import export_task
+
+    if export_format != "harbor":
+        raise _fail(f"--format: only `harbor` is supported, got {export_format!r}")
+    if not out:
+        raise _fail("--out: name the folder to write the task directories into")
+    try:
+        loaded = load_suite(suite, settings=SuitesSettings())
+        names = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+        tasks = loaded.instances(instances, seed=seed, templates=names)
+    except SuiteError as e:
+        raise _fail(str(e)) from e
+    if any(t.environment is not None for t in tasks):
+        raise _fail(f"--suite: {suite!r} is a Harbor dataset already; its folders are the export")
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    written = [str(export_task(task, target)) for task in tasks]
+    if as_json:
+        typer.echo(json.dumps({"format": "harbor", "out": str(target), "tasks": written}))
+    else:
+        for path in written:
+            _out.print(path, markup=False, highlight=False)
+
+
+def _with_harbor_tasks(
+    suite: HarborSuite,
+    tasks: list[TaskInstance],
+    report: CheckReport,
+    concurrency: int,
+    sandbox_settings: SandboxSettings,
+) -> CheckReport:
+    """`report` with one `HarborTaskCheck` per task: the idle policy runs on each task's first
+    instance (it must score 0), times from the instances' verifier details."""
+    first = list({t.template: t for t in reversed(tasks)}.values())[::-1]
+    idle = asyncio.run(_run_check(suite, first, "scripted:idle", concurrency, sandbox_settings, []))
+    idle_by = {r.template: r for t in idle.templates for r in t.failed}
+    rows: list[HarborTaskCheck] = []
+    for check in report.templates:
+        idle_row = next((t for t in idle.templates if t.template == check.template), None)
+        broken = idle_by.get(check.template)
+        idle_score = None if broken is not None and broken.verifier_error else (
+            idle_row.mean_score if idle_row else None
+        )  # fmt: skip
+        env = suite.environment(check.template)
+        rows.append(
+            HarborTaskCheck(
+                task=check.template, score=check.mean_score, idle_score=idle_score,
+                build_s=env.build_s, verify_s=check.verify_s,
+            )
+        )  # fmt: skip
+    return report.model_copy(update={"harbor_tasks": rows})
 
 
 async def _run_check(
@@ -189,6 +270,7 @@ async def _run_check(
                 open_sandbox=opener,
             )
         env_broken = traj.status in INFRASTRUCTURE_STATUSES
+        harbor = (traj.verifier_details or {}).get("harbor") or {}
         return InstanceResult(
             template=task.template,
             seed=task.seed,
@@ -200,6 +282,8 @@ async def _run_check(
             verifier_error=env_broken,
             content_digest=task.content_digest,
             failed_steps=failed_steps(traj.steps),
+            build_s=harbor.get("build_s"),
+            verify_s=harbor.get("verify_s"),
         )
 
     try:
@@ -247,6 +331,19 @@ def _print_report(report: CheckReport) -> None:
         )
     _out.print(table)
     _out.print(f"overall mean_score: {report.mean_score:.3f}")
+    if report.harbor_tasks:
+        harbor = Table(title="Harbor tasks")
+        for column in ("task", "score", "idle score", "build s", "verify s"):
+            harbor.add_column(column)
+        for h in report.harbor_tasks:
+            harbor.add_row(
+                h.task,
+                f"{h.score:.3f}",
+                "env error" if h.idle_score is None else f"{h.idle_score:.3f}",
+                "-" if h.build_s is None else f"{h.build_s:.1f}",
+                "-" if h.verify_s is None else f"{h.verify_s:.1f}",
+            )
+        _out.print(harbor)
     label = "reference step" if report.policy == ORACLE_POLICY else "step"
     for t in report.templates:
         for r in t.failed:

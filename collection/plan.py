@@ -20,7 +20,7 @@ from sandbox.faults import FaultProfile
 from suites.errors import SuiteError
 from suites.registry import load_suite
 from suites.settings import SuitesSettings
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 
 class Shard(BaseModel):

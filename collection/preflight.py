@@ -1,20 +1,22 @@
 """Preflight: everything a collection needs is checked before anything is written.
 
 A misconfigured sandbox, a read-only database or a full object store would otherwise show
-up as a run whose every episode is `env_error` or `storage_error`. `preflight_collection`
-opens the collection (policy, schema, object store: `open_collection`) and then checks, in
-order, each with a one-line error naming the setting to fix:
+up as a run whose every episode is `env_error` or `storage_error`. `open_collection(...,
+preflight=True)` opens the collection (policy, schema, object store) and then runs
+`preflight_checks`, in order, each with a one-line error naming the setting to fix:
 
 - the sandbox: the nsjail binary, the interpreter and state dir jails mount, the cgroup
   policy, and one real probe jail (the sandbox's own `prepare_host`);
 - the database takes writes (a read-only file, mount or role fails here);
 - the object store takes a write of `PROBE_BYTES` (a full disk fails here; the probe is
   deleted);
-- no other process is collecting the run key right now (`storage.run_lock`; the flow
-  takes the lock for real, this only fails early);
 - the policy answers: an `openai:` endpoint gives a 1-token completion within
   `EPIFLOW_AGENT_POLICY_PREFLIGHT_TIMEOUT_S` (`check_policy`; nothing listening, an HTTP
-  error or an HTML page fails here with the URL, not as a run of `endpoint_error`s).
+  error or an HTML page fails here in one line naming the URL, not as a run of
+  `endpoint_error`s).
+
+A new check is one more step of `preflight_checks`. The run key's lock is taken after
+them, by `open_collection`, and held until the collection closes.
 
 The Prefect API is the entry point's to check (`config.prefect.apply_prefect_settings`):
 nothing here imports Prefect.
@@ -25,21 +27,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine
-
-from agent.policies.base import Policy
-from agent.settings import PolicySettings
-from collection.plan import Plan
-from collection.runner import Collection, open_collection
-from config.settings import Settings
 from sandbox.errors import SandboxUnavailable
 from sandbox.host import find_nsjail, prepare_host
 from sandbox.settings import SandboxSettings
 from storage.errors import ObjectStoreError, ObjectStoreUnavailable
 from storage.objects import ObjectStore
-from storage.run_lock import acquire_run_key
 from storage.runs import check_writable
+
+if TYPE_CHECKING:
+    from agent.policies.base import Policy
+    from agent.settings import PolicySettings
+    from collection.lifecycle import Collection
 
 PROBE_BYTES = 64 << 10
 """Bytes the object-store probe writes: enough that a full disk refuses it."""
@@ -109,40 +109,24 @@ def check_object_store(store: ObjectStore) -> None:
     store.delete(key)
 
 
-def check_policy(policy: Policy, settings: PolicySettings) -> str | None:
+async def check_policy(policy: Policy, settings: PolicySettings) -> str | None:
     """Probe the policy's endpoint, when it has one; returns the model that answered.
 
     Raises:
         EndpointError: the endpoint gave no completion in time (one line naming the URL).
     """
-    return asyncio.run(policy.probe(deadline_s=settings.preflight_timeout_s))
+    return await policy.probe(deadline_s=settings.preflight_timeout_s)
 
 
-def preflight_collection(
-    plan: Plan,
-    settings: Settings,
-    *,
-    engine: Engine | None = None,
-    store: ObjectStore | None = None,
-) -> Collection:
-    """Open `plan`'s collection and check the sandbox, the database and the object store;
-    nothing is written (no run row, no episode). Close the result with `aclose`.
+async def preflight_checks(collection: Collection) -> None:
+    """Check, in order, that the collection can run and write; nothing is written.
 
     Raises:
-        CollectError: the policy spec is invalid.
         SandboxUnavailable: no jail can start with these sandbox settings.
-        StorageError: the database or object store cannot be used or written, or the
-            run key is being collected (`RunKeyBusy`).
+        StorageError: the database or object store cannot be written.
         EndpointError: the policy's model endpoint does not answer.
     """
-    collection = open_collection(plan, settings, engine=engine, store=store)
-    try:
-        asyncio.run(check_sandbox(settings.sandbox))
-        check_writable(collection.engine)
-        check_object_store(collection.store)
-        acquire_run_key(settings.database, plan.run_key).release()
-        check_policy(collection.policy, settings.policy)
-    except BaseException:
-        asyncio.run(collection.aclose())
-        raise
-    return collection
+    await check_sandbox(collection.settings.sandbox)
+    await asyncio.to_thread(check_writable, collection.engine)
+    await asyncio.to_thread(check_object_store, collection.store)
+    await check_policy(collection.policy, collection.settings.policy)

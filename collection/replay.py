@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Engine
 
-from agent.render import decode_output
+from agent.render import decode_step_text
 from agent.trajectory import ParseKind, Step, Trajectory
 from collection.errors import CollectError
 from config.settings import Settings
@@ -29,7 +29,7 @@ from sandbox.types import ToolResult
 from storage.episodes import load_trajectory
 from storage.objects import ObjectStore
 from storage.replays import record_replay
-from storage.runs import run_sandbox_spec
+from storage.run_reads import run_sandbox_spec
 from suites.registry import load_suite
 
 
@@ -71,8 +71,8 @@ def result_fields(result: ToolResult, text_cap: int) -> dict[str, Any]:
         "signal": result.signal,
         "timed_out": result.timed_out,
         "error_type": result.error_type,
-        "stdout": _digest(decode_output(result.stdout, text_cap)[0]),
-        "stderr": _digest(decode_output(result.stderr, text_cap)[0]),
+        "stdout": _digest(decode_step_text(result.stdout, text_cap)[0]),
+        "stderr": _digest(decode_step_text(result.stderr, text_cap)[0]),
         "files_changed": sorted((f.path, f.change, f.sha256) for f in result.files_changed),
         "injected_fault": result.injected_fault.kind if result.injected_fault else None,
     }

@@ -2,7 +2,7 @@
 
 The request is the `collect-episodes` flow's parameter, so the Prefect UI renders it as a
 form; the CLI, the flows, the demo and the benchmarks all build one and hand it to the
-same lifecycle (`collection.runner`).
+same lifecycle (`collection.lifecycle.open_collection`).
 """
 
 from __future__ import annotations

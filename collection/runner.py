@@ -1,16 +1,12 @@
-"""The collection lifecycle, one path for the CLI, the flows, the demo and the benchmarks.
+"""Running a collection: its episodes as one stream, persisted in groups.
 
-    request = CollectRequest(...)                      # validated once, where it is built
-    plan = plan_collection(request, settings.suites)   # suite, templates, faults, episode ids
-    collection = open_collection(plan, settings)        # policy, engine, store: built once
-    run_id = start_run(engine, request)                 # the collection_run row
-    todo = remaining(collection)                        # resume: what is not stored yet
-    await run_episodes(collection, todo)                # sandboxes, rewards, persisted in batches
-    finish_run(collection, status="completed")
-    result = collection_result(collection, ...)          # counts from SQL
+    async with open_collection(request, settings) as collection:  # collection.lifecycle
+        await collect(collection)    # start, run what remains, end, count
 
-`collect` chains them; the `collect-episodes` flow calls the same steps with a Prefect task
-around each batch. Nothing here imports Prefect.
+`run_episodes` is the engine every entry point shares (the CLI and the demo through the
+`collect-episodes` flow, the `collect-shard` flow, `collect_in_process`, the
+benchmarks); `collect` chains the lifecycle's steps around it, and the flow calls the same
+steps with a Prefect task around each. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -22,141 +18,24 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from agent.errors import PolicySpecError
 from agent.loop import run_episode
-from agent.outage import EndpointOutage
-from agent.policies import make_policy
-from agent.policies.base import Policy
-from agent.trajectory import Trajectory, success_rate
-from collection.errors import CollectError
+from agent.trajectory import Trajectory
+from collection.lifecycle import Collection, open_collection, run_ending
 from collection.outbox import Outbox
-from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
+from collection.plan import PlannedEpisode, Shard
 from collection.request import CollectRequest, CollectResult
 from config.settings import Settings
-from models import run_id_for
 from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
 from storage.episodes import persist_episodes
 from storage.ingest import IngestReport
-from storage.migrate import ensure_current
 from storage.objects import ObjectStore
-from storage.runs import close_run, open_run, remaining_episodes, run_counts, run_totals
 
 logger = logging.getLogger(__name__)
-
-
-def make_run_policy(spec: str, settings: Settings) -> Policy:
-    """The policy a run uses (one instance shared by all its episodes).
-
-    Raises:
-        CollectError: the spec is malformed or names an unknown policy.
-    """
-    try:
-        return make_policy(spec, settings=settings.policy)
-    except PolicySpecError as e:
-        raise CollectError(f"--policy: {e}", setting="--policy") from e
-
-
-@dataclass
-class Collection:
-    """A plan with what runs it, each built once: the policy, the engine, the object store
-    and the settings. Close it with `aclose` (the policy may hold a model or a client)."""
-
-    plan: Plan
-    settings: Settings
-    policy: Policy
-    engine: Engine
-    store: ObjectStore
-    owns_engine: bool = True
-    """Dispose the engine on close (False when the caller passed its own)."""
-    written: IngestReport = field(default_factory=IngestReport)
-    """What this process has persisted so far."""
-    outage: EndpointOutage = field(default_factory=lambda: EndpointOutage(limit=0))
-    """The early-stop rule for a model endpoint that is down (`agent.outage`)."""
-
-    @property
-    def request(self) -> CollectRequest:
-        return self.plan.request
-
-    @property
-    def run_id(self) -> uuid.UUID:
-        return run_id_for(self.plan.run_key)
-
-    async def aclose(self) -> None:
-        await self.policy.aclose()
-        if self.owns_engine:
-            self.engine.dispose()
-
-
-def open_collection(
-    plan: Plan,
-    settings: Settings,
-    *,
-    engine: Engine | None = None,
-    store: ObjectStore | None = None,
-) -> Collection:
-    """Build what runs `plan` and check it can write: the schema is current and the object
-    store reachable, before any episode runs.
-
-    Raises:
-        CollectError: the policy spec is invalid.
-        StorageError: the database or object store cannot be used (names the setting).
-    """
-    from storage.db import make_engine
-    from storage.objects import make_object_store
-
-    policy = make_run_policy(plan.request.policy, settings)
-    owns = engine is None
-    engine = engine if engine is not None else make_engine(settings.database)
-    try:
-        ensure_current(engine)
-        store = store if store is not None else make_object_store(settings.objects)
-        store.check()
-    except BaseException:
-        if owns:
-            engine.dispose()
-        raise
-    return Collection(
-        plan=plan,
-        settings=settings,
-        policy=policy,
-        engine=engine,
-        store=store,
-        owns_engine=owns,
-        outage=EndpointOutage(limit=settings.policy.outage_episodes),
-    )
-
-
-def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
-    """Create (or resume) the `collection_run` row of `request` (which carries its key)."""
-    if request.run_key is None:
-        raise CollectError("the request has no run key", setting="--run-key")
-    faults = request.fault_profile
-    return open_run(
-        engine,
-        run_key=request.run_key,
-        suite=request.suite,
-        policy=request.policy,
-        parameters=request.run_parameters(),
-        sandbox_spec=request.sandbox_spec.model_dump(mode="json"),
-        fault_profile=faults.model_dump(mode="json") if faults else {},
-    )
-
-
-def finish_run(collection: Collection, *, status: str, flow_run_id: str | None = None) -> None:
-    """Mark the run `completed`, `failed` or `interrupted`."""
-    close_run(collection.engine, collection.run_id, status=status, flow_run_id=flow_run_id)
-
-
-def remaining(collection: Collection) -> list[PlannedEpisode]:
-    """This shard's planned episodes not stored yet (half-written ones are purged to rerun)."""
-    episodes = collection.plan.episodes
-    todo = remaining_episodes(collection.engine, [p.episode_id for p in episodes])
-    return [p for p in episodes if p.episode_id in todo]
 
 
 @dataclass(frozen=True)
@@ -337,48 +216,20 @@ def fault_seed(episode_id: uuid.UUID) -> int:
     return int.from_bytes(episode_id.bytes[:4], "big")
 
 
-def collection_result(
-    collection: Collection, *, executed: int, steps: int, started: float
-) -> CollectResult:
-    """The run's result: totals from SQL (every shard's and every earlier call's episodes
-    and steps), and this call's work (`executed` episodes, `steps` written)."""
-    counts = run_counts(collection.engine, collection.run_id)
-    total = sum(counts.values())
-    _, run_steps = run_totals(collection.engine, collection.run_id)
-    return CollectResult(
-        run_id=collection.run_id,
-        run_key=collection.plan.run_key,
-        planned=collection.plan.total,
-        episodes=total,
-        executed=executed,
-        steps=run_steps,
-        executed_steps=steps,
-        by_status=counts,
-        success_rate=success_rate(counts),
-        duration_s=round(time.monotonic() - started, 3),
-    )
-
-
 async def collect(
-    collection: Collection,
-    *,
-    on_episode: Callable[[Trajectory], None] | None = None,
-    close_run_when_done: bool = True,
+    collection: Collection, *, on_episode: Callable[[Trajectory], None] | None = None
 ) -> CollectResult:
-    """The whole lifecycle for an opened collection: start (or resume) the run, run what is
-    missing, persist it, mark the run completed (failed on error)."""
+    """The whole run for an opened collection: start (or resume) the run, run what is
+    missing, persist it, record how it ended (failed or interrupted on error)."""
     started = time.monotonic()
-    start_run(collection.engine, collection.request)
-    status = "failed"
+    collection.start()
     try:
-        report = await run_episodes(collection, remaining(collection), on_episode=on_episode)
-        status = "completed"
-    finally:
-        if close_run_when_done:
-            finish_run(collection, status=status)
-    return collection_result(
-        collection, executed=len(report.inserted), steps=report.steps, started=started
-    )
+        report = await run_episodes(collection, collection.remaining(), on_episode=on_episode)
+    except BaseException as e:
+        collection.end(run_ending(e))
+        raise
+    collection.end("completed")
+    return collection.result(executed=len(report.inserted), steps=report.steps, started=started)
 
 
 async def collect_in_process(
@@ -389,21 +240,20 @@ async def collect_in_process(
     settings: Settings | None = None,
     shard: Shard | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
-    close: bool = True,
 ) -> CollectResult:
-    """The collection without Prefect, in one call (tests, benchmarks, notebooks): plan,
-    open, collect, close. `request` must carry its run key.
+    """The collection without Prefect, in one call (tests, benchmarks, notebooks): open
+    (plan, policy, the run key's lock in `engine`'s database), collect, close. `request`
+    must carry its run key.
 
     Raises:
         CollectError: the request cannot run (suite, template, policy).
-        StorageError: the database or object store cannot be used.
+        StorageError: the database or object store cannot be used, or the run key is
+            being collected right now (`RunKeyBusy`).
     """
     from config.settings import load_settings
 
     settings = settings if settings is not None else load_settings()
-    plan = plan_collection(request, settings.suites, shard=shard)
-    collection = open_collection(plan, settings, engine=engine, store=store)
-    try:
-        return await collect(collection, on_episode=on_episode, close_run_when_done=close)
-    finally:
-        await collection.aclose()
+    async with open_collection(
+        request, settings, shard=shard, engine=engine, store=store
+    ) as collection:
+        return await collect(collection, on_episode=on_episode)

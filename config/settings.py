@@ -3,22 +3,34 @@
 One class per subsystem, each with its own `EPIFLOW_<SUBSYSTEM>_` prefix; this module
 only gathers them and turns validation errors into one readable line per variable
 (never echoing a value: it may be a secret).
+
+An `EPIFLOW_*` variable that no setting reads is refused, naming the nearest real one
+(`EPIFLOW_DATABSE_URL` → "did you mean EPIFLOW_DATABASE_URL?"): a typo must not send a
+run to the default database while the operator believes it went elsewhere. Refused, not
+warned, because a warning scrolls past and the run writes to the wrong place anyway.
+`EPIFLOW_HOME`, the test harness's variables (`NON_SETTING_VARIABLES`) and the
+`EPIFLOW_TEST_` prefix are allowed.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.settings import LoopSettings, PolicySettings
+from agent.settings import LoopSettings, NoisyRates, PolicySettings
 from core.errors import EpiflowError
+from expectations.settings import GateSettings
 from sandbox.settings import SandboxSettings
-from scoring.settings import RewardSettings
+from scoring.settings import GrmSettings, QualitySettings, RewardSettings, RuleJudgeSettings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
 from suites.settings import SuitesSettings
+from training.settings import TrainingSettings
 
 
 class ConfigError(EpiflowError):
@@ -136,12 +148,90 @@ def _build(cls: type[S]) -> S:
         raise ConfigError(detail, setting=first) from e
 
 
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
+    DatabaseSettings,
+    ObjectStoreSettings,
+    PrefectSettings,
+    SandboxSettings,
+    LoopSettings,
+    NoisyRates,
+    PolicySettings,
+    RewardSettings,
+    RuleJudgeSettings,
+    GrmSettings,
+    QualitySettings,
+    SuitesSettings,
+    GateSettings,
+    TrainingSettings,
+)
+"""Every settings class of every subsystem, including those built later by their own
+entry point (the gate's, training's): the variables they read are the known ones."""
+
+NON_SETTING_VARIABLES = frozenset(
+    {
+        "EPIFLOW_HOME",  # the root of default local paths (core/home.py)
+        "EPIFLOW_PG_BIN",  # the tests' PostgreSQL binaries (tests/services/postgres.py)
+        "EPIFLOW_REQUIRE_POSTGRES",  # the tests fail instead of skipping without PostgreSQL
+        "EPIFLOW_SCREENSHOT_DIR",  # where the UI tests save their screenshots
+    }
+)
+"""`EPIFLOW_*` variables read outside the settings classes."""
+
+RESERVED_PREFIX = "EPIFLOW_TEST_"
+"""Variables under this prefix are never settings: tests use them freely."""
+
+
+def known_variables() -> frozenset[str]:
+    """Every `EPIFLOW_*` variable some setting reads, and the non-setting ones."""
+    names = set(NON_SETTING_VARIABLES)
+    for cls in SETTINGS_CLASSES:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        names.update(f"{prefix}{name}".upper() for name in cls.model_fields)
+    return frozenset(names)
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse `EPIFLOW_*` variables no setting reads, naming the nearest real one.
+
+    Raises:
+        ConfigError: one line listing every unknown variable (never their values).
+    """
+    known = known_variables()
+    unknown = sorted(
+        (
+            name
+            for name in environ
+            if name.upper().startswith("EPIFLOW_")
+            and name.upper() not in known
+            and not name.upper().startswith(RESERVED_PREFIX)
+        ),
+        key=str.upper,
+    )
+    if not unknown:
+        return
+    # Compared without the shared `EPIFLOW_`, which would make every name look near.
+    by_rest = {variable.removeprefix("EPIFLOW_"): variable for variable in known}
+    described = []
+    for name in unknown:
+        rest = name.upper().removeprefix("EPIFLOW_")
+        near = difflib.get_close_matches(rest, by_rest, n=1, cutoff=0.6)
+        described.append(f"{name} (did you mean {by_rest[near[0]]}?)" if near else name)
+    raise ConfigError(
+        f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(described)}: "
+        "no epiflow setting reads it; fix the name or unset it "
+        "(README.md, 'Settings')",
+        setting=unknown[0],
+    )
+
+
 def load_settings() -> Settings:
     """Read every subsystem's settings from the environment (a few milliseconds).
 
     Raises:
-        ConfigError: a variable is invalid; the message names every invalid one.
+        ConfigError: a variable is invalid, or an `EPIFLOW_*` variable is not a setting
+            (a typo); the message names every such variable.
     """
+    check_environment(os.environ)
     return Settings(
         database=_build(DatabaseSettings),
         objects=_build(ObjectStoreSettings),

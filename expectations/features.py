@@ -7,7 +7,7 @@ One row per episode (`FEATURE_COLUMNS`). Each column is what one expectation loo
 - logic: `n_blind_writes` (writes before reading their inputs) and `n_fabrications`, both
   from the rule judge (they need the prompt and the agent's text, step by step);
 - safety: `n_safety_violations` (rule judge);
-- result: `final_reward` (the reward formula of `RewardSettings`), `success`;
+- result: `final_reward` (`scoring.rewards.final_reward`, the one formula), `success`;
 - efficiency: `n_repeated_calls` (identical to the previous identical call, no workspace
   change in between, that call not a transient failure), `steps_robust_z`/`duration_robust_z` (per template:
   (x − median) / max(1.4826·MAD, floor); null for templates with too few episodes);
@@ -21,6 +21,7 @@ import polars as pl
 
 from expectations.frames import EPISODE_SCHEMA, JUDGE_SCHEMA, STEP_SCHEMA, QcFrames, require_columns
 from expectations.settings import GateSettings
+from scoring.rewards import final_reward
 from scoring.settings import RewardSettings
 
 __all__ = ["FEATURE_COLUMNS", "compute_features"]
@@ -114,14 +115,9 @@ def _robust_z(column: str, floor: float, min_group: int) -> pl.Expr:
 
 
 def _final_reward(rewards: RewardSettings) -> pl.Expr:
-    score = pl.col("verifier_score").clip(0.0, 1.0)
-    partial = rewards.failure_reward + (rewards.success_reward - rewards.failure_reward) * score
-    return (
-        pl.when(score.is_null())
-        .then(pl.lit(rewards.failure_reward))
-        .when(score >= rewards.success_threshold)
-        .then(pl.lit(rewards.success_reward))
-        .otherwise(partial)
+    """`scoring.rewards.final_reward` per episode: the one formula, not a polars copy of it."""
+    return pl.col("verifier_score").map_elements(
+        lambda score: final_reward(score, rewards), return_dtype=pl.Float64, skip_nulls=False
     )
 
 

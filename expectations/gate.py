@@ -32,7 +32,7 @@ from expectations.outcomes import ExpectationOutcome
 from expectations.polars_checks import evaluate_suite_polars
 from expectations.report import BatchCheck, GateReport, Reason
 from expectations.settings import QcConfig
-from expectations.suites import QcAction, SuiteSpec, load_suite
+from expectations.suite_files import QcAction, SuiteSpec, load_suite
 from scoring.claims import FABRICATION_CODES
 from scoring.quality import Verdict
 from scoring.rubric import Dimension, Judgement

@@ -18,7 +18,7 @@ from typing import Any
 
 from expectations.errors import SuiteExecutionError
 from expectations.outcomes import ExpectationOutcome
-from expectations.suites import SuiteSpec
+from expectations.suite_files import SuiteSpec
 
 __all__ = ["GxRunner", "import_gx"]
 

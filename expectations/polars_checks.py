@@ -13,7 +13,7 @@ import polars as pl
 
 from expectations.errors import SuiteError
 from expectations.outcomes import ExpectationOutcome
-from expectations.suites import ExpectationSpec, SuiteSpec
+from expectations.suite_files import ExpectationSpec, SuiteSpec
 
 __all__ = ["evaluate_suite_polars"]
 

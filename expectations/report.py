@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
-from expectations.suites import QcAction, QcCategory
+from expectations.suite_files import QcAction, QcCategory
 from scoring.quality import Verdict
 
 __all__ = ["BatchCheck", "EpisodeVerdict", "GateReport", "Reason", "render_markdown"]

@@ -1,14 +1,17 @@
 """The `collect-episodes` flow: one collection run, on this machine or fanned out to shards.
 
-Stages are Prefect tasks, named for the UI: `plan-collection` (suite, templates, episode
-ids), `open-run` (policy, database, object store; the `collection_run` row),
-`run-episodes` (the whole plan as one stream, asyncio concurrency inside, never a task
-per step; finished episodes persisted in groups as they complete, a progress artifact
-updated after each group), `finish-run` (status, totals from SQL) and `publish-summary`
-(two artifacts). With `gate`, the `qc-gate` flow follows as a subflow.
+The flow opens the collection once (`collection.lifecycle.open_collection`: plan, policy,
+engine, object store, the run key's lock), or uses the one the command that started it
+lent it (`epiflow collect`), and runs its stages as Prefect tasks, named for the UI:
+`plan-collection` (suite, templates, episode ids; part of the open), `open-run` (the
+`collection_run` row), `run-episodes` (the whole plan as one stream, asyncio concurrency
+inside, never a task per step; finished episodes persisted in groups as they complete, a
+progress artifact updated after each group), `finish-run` (how the run ended, totals from
+SQL) and `publish-summary` (two artifacts). With `gate`, the `qc-gate` flow follows as a
+subflow.
 
-One run key, one collection at a time: the flow holds the key's lock
-(`storage.run_lock`) while it collects, a shard its shard's lock, so a second run of a
+One run key, one collection at a time: the collection holds the key's lock
+(`storage.run_lock`) while it is open, a shard its shard's lock, so a second run of a
 key that is running fails at once with `RunKeyBusy`. The lock dies with its process, so
 a crashed run never blocks the retry that resumes it.
 
@@ -36,24 +39,14 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
 from collection.errors import CollectError
-from collection.plan import Plan, Shard, plan_collection
+from collection.lifecycle import Collection, RunEnding, open_collection, plan_request, run_ending
+from collection.plan import Plan, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
-from collection.runner import (
-    Collection,
-    PersistedGroup,
-    collection_result,
-    finish_run,
-    open_collection,
-    remaining,
-    run_episodes,
-    start_run,
-)
+from collection.runner import PersistedGroup, run_episodes
 from config.settings import Settings, load_settings
 from flows import route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
-from storage.run_lock import acquire_run_key, shard_lock_name
-from storage.run_summary import summarize_run, summary_markdown, summary_table
-from storage.runs import run_totals
+from reports.run_summary import summary_markdown, summary_table
 
 SHARD_ATTEMPTS = 3
 """Flow runs a shard gets before the sharded run fails: one that crashed (its worker died;
@@ -78,9 +71,11 @@ def _progress_line(done: int, planned: int, by_status: Counter[str], started: fl
 
 
 @task(name="plan-collection", cache_policy=NONE, retries=0)
-def plan_task(request: CollectRequest, settings: Settings, shard: Shard) -> Plan:
-    """Resolve the request against its suite: task instances and episode ids."""
-    plan = plan_collection(request, settings.suites, shard=shard)
+def plan_task(request: CollectRequest, settings: Settings, shard: Shard | None) -> Plan:
+    """Resolve the request against its suite: task instances and episode ids (the
+    collection's planner, so the UI shows the stage)."""
+    plan = plan_request(request, settings, shard)
+    shard = shard or Shard()
     get_run_logger().info(
         "run %s shard %d/%d: %d episodes planned (%d in the whole run)",
         plan.run_key,
@@ -93,21 +88,16 @@ def plan_task(request: CollectRequest, settings: Settings, shard: Shard) -> Plan
 
 
 @task(name="open-run", cache_policy=NONE, retries=0)
-async def open_run_task(plan: Plan, settings: Settings) -> Collection:
-    """Build the policy, engine and object store (checked) and create or resume the run row."""
-    collection = await asyncio.to_thread(open_collection, plan, settings)
-    try:
-        run_id = await asyncio.to_thread(start_run, collection.engine, collection.request)
-    except BaseException:
-        await collection.aclose()
-        raise
+async def open_run_task(collection: Collection) -> None:
+    """Create or resume the run row (the collection is open: policy, database and object
+    store checked, the run key's lock held)."""
+    run_id = await asyncio.to_thread(collection.start)
     get_run_logger().info(
         "open-run: run %s (%s), policy %s, database and object store checked",
-        plan.run_key,
+        collection.run_key,
         run_id,
-        plan.request.policy,
+        collection.request.policy,
     )
-    return collection
 
 
 # Idempotent: episode ids are deterministic and `remaining` skips what is stored, so a
@@ -118,7 +108,7 @@ async def run_episodes_task(collection: Collection) -> int:
     progress artifact (episodes done / planned, by status) current. Returns episodes run."""
     logger = get_run_logger()
     started = time.monotonic()
-    todo = remaining(collection)
+    todo = await asyncio.to_thread(collection.remaining)
     planned = len(collection.plan.episodes)
     done = planned - len(todo)
     if done:
@@ -155,81 +145,57 @@ async def run_episodes_task(collection: Collection) -> int:
     return len(report.inserted)
 
 
+def _flow_run_id() -> str | None:
+    return str(flow_run.id) if flow_run.id else None
+
+
 @task(name="finish-run", cache_policy=NONE, retries=2, retry_delay_seconds=2)
 async def finish_run_task(
-    collection: Collection, status: str, started: float, close: bool
+    collection: Collection, ending: RunEnding, started: float
 ) -> CollectResult:
-    """Mark the run (when this process owns it) and read its totals from SQL."""
-    if close:
-        flow_run_id = str(flow_run.id) if flow_run.id else None
-        await asyncio.to_thread(finish_run, collection, status=status, flow_run_id=flow_run_id)
+    """Record how the run ended (a shard: nothing; its parent does) and read its totals."""
+    await asyncio.to_thread(collection.end, ending, flow_run_id=_flow_run_id())
     return await asyncio.to_thread(
-        collection_result,
-        collection,
+        collection.result,
         executed=len(collection.written.inserted),
         steps=collection.written.steps,
         started=started,
     )
 
 
-async def collect_here(
-    request: CollectRequest, settings: Settings, *, shard: Shard, close: bool
-) -> CollectResult:
-    """Collect this process's share of the run: plan, take the run key's lock (a shard's
-    own lock when not `close`), open, run what remains as one stream, mark the run (when
-    `close`, also when it failed or was cancelled), count.
-
-    Raises:
-        RunKeyBusy: another process is collecting the same key (or shard) right now;
-            nothing was written.
-    """
+async def collect_here(collection: Collection) -> CollectResult:
+    """Collect this process's share of an open collection: the run row, what remains as
+    one stream, how it ended (also when it failed or was cancelled), the totals."""
     started = time.monotonic()
-    plan = plan_task(request, settings, shard)
-    name = plan.run_key if close else shard_lock_name(plan.run_key, shard.index, shard.count)
-    lock = await asyncio.to_thread(acquire_run_key, settings.database, name)
+    ending: RunEnding = "failed"
     try:
-        collection = await open_run_task(plan, settings)
-        try:
-            status = "failed"
-            try:
-                await run_episodes_task(collection)
-                status = "completed"
-            finally:
-                # Also on failure or cancellation: no run stays `running` once its flow ended.
-                result = await asyncio.shield(_finish(collection, status, started, close))
-            get_run_logger().info(
-                "run %s %s: %d / %d episodes stored, success rate %.2f",
-                result.run_key,
-                status,
-                result.episodes,
-                result.planned,
-                result.success_rate,
-            )
-            return result
-        finally:
-            await collection.aclose()
-    finally:
-        await asyncio.to_thread(lock.release)
-
-
-async def _finish(
-    collection: Collection, status: str, started: float, close: bool
-) -> CollectResult:
-    try:
-        return await finish_run_task(collection, status, started, close)
-    except Exception:
-        if close:  # the task failed after its retries: still close the row
-            await asyncio.to_thread(finish_run, collection, status="failed")
+        await open_run_task(collection)
+        await run_episodes_task(collection)
+        ending = "completed"
+    except BaseException as e:
+        ending = run_ending(e)
         raise
+    finally:
+        # Also on failure or cancellation: no run stays `running` once its flow ended.
+        result = await asyncio.shield(finish_run_task(collection, ending, started))
+    get_run_logger().info(
+        "run %s %s: %d / %d episodes stored, success rate %.2f",
+        result.run_key,
+        ending,
+        result.episodes,
+        result.planned,
+        result.success_rate,
+    )
+    return result
 
 
 def run_key_for(request: CollectRequest) -> str:
-    """The run key of this flow run (see `run_key_of`); outside a flow run, a fresh key."""
+    """The run key of this flow run (see `flow_run_key`); outside a flow run, a fresh key."""
     context = FlowRunContext.get()
-    return run_key_of(request, context.flow_run if context is not None else None)
+    return flow_run_key(request, context.flow_run if context is not None else None)
 
 
-def run_key_of(request: CollectRequest, run: FlowRun | None) -> str:
+def flow_run_key(request: CollectRequest, run: FlowRun | None) -> str:
     """The request's key; else, for a run the nightly schedule created, one per night (from
     its expected start time, which a retry or a crash recovery keeps); else the flow run's
     own (from its id, so a rescheduled run resumes it); without a flow run, a fresh key."""
@@ -267,18 +233,12 @@ def _check_attempts(run: FlowRun | None, retries: int) -> None:
 
 
 @task(name="publish-summary", cache_policy=NONE, retries=2, retry_delay_seconds=2)
-async def publish_summary(result: CollectResult, settings: Settings) -> None:
+async def publish_summary(collection: Collection) -> None:
     """The run's summary (markdown) and its success rate per template (table)."""
-    from storage.db import make_engine
-
-    engine = make_engine(settings.database)
-    try:
-        summary = await asyncio.to_thread(summarize_run, engine, result.run_id)
-    finally:
-        engine.dispose()
-    key = artifact_key("collect", result.run_key)
+    summary = await asyncio.to_thread(collection.summary)
+    key = artifact_key("collect", collection.run_key)
     await acreate_markdown_artifact(
-        markdown=summary_markdown(result.run_key, summary),
+        markdown=summary_markdown(collection.run_key, summary),
         key=key,
         description="Collection summary",
     )
@@ -317,61 +277,48 @@ async def collect_episodes(
         _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
     settings = load_settings()
     request = request.keyed(run_key_for(request))
-    if shards > 1 and shard_deployment:
-        result = await fan_out(request, settings, shards=shards, deployment=shard_deployment)
-    else:
-        result = await collect_here(request, settings, shard=Shard(), close=True)
-    await publish_summary(result, settings)
+    async with open_collection(request, settings, planner=plan_task) as collection:
+        if shards > 1 and shard_deployment:
+            result = await fan_out(collection, shards=shards, deployment=shard_deployment)
+        else:
+            result = await collect_here(collection)
+        await publish_summary(collection)
     qc = await qc_gate(run=result.run_key, **gate_options.flow_parameters()) if gate else None
     return CollectFlowResult(**result.model_dump(), qc=qc)
 
 
-async def fan_out(
-    request: CollectRequest, settings: Settings, *, shards: int, deployment: str
-) -> CollectResult:
-    """Run the request as `shards` flow runs of `deployment` and wait for them all; a shard
-    that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL, never
-    from the shards' Prefect results, which stay on their workers.
+async def fan_out(collection: Collection, *, shards: int, deployment: str) -> CollectResult:
+    """Run the collection as `shards` flow runs of `deployment` and wait for them all; a
+    shard that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL,
+    never from the shards' Prefect results, which stay on their workers.
 
     Raises:
-        RunKeyBusy: another process is collecting the same key right now.
         CollectError: a shard did not complete in `SHARD_ATTEMPTS` flow runs.
     """
-    assert request.run_key is not None
     started = time.monotonic()
-    plan = plan_collection(request, settings.suites)
-    lock = await asyncio.to_thread(acquire_run_key, settings.database, request.run_key)
-    try:
-        collection = open_collection(plan, settings)
-        try:
-            run_id = start_run(collection.engine, collection.request)
-            episodes_before, steps_before = run_totals(collection.engine, run_id)
-            try:
-                runs = await asyncio.gather(
-                    *(_run_shard(request, i, shards, deployment) for i in range(shards))
-                )
-            except BaseException:  # no run stays `running` once its flow ended
-                finish_run(collection, status="failed")
-                raise
-            failed = [r for r in runs if not (r.state and r.state.is_completed())]
-            finish_run(collection, status="failed" if failed else "completed")
-            if failed:
-                raise CollectError(
-                    f"{len(failed)} of {shards} shard(s) of run {request.run_key} did not "
-                    f"complete in {SHARD_ATTEMPTS} flow runs each: "
-                    f"{[str(r.state) for r in failed]}; re-run the key to finish it"
-                )
-            episodes_after, steps_after = run_totals(collection.engine, run_id)
-            return collection_result(
-                collection,
-                executed=episodes_after - episodes_before,
-                steps=steps_after - steps_before,
-                started=started,
-            )
-        finally:
-            await collection.aclose()
-    finally:
-        await asyncio.to_thread(lock.release)
+    request = collection.request
+    await asyncio.to_thread(collection.start)
+    episodes_before, steps_before = await asyncio.to_thread(collection.stored_totals)
+    # A failure or a cancellation here is recorded when the collection closes.
+    runs = await asyncio.gather(
+        *(_run_shard(request, i, shards, deployment) for i in range(shards))
+    )
+    failed = [r for r in runs if not (r.state and r.state.is_completed())]
+    ending: RunEnding = "failed" if failed else "completed"
+    await asyncio.to_thread(collection.end, ending, flow_run_id=_flow_run_id())
+    if failed:
+        raise CollectError(
+            f"{len(failed)} of {shards} shard(s) of run {collection.run_key} did not "
+            f"complete in {SHARD_ATTEMPTS} flow runs each: "
+            f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+        )
+    episodes_after, steps_after = await asyncio.to_thread(collection.stored_totals)
+    return await asyncio.to_thread(
+        collection.result,
+        executed=episodes_after - episodes_before,
+        steps=steps_after - steps_before,
+        started=started,
+    )
 
 
 async def _run_shard(request: CollectRequest, index: int, count: int, deployment: str) -> FlowRun:

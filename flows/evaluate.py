@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.trajectory import Trajectory
 from config.settings import Settings, load_settings
 from flows import route_library_logs
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 from training.evaluation import EvaluationMetrics
 
 METRICS = ("completion_rate", "avg_steps", "tool_failure_rate")
@@ -116,6 +116,7 @@ async def evaluation_episodes(
                 run_key=run_key,
                 max_steps=options.max_steps,
                 max_new_tokens=options.max_new_tokens,
+                rewards=settings.rewards,
             )
         labelled = [t.model_copy(update={"policy": spec}) for t in trajectories]
         await asyncio.to_thread(persist_episodes, engine, store, labelled)

@@ -150,7 +150,7 @@ async def load_episodes(settings: Settings, run: str) -> LoadedRun:
     from storage.db import make_engine
     from storage.migrate import ensure_current
     from storage.objects import make_object_store
-    from storage.runs import resolve_run, run_key_of, run_trajectories
+    from storage.run_reads import read_run_key, resolve_run, run_trajectories
 
     started = time.monotonic()
     engine = make_engine(settings.database)
@@ -163,7 +163,7 @@ async def load_episodes(settings: Settings, run: str) -> LoadedRun:
             run_id = resolve_run(engine, run)
             return LoadedRun(
                 run_id=run_id,
-                run_key=run_key_of(engine, run_id),
+                run_key=read_run_key(engine, run_id),
                 trajectories=run_trajectories(engine, store, run_id),
             )
 

@@ -2,7 +2,7 @@
 
 `collect-episodes` with `shards > 1` starts one flow run of this per shard; each plans the
 same request, keeps its share of the episodes and writes to the shared database and object
-store, holding its shard's lock while it runs. The parent marks the run completed and reads
+store, holding its shard's lock while its collection is open. The parent marks the run completed and reads
 the totals from SQL; the shard's own result is not persisted (it would stay on this
 worker's disk).
 """
@@ -14,11 +14,12 @@ from typing import Any
 from prefect import flow
 from prefect.context import FlowRunContext
 
+from collection.lifecycle import open_collection
 from collection.plan import Shard
 from collection.request import CollectRequest, CollectResult
 from config.settings import load_settings
 from flows import route_library_logs
-from flows.collect import collect_here
+from flows.collect import collect_here, plan_task
 from storage.run_lock import shard_lock_name
 
 
@@ -55,6 +56,6 @@ async def collect_shard(
     """
     route_library_logs()
     settings = load_settings()
-    return await collect_here(
-        request, settings, shard=Shard(index=shard_index, count=shard_count), close=False
-    )
+    shard = Shard(index=shard_index, count=shard_count)
+    async with open_collection(request, settings, shard=shard, planner=plan_task) as collection:
+        return await collect_here(collection)

@@ -6,7 +6,7 @@ given checkpoint, else the newest base model, built from the protocol corpus whe
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
 max steps and a table of loss and learning rate, kept current while it trains; stops at
 `max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
-flow follows as a subflow and the training artifact links it.
+flow follows as a subflow and the Prefect training artifact links it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from config.settings import Settings, load_settings
 from flows import route_library_logs
@@ -67,6 +67,9 @@ class TrainFlowResult(BaseModel):
     """Training throughput."""
     stopped_by_time: bool = False
     """Training ended at `max_time_s`, before its step budget."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the logs say went wrong beyond the loss, with what to change
+    (`training.diagnostics`), e.g. GRPO groups with zero reward variance."""
     flow_run_id: str | None = None
     """The train flow run (for links in the UI)."""
     evaluation: EvaluationResult | None = None
@@ -98,7 +101,7 @@ async def dataset_snapshot(
     from storage.db import make_engine
     from storage.objects import make_object_store
     from storage.qc import gated_run_selection
-    from storage.runs import resolve_run
+    from storage.run_reads import resolve_run
     from training.pipeline import DEFAULT_KIND
     from training.snapshots import build_snapshot
 
@@ -273,6 +276,7 @@ async def train_task(
                 work_dir=work,
                 settings=training,
                 base_checkpoint_id=base,
+                rewards=settings.rewards,
                 prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
                 on_metrics=monitor.on_metrics,
             )
@@ -300,7 +304,7 @@ async def train_task(
 async def register_checkpoint_task(
     settings: Settings, training: TrainingSettings, trained: TrainedModel
 ) -> uuid.UUID:
-    """Upload the checkpoint with its config artifact; close the training run."""
+    """Upload the checkpoint with its training config; close the training run."""
     from storage.db import make_engine
     from storage.objects import make_object_store
     from training.pipeline import register_checkpoint
@@ -320,10 +324,13 @@ async def register_checkpoint_task(
 
 
 def training_markdown(result: TrainFlowResult) -> str:
-    """The training artifact: what was trained, and the evaluation run that followed."""
+    """The Prefect training artifact: what was trained, and the evaluation run that followed."""
     lines = ["# Training run", ""]
-    for k, v in result.model_dump(mode="json", exclude={"evaluation", "flow_run_id"}).items():
+    dumped = result.model_dump(mode="json", exclude={"evaluation", "flow_run_id", "warnings"})
+    for k, v in dumped.items():
         lines.append(f"- **{k}**: {v}")
+    if result.warnings:
+        lines += ["", "## Warnings", ""] + [f"- ⚠ {w}" for w in result.warnings]
     if result.evaluation is not None:
         e = result.evaluation
         lines += [
@@ -410,6 +417,7 @@ async def train(
         tokens=trained.result.tokens,
         tokens_per_s=trained.result.tokens_per_s,
         stopped_by_time=trained.result.stopped_by_time,
+        warnings=trained.result.warnings,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
     if evaluation.instances > 0:

@@ -9,6 +9,7 @@ from models.collection_run import CollectionRun, run_id_for
 from models.dataset import Dataset
 from models.dataset_episode import DatasetEpisode
 from models.episode import Episode
+from models.harbor import HarborEpisode, HarborTest
 from models.judgement import Judgement
 from models.policy import Policy
 from models.qc_result import QcResult
@@ -25,6 +26,8 @@ __all__ = [
     "Dataset",
     "DatasetEpisode",
     "Episode",
+    "HarborEpisode",
+    "HarborTest",
     "Judgement",
     "Policy",
     "QcResult",

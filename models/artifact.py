@@ -18,7 +18,10 @@ class Artifact(SQLModel, table=True):
 
     key: str = doc("Object key, e.g. episodes/<run>/<episode>/trajectory.json.", primary_key=True)
     kind: str = doc(
-        "trajectory, stdout, stderr, workspace, qc_docs, dataset, checkpoint, …", index=True
+        "What the object is: `trajectory` (an episode's trajectory.json), or `stdout` / "
+        "`stderr` (a step's raw output, kept when the row's text is truncated or not clean "
+        "UTF-8). Gate docs, datasets and checkpoints live in the store without artifact rows.",
+        index=True,
     )
     run_id: uuid.UUID | None = fk("Collection run it belongs to, if any.", "collection_run.id")
     episode_id: uuid.UUID | None = fk(

@@ -25,7 +25,7 @@ class Checkpoint(SQLModel, table=True):
     )
     object_prefix: str = doc("Object-store prefix of the HF model directory.")
     config_key: str | None = doc(
-        "Object-store key of the training config artifact (tools, prompt, protocol).", default=None
+        "Object-store key of the training config (tools, prompt, protocol).", default=None
     )
     protocol_version: str = doc("Tool-call protocol the model was trained on.", default="1")
     metrics: dict[str, Any] = json_col("Training metrics at save time.")

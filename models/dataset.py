@@ -23,6 +23,10 @@ class Dataset(SQLModel, table=True):
     n_rows: int = doc("Rows (examples or pairs) in the parquet file.", default=0)
     n_episodes: int = doc("Distinct episodes it draws on.", default=0)
     weight_sum: float = doc("Sum of sampling weights.", default=0.0)
+    manifest: dict[str, int] = json_col(
+        "What the builder left out and why, counted (e.g. `unparsed_turns_cut`: assistant "
+        "turns that did not parse, cut from whole-chat rows); {} when nothing was."
+    )
     sha256: str = doc("sha256 of the parquet file.")
     object_key: str = doc("Object-store key of the parquet file.")
     created_at: datetime = time_col("When the snapshot was made (UTC).", index=True)

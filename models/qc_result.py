@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Index
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, time_col
@@ -15,6 +16,9 @@ class QcResult(SQLModel, table=True):
     """Verdict (keep / downweight / discard), quality score in [0, 1], and the reasons."""
 
     __tablename__ = "qc_result"
+    # The primary key starts with the gate run; "the latest verdict of an episode"
+    # (episode_summary) needs the episode first, or it scans qc_result once per row.
+    __table_args__ = (Index("ix_qc_result_episode_created", "episode_id", "created_at"),)
 
     qc_run_id: uuid.UUID = fk(
         "Gate run.", "qc_run.id", nullable=False, primary_key=True, ondelete="CASCADE"

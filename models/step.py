@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Index, literal_column
+from sqlalchemy import ColumnElement, Index, literal_column, text
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
@@ -16,7 +16,27 @@ class Step(SQLModel, table=True):
     """A step. Raw model text and the parsed call are stored separately (seed 000 §3.2)."""
 
     __tablename__ = "step"
-    __table_args__ = (Index("ix_step_tool_exit", "tool", "exit_code"),)
+    __table_args__ = (
+        Index("ix_step_tool_exit", "tool", "exit_code"),
+        # The tool calls alone, narrow: `tool_failure_rates` and the cookbook's
+        # per-tool questions read this index instead of every step's text (PostgreSQL
+        # reads it alone, with the columns included; SQLite keeps the partial index).
+        Index(
+            "ix_step_tool_calls",
+            "tool",
+            "duration_ms",
+            postgresql_where=text("parse_kind = 'tool_call' AND tool IS NOT NULL"),
+            sqlite_where=text("parse_kind = 'tool_call' AND tool IS NOT NULL"),
+            postgresql_include=[
+                "episode_id",
+                "injected_fault_kind",
+                "timed_out",
+                "error_type",
+                "signal",
+                "exit_code",
+            ],
+        ),
+    )
 
     episode_id: uuid.UUID = fk(
         "Episode the step belongs to.",

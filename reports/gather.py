@@ -1,6 +1,6 @@
 """Gather a `RunReport` for `epiflow report`: a run's SQL rows plus its trajectories.
 
-Counts and distributions come from the rows (`storage.run_rows`, the SQL contract is the
+Counts and distributions come from the rows (`storage.run_reads`, the SQL contract is the
 source of truth); each episode's steps come from its trajectory object, so the page shows
 exactly what was stored. Gate outcomes are those of the latest `qc_run` over the run.
 This module opens no SQL session itself.
@@ -33,7 +33,7 @@ from reports.model import (
 )
 from storage.errors import ObjectStoreError
 from storage.objects import LocalObjectStore, ObjectStore
-from storage.run_rows import read_run_rows
+from storage.run_reads import read_run_rows
 
 RUBRIC_ORDER = ("completion", "tool_correctness", "reliability", "cost", "safety")
 """Column order of the judge scores (the rubric's dimension order)."""

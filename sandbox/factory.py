@@ -6,12 +6,12 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandbox.episode import NsjailSandbox
 from sandbox.faults import FaultProfile
 from sandbox.host import prepare_host
 from sandbox.host_setup import HostSetup
 from sandbox.jail import Jail
 from sandbox.nsjail import executor_argv, jail_env, nsjail_argv
+from sandbox.nsjail_sandbox import NsjailSandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.transfer import normalize_files
@@ -28,6 +28,13 @@ def _jail_argv(
     env: tuple[tuple[str, str], ...],
 ) -> tuple[str, ...]:
     # Cached: building it stats the toolchain and encodes the config (~0.25 ms per jail).
+    time_limit_s = spec.hard_timeout_s + settings.pool_max_idle_s + _TIME_LIMIT_MARGIN_S
+    if spec.image is not None:  # a Harbor task's environment: chroot into its image
+        from sandbox.image_jail import image_nsjail_argv
+
+        return tuple(
+            image_nsjail_argv(spec, host, settings, env=dict(env), time_limit_s=time_limit_s)
+        )
     return tuple(
         nsjail_argv(
             spec,
@@ -93,6 +100,11 @@ async def open_sandbox(
         TransferError: a file path would leave the workspace, or the files are too large.
     """
     settings = settings if settings is not None else SandboxSettings()
+    if spec.image is not None:  # the workdir tmpfs starts as a copy of the image's workdir
+        from sandbox.image_jail import workdir_seed
+
+        seed = workdir_seed(spec.image, max_bytes=settings.populate_max_bytes)
+        files = {**seed, **(files or {})}
     if files:
         normalize_files(files, max_bytes=settings.populate_max_bytes)  # fail before starting a jail
     host = await prepare_host(settings)

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     Obj = dict[str, Any]
 
 WORKSPACE = "/workspace"
+"""The tools' root; an image jail's configuration names its task's workdir instead (`workspace`)."""
 READ_CHUNK = 65536
 MAX_FRAME = 512 * 1024 * 1024
 #: A command that has exited but left a writer holding its pipes gets this long to finish.
@@ -828,10 +829,12 @@ class Executor:
         self._required = len(self.steps)
 
     def _load_config(self) -> None:
+        global WORKSPACE
         config = decode_json(self._raw_config)
         if not isinstance(config, dict):
             raise ValueError("the executor's configuration must be a JSON object")
         self.config = config
+        WORKSPACE = str(config.get("workspace", WORKSPACE))
         self.tracker = Tracker(int(config.get("max_tracked_files", 20000)))
         modules = ["posixpath", "os", *[str(m) for m in config.get("preload") or []]]
         self.steps += [_preloader(name) for name in modules]

@@ -30,6 +30,9 @@ _DENIED_SYSCALLS = (
     "keyctl", "add_key", "request_key", "init_module", "finit_module", "delete_module",
     "kexec_load", "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "iopl", "ioperm",
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
+    # io_uring: a second syscall surface that seccomp cannot filter (the ring's operations
+    # never pass through it) and a steady source of kernel privilege escalations
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
 )  # fmt: skip
 #: CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET: clone() may not make namespaces.
 _CLONE_NAMESPACE_FLAGS = 0x7E020000

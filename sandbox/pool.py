@@ -21,12 +21,12 @@ from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Self
 
-from sandbox.episode import NsjailSandbox
 from sandbox.errors import SandboxUnavailable
 from sandbox.factory import activate, open_sandbox, start_jail
 from sandbox.faults import FaultProfile
 from sandbox.host import prepare_host
 from sandbox.jail import Jail
+from sandbox.nsjail_sandbox import NsjailSandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 

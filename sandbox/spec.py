@@ -13,6 +13,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandbox.image_spec import ImageMount
+
 NetworkMode = Literal["none", "loopback"]
 
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -55,6 +57,10 @@ class SandboxSpec(BaseModel):
     """Extra environment variables set in the jail (after the allow-listed ones)."""
     kill_background: bool = True
     """Kill every process a command left behind when its call returns (no daemon outlives a call)."""
+    image: ImageMount | None = None
+    """Chroot into this prebuilt root filesystem (a Harbor task's environment) instead of the
+    host toolchain; None (the default) for the toolchain jail. Left out of the canonical JSON
+    when None, so the hashes of toolchain specs do not change."""
 
     @field_validator("env_allow")
     @classmethod
@@ -100,7 +106,10 @@ class SandboxSpec(BaseModel):
 
     def canonical_json(self) -> str:
         """The spec as canonical JSON (sorted keys, no whitespace)."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data.get("image") is None:
+            data.pop("image", None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON: equal specs hash equal on every host."""

@@ -16,6 +16,9 @@ between failure and success, and its sign flips at `-failure / (success - failur
 
 Returns: `G_t = r_t + γ G_{t+1}`, where the final reward is added to the last step's
 immediate reward.
+
+`final_reward` is the one final-reward formula: collection, evaluation, the QC features
+and GRPO's `training.rewards.SandboxReward` all reward through this module.
 """
 
 from __future__ import annotations

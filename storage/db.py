@@ -44,7 +44,14 @@ def make_engine(settings: DatabaseSettings) -> Engine:
         connect_args["options"] = "-c timezone=UTC"
         kwargs["pool_size"] = 10
         kwargs["max_overflow"] = 10
-    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    try:
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+    except ImportError as e:  # a driver SQLAlchemy knows whose package is not installed
+        raise DatabaseUnavailable(
+            f"the database driver {url.get_driver_name()!r} is not installed "
+            f"({e.name or e}); use postgresql+psycopg://… or sqlite:///…",
+            setting=SETTING,
+        ) from e
     if url.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,19 @@ def _decode(data: bytes, path: Path) -> str:
     return text.removeprefix("\ufeff")
 
 
+def _json_value(text: str, path: Path) -> Any:
+    """`json.loads`, with a number Python refuses to convert (more than
+    `sys.get_int_max_str_digits()` digits: a plain `ValueError`, not a JSON error) refused
+    in one line; `json.JSONDecodeError` passes through."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:
+        limit = sys.get_int_max_str_digits()
+        raise _refuse(path, f"holds a number longer than {limit} digits") from e
+
+
 def read_documents(path: Path) -> list[Any]:
     """The documents in `path`: a JSON array's items, a single JSON value, or JSON lines.
 
@@ -79,14 +93,14 @@ def read_documents(path: Path) -> list[Any]:
     _check_depth(stripped, path)
     docs: list[Any]
     try:
-        whole = json.loads(stripped)
+        whole = _json_value(stripped, path)
     except json.JSONDecodeError as whole_error:
         docs = []
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                docs.append(json.loads(line))
+                docs.append(_json_value(line, path))
             except json.JSONDecodeError as e:
                 if not docs:  # not JSON lines either: where the whole document breaks
                     raise _refuse(

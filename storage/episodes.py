@@ -20,6 +20,7 @@ from sqlmodel import col
 from agent.trajectory import Trajectory
 from models import Artifact, Episode
 from storage.errors import ObjectNotFound, ObjectStoreError
+from storage.harbor_rows import write_harbor_rows
 from storage.ingest import (
     ArtifactRef,
     EpisodeBundle,
@@ -29,7 +30,7 @@ from storage.ingest import (
 )
 from storage.objects import ObjectStore
 from storage.rows import mark_storage_error
-from storage.sanitize import decode_output
+from storage.sanitize import decode_row_text
 
 SQL_OUTPUT_CAP = 16_384
 """Characters of stdout/stderr kept in the `step` row; the rest is in the object store."""
@@ -49,10 +50,16 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
             raw: bytes | None = getattr(s, f"{stream}_bytes")
             if raw is None:
                 continue
-            _, truncated, lossy = decode_output(raw, SQL_OUTPUT_CAP)
+            _, truncated, lossy = decode_row_text(raw, SQL_OUTPUT_CAP)
             if truncated or lossy or getattr(s, f"{stream}_truncated"):
                 info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
+    ctrf = (t.verifier_details or {}).get("harbor", {}).get("ctrf")
+    if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (tasks/harbor_verify.py)
+        info = store.put(
+            f"{prefix}/verifier/ctrf.json", ctrf.encode(), content_type="application/json"
+        )
+        refs.append(ArtifactRef(info=info, kind="ctrf"))
     body = t.model_dump_json(by_alias=True).encode()
     info = store.put(f"{prefix}/trajectory.json", body, content_type="application/json")
     refs.append(ArtifactRef(info=info, kind="trajectory"))
@@ -66,14 +73,20 @@ def persist_episodes(
     *,
     upload_workers: int = 8,
 ) -> IngestReport:
-    """Write objects (concurrently) then rows (one transaction). Idempotent on episode id.
+    """Write objects (concurrently) then rows (one transaction). Idempotent on episode id;
+    an id named twice in one batch is written once, as its first occurrence.
 
     Raises:
         IngestError: the SQL batch failed; objects written for it are orphans.
     """
     with engine.connect() as conn:
         present = existing_episode_ids(conn, (t.episode_id for t in trajectories))
-    todo = [t for t in trajectories if t.episode_id not in present]
+    # One episode id, one upload: a batch naming an id twice would write one key twice and
+    # leave SQL describing one version while the object holds the other.
+    first: dict[uuid.UUID, Trajectory] = {}
+    for t in trajectories:
+        first.setdefault(t.episode_id, t)
+    todo = [t for i, t in first.items() if i not in present]
 
     def upload(t: Trajectory) -> EpisodeBundle:
         try:
@@ -87,6 +100,7 @@ def persist_episodes(
     else:
         bundles = [upload(t) for t in todo]
     report = ingest_episodes(engine, bundles)
+    write_harbor_rows(engine, [b.trajectory for b in bundles], report.inserted)
     report.skipped_existing = sorted(set(report.skipped_existing) | present, key=str)
     return report
 

@@ -27,8 +27,8 @@ from storage.documents import read_documents
 from storage.episodes import persist_episodes
 from storage.errors import ImportFormatError
 from storage.objects import ObjectStore
-from storage.run_steps import run_step_frame
-from storage.runs import close_run, open_run, resolve_run, run_trajectories
+from storage.run_reads import resolve_run, run_step_frame, run_trajectories
+from storage.runs import close_run, open_run
 
 OPENAI_IMPORT_RUN_KEY = "import:openai"
 """Run key of imported OpenAI chat messages when none is given."""
@@ -43,7 +43,7 @@ def export_run(
     """Write the episodes of run `run` (key or id) as `fmt`; returns how many.
 
     `parquet` is one row per step with the episode's columns beside it, read from SQL
-    (`storage.run_steps`); `atif` and `openai` are JSON lines, one episode each.
+    (`storage.run_reads.run_step_frame`); `atif` and `openai` are JSON lines, one episode each.
 
     Raises:
         RunNotFound: no run has that key or id.

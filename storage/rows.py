@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from agent.atif_convert import AGENT_NAME, AGENT_VERSION
@@ -68,20 +69,47 @@ def policy_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, A
     }
 
 
-def run_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
+def collection_run_row(
+    *,
+    run_key: str,
+    suite: str,
+    policy: str,
+    parameters: dict[str, Any],
+    sandbox_spec: dict[str, Any],
+    fault_profile: dict[str, Any],
+    started_at: datetime,
+    json: JsonFinisher = clean_json,
+) -> dict[str, Any]:
+    """The `collection_run` row of a run that starts now (status `running`): the one
+    builder, for a collection opening its run (`storage.runs.open_run`) and for episodes
+    whose run has no row yet (ingest, imports: `run_row`)."""
     return {
-        "id": run_id_of(t.run_key),
-        "run_key": t.run_key,
-        "suite": t.suite,
-        "policy_id": t.policy,
-        "parameters": json({}),
-        "sandbox_spec": json({}),
-        "fault_profile": json(t.fault_profile),
+        "id": run_id_of(run_key),
+        "run_key": run_key,
+        "suite": suite,
+        "policy_id": policy,
+        "parameters": json(parameters),
+        "sandbox_spec": json(sandbox_spec),
+        "fault_profile": json(fault_profile),
         "status": "running",
         "prefect_flow_run_id": None,
-        "started_at": t.started_at,
+        "started_at": started_at,
         "ended_at": None,
     }
+
+
+def run_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]:
+    """The `collection_run` row a trajectory implies when its run has none."""
+    return collection_run_row(
+        run_key=t.run_key,
+        suite=t.suite,
+        policy=t.policy,
+        parameters={},
+        sandbox_spec={},
+        fault_profile=t.fault_profile,
+        started_at=t.started_at,
+        json=json,
+    )
 
 
 def episode_row(

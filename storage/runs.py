@@ -1,4 +1,4 @@
-"""Collection runs in SQL: open, close, what is left to run, counts, lookup, trajectories.
+"""A collection run's lifecycle in SQL, the writes: open, close, what is left to run.
 
 A run's id is derived from its key (`models.run_id_for`), and episode ids from the run key,
 task and rollout, so re-running a key resumes it: `remaining_episodes` returns the planned
@@ -6,8 +6,9 @@ ids not stored yet, after purging the ones an infrastructure failure spoiled
 (`RETRIED_STATUSES`: `env_error`, `storage_error`, `endpoint_error`) so they run again.
 
 A run's status is `running`, `completed`, `failed` or `interrupted` (stopped by a signal;
-re-running the key resumes it). `rerun_needed` says how many of a run's episodes a re-run
-would redo, and why.
+re-running the key resumes it). A collection's status has one writer, its lifecycle
+(`collection.lifecycle.Collection.end`); evaluation runs and imports close their own
+rows. Every read of a run is in `storage.run_reads`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel
-from sqlalchemy import Engine, delete, false, func, select, update
+from sqlalchemy import Engine, delete, false, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
-from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES
 from models import Artifact, CollectionRun, Episode, Step, run_id_for
 from storage.db import SETTING as DATABASE_SETTING
-from storage.episodes import load_trajectory
-from storage.errors import DatabaseUnavailable, RunNotFound
-from storage.objects import ObjectStore
+from storage.errors import DatabaseUnavailable
+from storage.rows import collection_run_row
 
 RETRIED_STATUSES = INFRASTRUCTURE_STATUSES
 """Stored episodes that a re-run of their key runs again: an infrastructure failure (the
@@ -53,19 +52,15 @@ def open_run(
 ) -> uuid.UUID:
     """Create the `collection_run` row of `run_key`, or mark an existing one running again."""
     run_id = run_id_for(run_key)
-    row = {
-        "id": run_id,
-        "run_key": run_key,
-        "suite": suite,
-        "policy_id": policy,
-        "parameters": json.loads(json.dumps(parameters, default=str)),
-        "sandbox_spec": sandbox_spec,
-        "fault_profile": fault_profile,
-        "status": "running",
-        "prefect_flow_run_id": None,
-        "started_at": datetime.now(UTC),
-        "ended_at": None,
-    }
+    row = collection_run_row(
+        run_key=run_key,
+        suite=suite,
+        policy=policy,
+        parameters=json.loads(json.dumps(parameters, default=str)),
+        sandbox_spec=sandbox_spec,
+        fault_profile=fault_profile,
+        started_at=datetime.now(UTC),
+    )
     insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
     with engine.begin() as conn:
         conn.execute(insert(CollectionRun).values(**row).on_conflict_do_nothing())
@@ -131,149 +126,3 @@ def check_writable(engine: Engine) -> None:
         raise DatabaseUnavailable(
             f"the database {where} does not take writes: {reason}", setting=DATABASE_SETTING
         ) from e
-
-
-class RerunNeeded(BaseModel):
-    """Episodes of a run that a re-run of its key would redo, by status."""
-
-    count: int
-    """How many."""
-    reason: str | None
-    """The most frequent failure reason among them (one line)."""
-
-
-def rerun_needed(engine: Engine, run_id: uuid.UUID) -> dict[str, RerunNeeded]:
-    """The run's stored episodes in `RETRIED_STATUSES`, by status, with their most
-    frequent reason."""
-    retried = sorted(str(s) for s in RETRIED_STATUSES)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(col(Episode.status), col(Episode.failure_reason), func.count())
-            .where(col(Episode.run_id) == run_id, col(Episode.status).in_(retried))
-            .group_by(col(Episode.status), col(Episode.failure_reason))
-        ).all()
-    out: dict[str, RerunNeeded] = {}
-    top: dict[str, int] = {}
-    for status, reason, n in rows:
-        entry = out.setdefault(str(status), RerunNeeded(count=0, reason=None))
-        entry.count += int(n)
-        if int(n) > top.get(str(status), 0):
-            top[str(status)] = int(n)
-            entry.reason = (reason or "").strip().splitlines()[0][:200] if reason else None
-    return out
-
-
-def run_flow_run_id(engine: Engine, run_id: uuid.UUID) -> str | None:
-    """The Prefect flow run recorded on the run (set when the flow closes it)."""
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(col(CollectionRun.prefect_flow_run_id)).where(col(CollectionRun.id) == run_id)
-        ).scalar_one_or_none()
-    return str(found) if found else None
-
-
-def run_status(engine: Engine, run_id: uuid.UUID) -> str | None:
-    """The run's status; None when it has no row."""
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(col(CollectionRun.status)).where(col(CollectionRun.id) == run_id)
-        ).scalar_one_or_none()
-    return str(found) if found is not None else None
-
-
-def run_counts(engine: Engine, run_id: uuid.UUID) -> dict[str, int]:
-    """Stored episodes of the run by status."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(col(Episode.status), func.count())
-            .where(col(Episode.run_id) == run_id)
-            .group_by(col(Episode.status))
-        ).all()
-    return {str(status): int(n) for status, n in rows}
-
-
-def run_totals(engine: Engine, run_id: uuid.UUID) -> tuple[int, int]:
-    """(episodes, steps) of the run stored so far, whatever wrote them."""
-    with engine.connect() as conn:
-        episodes, steps = conn.execute(
-            select(func.count(), func.coalesce(func.sum(col(Episode.n_steps)), 0)).where(
-                col(Episode.run_id) == run_id
-            )
-        ).one()
-    return int(episodes), int(steps)
-
-
-def resolve_run(engine: Engine, run: str) -> uuid.UUID:
-    """The id of the run whose key, or id, is `run`.
-
-    Raises:
-        RunNotFound: no collection run has that key or id.
-    """
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(col(CollectionRun.id)).where(col(CollectionRun.run_key) == run)
-        ).scalar_one_or_none()
-        if found is None:
-            try:
-                candidate = uuid.UUID(run)
-            except ValueError:
-                candidate = None
-            if candidate is not None:
-                found = conn.execute(
-                    select(col(CollectionRun.id)).where(col(CollectionRun.id) == candidate)
-                ).scalar_one_or_none()
-    if found is None:
-        raise RunNotFound(f"--run {run!r}: no collection run with that key or id", setting="--run")
-    return found
-
-
-def run_key_of(engine: Engine, run_id: uuid.UUID) -> str:
-    """The key of run `run_id`."""
-    with engine.connect() as conn:
-        return str(
-            conn.execute(
-                select(col(CollectionRun.run_key)).where(col(CollectionRun.id) == run_id)
-            ).scalar_one()
-        )
-
-
-def run_sandbox_spec(engine: Engine, run_key: str) -> dict[str, Any] | None:
-    """The sandbox spec run `run_key` recorded; None when the run has no row or no spec."""
-    with engine.connect() as conn:
-        spec = conn.execute(
-            select(col(CollectionRun.sandbox_spec)).where(
-                col(CollectionRun.id) == run_id_for(run_key)
-            )
-        ).scalar_one_or_none()
-    return dict(spec) if spec else None
-
-
-def run_episode_ids(engine: Engine, run_id: uuid.UUID) -> list[uuid.UUID]:
-    """Ids of the run's episodes that have a stored trajectory, in start order."""
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                select(col(Episode.id))
-                .where(col(Episode.run_id) == run_id, col(Episode.trajectory_key).is_not(None))
-                .order_by(col(Episode.started_at), col(Episode.id))
-            ).scalars()
-        )
-
-
-def run_trajectories(engine: Engine, store: ObjectStore, run_id: uuid.UUID) -> list[Trajectory]:
-    """Every stored trajectory of the run, in start order."""
-    return [load_trajectory(engine, store, eid) for eid in run_episode_ids(engine, run_id)]
-
-
-def sample_episode(engine: Engine, run_id: uuid.UUID, *, success: bool) -> str | None:
-    """The id of one successful (or one unsuccessful) episode of the run, the first by
-    template and id; None when there is none."""
-    query = select(col(Episode.id)).where(col(Episode.run_id) == run_id)
-    query = query.where(
-        col(Episode.status) == "success" if success else col(Episode.status) != "success"
-    )
-    with engine.connect() as conn:
-        found = conn.execute(
-            query.order_by(col(Episode.template), col(Episode.id)).limit(1)
-        ).scalar_one_or_none()
-    return str(found) if found else None

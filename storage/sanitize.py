@@ -60,7 +60,7 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def decode_output(data: bytes, cap_chars: int) -> tuple[str, bool, bool]:
+def decode_row_text(data: bytes, cap_chars: int) -> tuple[str, bool, bool]:
     """Decode command output for a SQL row: (text, truncated, lossy).
 
     `lossy` is True when the bytes were not clean UTF-8 or held NULs, i.e. the row's text

@@ -28,6 +28,10 @@ def default_objects_url() -> str:
     return str(epiflow_home() / "objects")
 
 
+SUPPORTED_BACKENDS = ("postgresql", "sqlite")
+"""The SQL databases epiflow's schema, migrations and queries are written for."""
+
+
 class DatabaseSettings(BaseSettings):
     """Where episode metadata lives. SQLite by default; PostgreSQL in production."""
 
@@ -50,13 +54,27 @@ class DatabaseSettings(BaseSettings):
     @field_validator("url")
     @classmethod
     def _parseable(cls, value: SecretStr) -> SecretStr:
+        # Never echo the value: it may contain a password. The backend and driver names
+        # are safe to show.
         try:
-            make_url(value.get_secret_value())
+            url = make_url(value.get_secret_value())
         except (ArgumentError, ValueError) as e:
-            # Never echo the value: it may contain a password.
             raise ValueError(
                 "EPIFLOW_DATABASE_URL is not a valid SQLAlchemy URL "
                 "(expected e.g. postgresql+psycopg://user:pass@host/db or sqlite:///file.db)"
+            ) from e
+        if url.get_backend_name() not in SUPPORTED_BACKENDS:
+            raise ValueError(
+                f"EPIFLOW_DATABASE_URL names a {url.get_backend_name()!r} database; epiflow "
+                "supports postgresql (postgresql+psycopg://user:pass@host/db) and sqlite "
+                "(sqlite:///file.db)"
+            )
+        try:
+            url.get_dialect()
+        except ArgumentError as e:  # NoSuchModuleError: no such driver in SQLAlchemy
+            raise ValueError(
+                f"EPIFLOW_DATABASE_URL names an unknown driver {url.get_driver_name()!r} for "
+                f"{url.get_backend_name()} (use postgresql+psycopg://… or sqlite:///…)"
             ) from e
         return value
 

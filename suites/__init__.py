@@ -7,7 +7,8 @@ Public API:
   or generated: seeded `params` and generator scripts run in nsjail, see `suites.user_suite`).
 - `Suite.templates`, `Suite.generate(template, seed)`, `Suite.instances(n, seed=…)`,
   `Suite.heldout_instances(n, seed=…)` (evaluation seeds, disjoint from training seeds).
-- `suites.verify.run_verifier(sandbox, task) -> VerifierOutcome` — runs inside the jail.
+- the `TaskInstance`s they build and the verifier runner live in `tasks/` (the task contract:
+  `tasks.types`, `tasks.verify.run_verifier`), a floor below, shared with the agent loop.
 - `suites.curriculum.success_rates(...)`, `select_band(...)` — the 30–70 % band.
 - `suites.check.summarize(...)`, `replay_reference(...)` — behind `epiflow suites check`.
 """

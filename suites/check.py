@@ -19,7 +19,7 @@ from agent.trajectory import Step
 from sandbox.interface import Sandbox
 from sandbox.types import ToolResult
 from suites.suite import Suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 ORACLE_POLICY = "scripted:oracle"
 """The policy that replays reference solutions: it must score 1.0 on every instance."""
@@ -101,6 +101,10 @@ class InstanceResult(BaseModel):
     """`TaskInstance.content_digest`: equal digests mean the seeds gave the same task."""
     failed_steps: list[FailedStep] = Field(default_factory=list)
     """The episode's tool calls that failed (for the oracle: broken reference steps)."""
+    build_s: float | None = None
+    """A Harbor task's image build time, seconds (when it was built); None otherwise."""
+    verify_s: float | None = None
+    """A Harbor task's verifier time (export, verifier jail, test.sh), seconds."""
 
 
 class TemplateCheck(BaseModel):
@@ -127,6 +131,24 @@ class TemplateCheck(BaseModel):
     """Instances that scored below 1.0."""
     failed: list[InstanceResult] = Field(default_factory=list)
     """The instances that did not succeed or scored below 1.0, for diagnosis."""
+    verify_s: float | None = None
+    """Mean verifier time of the instances that report one (Harbor tasks), seconds."""
+
+
+class HarborTaskCheck(BaseModel):
+    """One Harbor task in `epiflow suites check`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str
+    score: float
+    """Mean score of the checked policy (the oracle must score 1.0)."""
+    idle_score: float | None
+    """Score of `scripted:idle` (must be 0); None when it hit an environment error."""
+    build_s: float | None
+    """Seconds the image's build took."""
+    verify_s: float | None
+    """Mean seconds of the verifier of the checked policy's episodes."""
 
 
 class CheckReport(BaseModel):
@@ -149,6 +171,9 @@ class CheckReport(BaseModel):
     nondeterministic: list[str] = Field(default_factory=list)
     """Templates whose first instance came out different when generated again from a fresh
     load of the suite (a generator script that does not draw everything from its seed)."""
+    harbor_tasks: list[HarborTaskCheck] = Field(default_factory=list)
+    """Per Harbor task (a Harbor dataset only): the policy's score, the idle policy's score
+    (`scripted:idle` must score 0), build and verify times."""
 
     @property
     def below_full(self) -> int:
@@ -185,6 +210,9 @@ def summarize(
                 below_full=sum(r.score < 1.0 for r in items),
                 distinct=len({r.content_digest or r.task_id for r in items}),
                 failed=failed,
+                verify_s=_mean(times)
+                if (times := [r.verify_s for r in items if r.verify_s is not None])
+                else None,
             )
         )
         everything += items

@@ -9,7 +9,7 @@
     └── GeneratorError          a user template's generator module failed for a seed (in its jail)
 
 A verifier that crashes or prints garbage is *not* an exception: it is a
-`VerifierOutcome` with `error=True` and score 0 (see `suites.verify`).
+`VerifierOutcome` with `error=True` and score 0 (see `tasks.verify`).
 """
 
 from __future__ import annotations

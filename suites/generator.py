@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from suites.errors import GeneratorError
-from suites.types import is_workspace_relative
+from tasks.types import is_workspace_relative
 
 if TYPE_CHECKING:
     from sandbox.settings import SandboxSettings

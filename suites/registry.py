@@ -54,11 +54,30 @@ def suite_folders(settings: SuitesSettings) -> list[Path]:
     return found
 
 
+def harbor_datasets(settings: SuitesSettings) -> list[Path]:
+    """Every Harbor dataset on the suites path: an entry that is a task directory or holds
+    task directories, or the subfolders of an entry that are (`suites/harbor/`)."""
+    from suites.harbor.suite import is_dataset
+
+    found: list[Path] = []
+    for root in settings.path:
+        if (root / SUITE_FILE).is_file() or not root.is_dir():
+            continue
+        if is_dataset(root):
+            candidates = [root]
+        else:
+            candidates = sorted(p for p in root.iterdir() if p.is_dir() and is_dataset(p))
+        found += [c for c in candidates if c.resolve() not in {f.resolve() for f in found}]
+    return found
+
+
 def available_suites(settings: SuitesSettings | None = None) -> list[SuiteEntry]:
-    """The built-in suite and every user suite folder found, by declared name."""
+    """The built-in suite, every user suite folder found (by declared name) and every
+    Harbor dataset (by folder name)."""
     settings = settings if settings is not None else SuitesSettings()
     entries = [SuiteEntry(name=BUILTIN_NAME, source=None)]
     entries += [SuiteEntry(name=_declared_name(f), source=f) for f in suite_folders(settings)]
+    entries += [SuiteEntry(name=f.name, source=f) for f in harbor_datasets(settings)]
     return entries
 
 
@@ -71,6 +90,7 @@ def load_suite(
         SuiteNotFound: no built-in or user suite has that name.
         SuiteConflict: several folders declare that name (or a folder claims `builtin`).
         SuiteFormatError: the user suite's `suite.yaml` is malformed (file, line, field).
+        HarborDatasetError: a Harbor dataset holds malformed or unsupported tasks.
     """
     entries = [e for e in available_suites(settings) if e.name == name]
     if not entries:
@@ -82,7 +102,19 @@ def load_suite(
     source = entries[0].source
     if source is None:
         return builtin_suite()
+    if not (source / SUITE_FILE).is_file():
+        return _load_harbor(source, name, settings if settings is not None else SuitesSettings())
     return load_user_suite(source, sandbox=sandbox)
+
+
+def _load_harbor(source: Path, name: str, settings: SuitesSettings) -> Suite:
+    from core.home import epiflow_home
+    from suites.harbor.suite import load_harbor_suite
+
+    images = settings.harbor_image_dir or epiflow_home() / "images"
+    return load_harbor_suite(
+        source, name=name, images_dir=images, skip_invalid=settings.harbor_skip_invalid
+    )
 
 
 def load_all_suites(

@@ -19,6 +19,14 @@ class SuitesSettings(BaseSettings):
     either a suite folder (holds `suite.yaml`) or a folder whose subfolders are suite folders."""
     include_examples: bool = True
     """Also offer the example suites shipped in `suites/examples/`."""
+    harbor_image_dir: Path | None = None
+    """Where Harbor task images and the offline verifier toolkit are built and cached
+    (`EPIFLOW_SUITES_HARBOR_IMAGE_DIR`); None: `$EPIFLOW_HOME/images`. Every folder above it
+    must be searchable by others (jails mount from an unprivileged user namespace)."""
+    harbor_skip_invalid: bool = False
+    """Load a Harbor dataset whose folder holds malformed or unsupported tasks with the
+    valid ones only (`EPIFLOW_SUITES_HARBOR_SKIP_INVALID=1`); off: such a dataset is refused
+    and every bad task listed."""
 
     @field_validator("path", mode="before")
     @classmethod

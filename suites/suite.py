@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from suites.errors import SeedRangeError, TemplateNotFound
 from suites.template import TaskDraft, TaskTemplate
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 HELDOUT_SEED_BASE = 1_000_000_000
 """First seed of the held-out (evaluation) range; training seeds are in [0, this)."""

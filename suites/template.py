@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from suites.types import ReferenceCall, VerifierSpec
+from tasks.types import ReferenceCall, VerifierSpec
 
 
 class TaskDraft(BaseModel):

@@ -16,7 +16,7 @@ from suites.params import ParamDecl
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Suite and task names."""
 TEMPLATE_OPEN = "{{"
-"""Start of a template expression (see `suites.render`)."""
+"""Start of a template expression (see `suites.expressions`)."""
 
 
 def _version_to_str(value: Any) -> Any:

@@ -28,7 +28,6 @@ from suites.errors import FormatIssue, SuiteFormatError
 from suites.generator import GeneratorJob, run_generator
 from suites.params import PARAM_NAME
 from suites.suite import Suite
-from suites.types import is_workspace_relative
 from suites.user_decl import SuiteDecl, TaskDecl, tool_args_problems
 from suites.user_template import (
     PARAMS_NAME,
@@ -38,6 +37,7 @@ from suites.user_template import (
     name_problems,
     read_texts,
 )
+from tasks.types import is_workspace_relative
 
 if TYPE_CHECKING:
     from sandbox.settings import SandboxSettings

@@ -2,7 +2,7 @@
 
 A static task (no `params`, no `generator`) yields the same draft for every seed. A
 generated task draws its `params` from `random.Random(seed)`, runs its generator (if any)
-in a jail with the seed, and renders `{{ … }}` (see `suites.render`) in the prompt, the
+in a jail with the seed, and renders `{{ … }}` (see `suites.expressions`) in the prompt, the
 workspace paths and inline files (and `from` files marked `render: true`), the reference
 calls' string arguments (an argument the tool wants as an integer keeps the type of a
 whole `{{ … }}`), the reference final text and the verifier's command or argv. The
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.tool_specs import BUILTIN_TOOLS
+from suites.expressions import RenderError, names_in, render_text, render_value
 from suites.generator import GeneratedParts, GeneratorJob, run_generator
 from suites.params import draw_params
-from suites.render import RenderError, names_in, render_text, render_value
 from suites.template import TaskDraft, TaskTemplate
-from suites.types import ReferenceCall, VerifierSpec, is_workspace_relative
 from suites.user_decl import TaskDecl, tool_args_problems
+from tasks.types import ReferenceCall, VerifierSpec, is_workspace_relative
 
 VERIFIER_DIR = "/tmp/epiflow-verifier"
 """In-jail folder the verifier files are copied to (outside the agent's /workspace)."""

@@ -10,8 +10,18 @@ import os
 import tempfile
 
 # Prefect reads its settings at import: give the whole test session a private home and
-# no telemetry before anything imports it.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="epiflow-prefect-home-"))
+# no telemetry before anything imports it. A home this file made in a parent process (the
+# pytest-xdist controller, whose environment the workers inherit) is replaced: each worker
+# has its own, since a worker ending its session stops the shared local Prefect server of
+# its home, which must not be one the other workers still use.
+os.environ["PREFECT_HOME"] = (
+    tempfile.mkdtemp(
+        prefix=f"epiflow-prefect-home-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
+    )
+    if os.environ.get("PREFECT_HOME") in (None, os.environ.get("_EPIFLOW_TESTS_PREFECT_HOME"))
+    else os.environ["PREFECT_HOME"]
+)
+os.environ["_EPIFLOW_TESTS_PREFECT_HOME"] = os.environ["PREFECT_HOME"]
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 from collections.abc import Iterator

@@ -63,3 +63,10 @@ def atif_file(name: str) -> Path:
     path = interop_dir() / "atif" / name
     assert path.is_file(), f"{path} is listed in shared/interop/README.md but missing"
     return path
+
+
+def linked_files() -> list[Path]:
+    """The Harbor sub-agent and continuation files (`atif-linked/`), sorted by name."""
+    files = sorted((interop_dir() / "atif-linked").glob("*.json"))
+    assert len(files) == 5, files
+    return files

@@ -35,7 +35,7 @@ INTERNAL = {
     "agent.loop._EpisodeEnd": "ends the episode loop; caught in run_episode",
     "scoring.grm_prompt.AnswerUnparseable": "an unparseable judge answer; recorded as data",
     "suites.builtin.common.Reject": "a generator rejects a seed's draw and draws again",
-    "suites.render.RenderError": "a template fails; suites turns it into a located SuiteFormatError",
+    "suites.expressions.RenderError": "a template fails; suites turns it into a located SuiteFormatError",
     "suites.user_template.RenderFailure": "carries the field's location to SuiteFormatError",
     "cli.interrupts.Interrupted": "a signal stopped the command; caught in cli.collect (exit 130/143)",
     # Runs inside the jail as its own process and imports nothing of epiflow.

@@ -9,7 +9,7 @@ Modules (one concept each):
 - `base_model`: a tokenizer trained on the protocol corpus and a tiny Qwen2-style model.
 - `trainers`: `run_training(algo, …)` over TRL (SFT, DPO, KTO, GRPO).
 - `rewards`: GRPO reward functions (protocol validity, sandbox + verifier).
-- `artifact`: the training config artifact stored with every checkpoint.
+- `training_config`: the training config (`training_config.json`) stored with every checkpoint.
 - `registry`: `training_run` / `checkpoint` rows and model directories in the object store.
 - `evaluation`: a checkpoint as an `hf:` policy on held-out tasks in real sandboxes.
 """

@@ -74,7 +74,7 @@ def protocol_corpus(
 ) -> list[str]:
     """Texts to train the tokenizer on: the system prompt, tasks, calls, finals, observations.
 
-    `tasks` are `suites.types.TaskInstance`s (prompt and reference solution rendered as
+    `tasks` are `tasks.types.TaskInstance`s (prompt and reference solution rendered as
     the protocol writes them); `trajectories` are `agent.trajectory.Trajectory`s (their
     raw outputs and observations). Both may be empty: the system prompt (in
     `prompt_style`) alone still teaches the tokenizer the protocol's tags and tools.
@@ -186,8 +186,8 @@ def build_base_model(dest: Path, corpus: Iterable[str], *, settings: TrainingSet
         tokenizer.save_pretrained(dest)
     except OSError as e:
         raise BaseModelError(f"cannot save the base model to {dest}: {e.strerror}") from e
-    from training.trainers import write_config_artifact
+    from training.trainers import write_training_config
 
     # The directory alone is a complete `hf:` policy, its prompt style included.
-    write_config_artifact(dest, settings=settings, algo=None)
+    write_training_config(dest, settings=settings, algo=None)
     return dest

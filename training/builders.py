@@ -4,7 +4,8 @@ Every builder takes `SourceEpisode`s (the trajectory plus its QC verdict and qua
 score) and returns `BuiltRows`: the parquet rows and the lineage entries (which episode,
 in which role, with which weight). Columns per kind, in TRL's dataset formats:
 
-- `sft`: `messages` (the whole chat, assistant turns trained), `weight` (quality score)
+- `sft`: `messages` (the chat, assistant turns trained), `weight` (quality score), `tools`
+  (the episode's tools as OpenAI function schemas, a JSON string)
 - `dpo`: `prompt` (shared history), `chosen` / `rejected` (one assistant turn each)
 - `kto`: `prompt`, `completion` (one assistant turn), `label` (verifier-confirmed episode)
 - `grpo`: `prompt` (system + task) and the task's coordinates to regenerate it
@@ -14,10 +15,17 @@ in which role, with which weight). Columns per kind, in TRL's dataset formats:
 Chats carry the system prompt in the requested `prompt_style` (`agent.prompt`): the
 style the model will be trained and deployed with, whatever style the episode was
 collected under.
+
+Chats that are trained whole (`sft`, `distill`) never contain an assistant turn that did
+not parse: TRL's assistant-only loss trains every assistant turn of a chat, so such a chat
+is cut before its first unparsed turn (what the model did after it is left out), and an
+episode with no parsed turn before it gives no row. `BuiltRows.manifest` counts what was
+cut; the snapshot keeps the counts (`dataset.manifest`).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -28,7 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.prompt import PromptStyle
 from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, ParseKind, Trajectory
-from training.conversations import Message, episode_messages, plain_text, prompt_messages
+from training.conversations import (
+    Message,
+    episode_messages,
+    plain_text,
+    prompt_messages,
+    tools_for,
+)
 
 __all__ = [
     "BuiltRows",
@@ -97,6 +111,9 @@ class BuiltRows(BaseModel):
     """Parquet rows, one dict per example."""
     lineage: list[LineageEntry] = Field(default_factory=list)
     """Per (episode, role) lineage, weights summed over the rows that use it."""
+    manifest: dict[str, int] = Field(default_factory=dict)
+    """What the builder left out and why, counted (e.g. `unparsed_turns_cut`); empty
+    when nothing was."""
 
     @property
     def weight_sum(self) -> float:
@@ -130,28 +147,80 @@ def _has_assistant_turn(messages: Sequence[Message]) -> bool:
     return any(m["role"] == "assistant" for m in messages)
 
 
+def _parsed(kind: ParseKind) -> bool:
+    return kind in (ParseKind.TOOL_CALL, ParseKind.FINAL)
+
+
+class _Manifest:
+    """Counts of what the whole-chat builders cut (`BuiltRows.manifest`)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def trained_chat(self, traj: Trajectory, messages: list[Message]) -> list[Message]:
+        """`messages` cut before the first assistant turn whose step did not parse.
+
+        `episode_messages` has one assistant turn per step, in order, so the n-th
+        assistant message is step n. Turns after the cut (the unparsed one included) are
+        counted as `unparsed_turns_cut` and the episode as `episodes_cut`.
+        """
+        assistant_seen = 0
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            if assistant_seen >= len(traj.steps):
+                break
+            step = traj.steps[assistant_seen]
+            assistant_seen += 1
+            if not _parsed(step.parse_kind):
+                left_out = sum(m["role"] == "assistant" for m in messages[i:])
+                self.counts["unparsed_turns_cut"] += 1
+                self.counts["turns_after_unparsed_cut"] += left_out - 1
+                self.counts["episodes_cut"] += 1
+                kept = messages[:i]
+                while kept and kept[-1]["role"] != "assistant":
+                    kept.pop()
+                if not kept:
+                    self.counts["episodes_without_parsed_turn"] += 1
+                return kept
+        return messages
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in sorted(self.counts.items()) if v}
+
+
+def _tools_json(traj: Trajectory) -> str:
+    """The episode's tools as OpenAI function schemas (the `tools` column TRL reads)."""
+    return json.dumps([t.openai_tool() for t in tools_for(traj)], ensure_ascii=False)
+
+
 def sft_rows(
     episodes: Iterable[SourceEpisode], *, prompt_style: PromptStyle | str = PromptStyle.FULL
 ) -> BuiltRows:
-    """Verified, non-discarded episodes as whole chats weighted by their quality score."""
+    """Verified, non-discarded episodes as chats weighted by their quality score, cut
+    before any assistant turn that did not parse."""
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
+    manifest = _Manifest()
     for ep in episodes:
         if not ep.succeeded or ep.verdict == "discard" or ep.weight <= 0:
             continue
-        messages = episode_messages(ep.trajectory, prompt_style)
+        messages = manifest.trained_chat(
+            ep.trajectory, episode_messages(ep.trajectory, prompt_style)
+        )
         if not _has_assistant_turn(messages):
             continue
         rows.append(
             {
                 "messages": messages,
+                "tools": _tools_json(ep.trajectory),
                 "weight": ep.weight,
                 "episode_id": str(ep.episode_id),
                 **_task_coordinates(ep.trajectory),
             }
         )
         lineage.add(ep.episode_id, "example", ep.weight)
-    return BuiltRows(rows=rows, lineage=lineage.entries())
+    return BuiltRows(rows=rows, lineage=lineage.entries(), manifest=manifest.as_dict())
 
 
 def _divergence(
@@ -252,7 +321,7 @@ def kto_rows(
             if message["role"] != "assistant":
                 continue
             step = next(steps)
-            parsed = step.parse_kind in (ParseKind.TOOL_CALL, ParseKind.FINAL)
+            parsed = _parsed(step.parse_kind)
             label = ep.succeeded and parsed
             rows.append(
                 {
@@ -315,15 +384,19 @@ def distill_rows(
             by_task[ep.trajectory.task_id].append(ep)
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
+    manifest = _Manifest()
     for task_id in sorted(by_task):
         candidates = by_task[task_id]
         best = min(candidates, key=_distill_rank)
-        messages = episode_messages(best.trajectory, prompt_style)
+        messages = manifest.trained_chat(
+            best.trajectory, episode_messages(best.trajectory, prompt_style)
+        )
         if not _has_assistant_turn(messages):
             continue
         rows.append(
             {
                 "messages": messages,
+                "tools": _tools_json(best.trajectory),
                 "weight": best.weight,
                 "episode_id": str(best.episode_id),
                 "teacher": best.trajectory.policy,
@@ -333,7 +406,7 @@ def distill_rows(
             }
         )
         lineage.add(best.episode_id, "example", best.weight)
-    return BuiltRows(rows=rows, lineage=lineage.entries())
+    return BuiltRows(rows=rows, lineage=lineage.entries(), manifest=manifest.as_dict())
 
 
 def cpt_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:

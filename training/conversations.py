@@ -16,11 +16,15 @@ re-rendered; everything after it is the episode as it happened.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from agent.errors import ProtocolError
 from agent.export import to_openai_messages
-from agent.prompt import PromptStyle, render_system_prompt
-from agent.trajectory import Trajectory
+from agent.prompt import PromptStyle, render_system_prompt, render_tool_calling_prompt
+from agent.protocol import parse_message
+from agent.trajectory import ParseKind, Trajectory
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "plain_text",
     "prompt_messages",
     "system_prompt_for",
+    "tool_calling_messages",
     "tools_for",
     "turn_examples",
 ]
@@ -102,3 +107,62 @@ def plain_text(traj: Trajectory) -> str:
             parts.append(step.observation)
     parts.append(f"Outcome: {traj.status.value} ({traj.failure_category.value})")
     return "\n\n".join(parts)
+
+
+def tool_calling_messages(messages: Sequence[Message], tools_json: str) -> list[dict[str, Any]]:
+    """A text-protocol chat as a native tool-calling chat (what TRL's tool-calling SFT path
+    and OpenAI-style templates read).
+
+    Each assistant tool call becomes `tool_calls` (one call: its id, the tool name and the
+    arguments as a JSON object, coerced to the tool's schema) with its preamble as
+    `content`; the observation after it becomes a `tool` message with that
+    `tool_call_id` (its text as the model read it); a `<final>` turn stays text. The system
+    prompt is replaced by `render_tool_calling_prompt()`: the protocol's call syntax does
+    not apply when calls are native. `tools_json` (the row's `tools` column) names the
+    tools whose schemas coerce the arguments.
+
+    Raises:
+        ValueError: an assistant turn is not a valid protocol message (SFT rows never hold
+            one: the builders cut them).
+    """
+    names = {t["function"]["name"] for t in json.loads(tools_json)}
+    specs = {name: spec for name, spec in BUILTIN_TOOLS.items() if name in names}
+    out: list[dict[str, Any]] = []
+    pending_call: str | None = None
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            out.append({"role": "system", "content": render_tool_calling_prompt()})
+        elif role == "assistant":
+            try:
+                parsed = parse_message(content, specs)
+            except ProtocolError as e:
+                raise ValueError(f"assistant turn is not a valid protocol message: {e}") from e
+            if parsed.kind == ParseKind.TOOL_CALL and parsed.call is not None:
+                call = parsed.call
+                out.append(
+                    {
+                        "role": "assistant",
+                        "content": parsed.preamble,
+                        "tool_calls": [
+                            {
+                                "id": call.call_id,
+                                "type": "function",
+                                "function": {
+                                    "name": call.tool,
+                                    "arguments": dict(call.args),
+                                },
+                            }
+                        ],
+                    }
+                )
+                pending_call = call.call_id
+            else:
+                out.append({"role": "assistant", "content": content})
+                pending_call = None
+        elif role == "user" and pending_call is not None:
+            out.append({"role": "tool", "tool_call_id": pending_call, "content": content})
+            pending_call = None
+        else:
+            out.append({"role": role, "content": content})
+    return out

@@ -8,7 +8,8 @@ TrainingError
 ├── RegistryError          checkpoint / training-run bookkeeping failed
 │   └── CheckpointNotFound no checkpoint (or no files) under that id
 ├── DatasetSelectionError  the train parameters select nothing to train on
-└── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
+├── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
+└── RewardEnvironmentError a GRPO rollout's sandbox or verifier broke (never a reward)
 """
 
 from __future__ import annotations
@@ -52,3 +53,10 @@ class DatasetSelectionError(TrainingError):
 class DatasetExportError(TrainingError):
     """A snapshot cannot be exported as asked: an unknown format, or an output directory
     that is a file, not empty, or cannot be created."""
+
+
+class RewardEnvironmentError(TrainingError):
+    """A GRPO rollout could not be scored: its sandbox or its verifier broke.
+
+    An environment problem, never the policy's: it is raised instead of being turned into
+    a (failure) reward the model would learn from."""

@@ -41,7 +41,8 @@ from pydantic import BaseModel, Field
 
 from agent.policies.scripted import reference_cursor
 from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
-from suites.types import TaskInstance
+from scoring.settings import RewardSettings
+from tasks.types import TaskInstance
 
 __all__ = [
     "EvaluationMetrics",
@@ -203,9 +204,13 @@ async def run_model_episodes(
     max_new_tokens: int = 256,
     concurrency: int = 2,
     torch_threads: int = 0,
+    rewards: RewardSettings | None = None,
 ) -> list[Trajectory]:
     """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async).
 
+    Each episode is rewarded as a collected one (`scoring.rewards.apply_rewards` with
+    `rewards`, the entry point's `Settings.rewards`; `RewardSettings()` when not given), so
+    a stored evaluation episode carries the same final reward as any other.
     Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
     for the machine's load; on a busy machine one thread decodes many times faster).
     """
@@ -213,16 +218,19 @@ async def run_model_episodes(
     from agent.policies.hf import HFPolicy
     from agent.settings import LoopSettings, PolicySettings
     from sandbox import SandboxSpec
+    from scoring.rewards import apply_rewards
     from training.threads import tuned_threads
 
     policy = HFPolicy(model_dir, PolicySettings(max_tokens=max_new_tokens))
     loop = LoopSettings(max_steps=max_steps, max_consecutive_parse_failures=max_steps)
     spec = SandboxSpec()
+    reward_settings = rewards if rewards is not None else RewardSettings()
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task: TaskInstance) -> Trajectory:
         async with gate:
-            return await run_episode(task, policy, spec=spec, run_key=run_key, settings=loop)
+            trajectory = await run_episode(task, policy, spec=spec, run_key=run_key, settings=loop)
+        return apply_rewards(trajectory, reward_settings)
 
     with tuned_threads(torch_threads):
         try:
@@ -239,6 +247,7 @@ def evaluate_model_dir(
     max_steps: int = 8,
     max_new_tokens: int = 256,
     concurrency: int = 2,
+    rewards: RewardSettings | None = None,
 ) -> tuple[EvaluationMetrics, list[Trajectory]]:
     """Run every task once with the `hf:` policy at `model_dir` in real sandboxes (sync;
     inside a running event loop use `run_model_episodes` + `evaluation_metrics`).
@@ -256,6 +265,7 @@ def evaluate_model_dir(
             max_steps=max_steps,
             max_new_tokens=max_new_tokens,
             concurrency=concurrency,
+            rewards=rewards,
         )
     )
     return evaluation_metrics(trajectories, tasks), trajectories

@@ -4,7 +4,7 @@
 training run). `train_checkpoint` (= `train_model` + `register_checkpoint`, the train
 flow's two stages) trains on a stored snapshot from a base checkpoint (or
 any local HF directory), writes the `training_run` row (running → completed / failed),
-uploads the checkpoint with its config artifact, and returns the ids and the metrics.
+uploads the checkpoint with its training config, and returns the ids and the metrics.
 Every step is a plain function; the flow wraps them as tasks.
 """
 
@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
+from scoring.settings import RewardSettings
 from storage.objects import ObjectStore
-from training.artifact import build_config_artifact
 from training.base_model import build_base_model
 from training.builders import DatasetKind
 from training.errors import TrainerError
@@ -37,6 +37,7 @@ from training.rewards import RewardFunction
 from training.settings import TrainingSettings
 from training.snapshots import fetch_snapshot, get_snapshot, read_snapshot
 from training.trainers import Algo, TrainResult, run_training
+from training.training_config import build_training_config
 
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
@@ -113,7 +114,7 @@ def prepare_base_model(
         )
         model_dir = warm.output_dir
         metrics = {"copy_warmup": warm.model_dump(mode="json", exclude={"output_dir"})}
-    config = build_config_artifact(
+    config = build_training_config(
         model_dir,
         tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
         settings=settings,
@@ -150,6 +151,7 @@ def train_checkpoint(
     base_checkpoint_id: uuid.UUID | None = None,
     base_model_dir: Path | None = None,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    rewards: RewardSettings | None = None,
     tools: Sequence[ToolSpec] | None = None,
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
@@ -162,7 +164,8 @@ def train_checkpoint(
     interrupted: no `training_run` row stays `running`. The snapshot's prompt style must be
     the settings' (`prompt_style`): the model is deployed with the style it is trained
     with. `on_metrics(step, max_steps, logs)` gets every TRL log event
-    (`training.callbacks`).
+    (`training.callbacks`). `rewards` are the episode rewards GRPO's default reward
+    optimises (`training.rewards.SandboxReward`): the entry point's `Settings.rewards`.
 
     Raises:
         TrainerError: bad algorithm/kind combination, or the trainer failed.
@@ -180,6 +183,7 @@ def train_checkpoint(
         base_checkpoint_id=base_checkpoint_id,
         base_model_dir=base_model_dir,
         reward_fn=reward_fn,
+        rewards=rewards,
         prefect_flow_run_id=prefect_flow_run_id,
         on_metrics=on_metrics,
     )
@@ -197,6 +201,7 @@ def train_model(
     base_checkpoint_id: uuid.UUID | None = None,
     base_model_dir: Path | None = None,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    rewards: RewardSettings | None = None,
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
 ) -> TrainedModel:
@@ -246,6 +251,7 @@ def train_model(
             output_dir=work_dir / "model",
             settings=settings,
             reward_fn=reward_fn,
+            rewards=rewards,
             on_metrics=on_metrics,
         )
     except BaseException as e:  # cancelled or interrupted runs are closed too
@@ -269,7 +275,7 @@ def register_checkpoint(
     settings: TrainingSettings,
     tools: Sequence[ToolSpec] | None = None,
 ) -> TrainingOutcome:
-    """The registration half of `train_checkpoint`: the config artifact, the checkpoint
+    """The registration half of `train_checkpoint`: the training config, the checkpoint
     uploaded and its row, the `training_run` row completed (failed if this raises).
 
     Raises:
@@ -278,7 +284,7 @@ def register_checkpoint(
     info = get_snapshot(engine, trained.dataset_id)
     result = trained.result
     try:
-        config = build_config_artifact(
+        config = build_training_config(
             result.output_dir,
             tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
             settings=settings,

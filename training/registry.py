@@ -2,7 +2,7 @@
 
 Layout: `checkpoints/<id>/model/…` (the HF directory: weights, config, tokenizer, chat
 template, and `training_config.json`) and `checkpoints/<id>/training_config.json` (the
-artifact alone, `checkpoint.config_key`, readable without downloading weights). Objects
+training config alone, `checkpoint.config_key`, readable without downloading weights). Objects
 are written before the row that points at them commits.
 """
 
@@ -20,8 +20,8 @@ from agent.trajectory import utcnow
 from models import Checkpoint, Policy, TrainingRun
 from storage.errors import ObjectStoreError
 from storage.objects import ObjectStore
-from training.artifact import CONFIG_FILE, TrainingConfigArtifact
 from training.errors import CheckpointNotFound, RegistryError
+from training.training_config import CONFIG_FILE, TrainingConfig
 
 __all__ = [
     "CheckpointInfo",
@@ -30,7 +30,7 @@ __all__ = [
     "fetch_checkpoint",
     "finish_training_run",
     "get_checkpoint",
-    "load_config_artifact",
+    "load_training_config",
     "previous_checkpoint",
     "record_evaluation",
     "register_base_model",
@@ -53,7 +53,7 @@ class CheckpointInfo(BaseModel):
     object_prefix: str
     """Object-store prefix of the HF model directory."""
     config_key: str | None
-    """Object-store key of the training config artifact."""
+    """Object-store key of the training config."""
     protocol_version: str
     """Protocol version it was trained on."""
     metrics: dict[str, Any]
@@ -81,7 +81,7 @@ def checkpoint_prefix(checkpoint_id: uuid.UUID) -> str:
 
 
 def _upload(
-    store: ObjectStore, checkpoint_id: uuid.UUID, model_dir: Path, config: TrainingConfigArtifact
+    store: ObjectStore, checkpoint_id: uuid.UUID, model_dir: Path, config: TrainingConfig
 ) -> tuple[str, str]:
     if not (model_dir / "config.json").is_file():
         raise RegistryError(f"{model_dir} is not an HF model directory (no config.json)")
@@ -102,7 +102,7 @@ def register_base_model(
     store: ObjectStore,
     path: Path,
     *,
-    config: TrainingConfigArtifact,
+    config: TrainingConfig,
     metrics: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Store a base model directory as a checkpoint with no training run; returns its id.
@@ -184,11 +184,11 @@ def save_checkpoint(
     *,
     training_run_id: uuid.UUID | None,
     model_dir: Path,
-    config: TrainingConfigArtifact,
+    config: TrainingConfig,
     parent_checkpoint_id: uuid.UUID | None = None,
     metrics: dict[str, Any] | None = None,
 ) -> uuid.UUID:
-    """Upload a model directory with its config artifact and record the checkpoint
+    """Upload a model directory with its training config and record the checkpoint
     (`training_run_id` None: a base model).
 
     Raises:
@@ -247,20 +247,20 @@ def fetch_checkpoint(
     return dest
 
 
-def load_config_artifact(
+def load_training_config(
     engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID
-) -> TrainingConfigArtifact:
-    """The checkpoint's training config artifact, without downloading weights.
+) -> TrainingConfig:
+    """The checkpoint's training config, without downloading weights.
 
     Raises:
-        CheckpointNotFound: no such checkpoint or it has no artifact.
-        RegistryError: the artifact cannot be read.
+        CheckpointNotFound: no such checkpoint or it has no training config.
+        RegistryError: the training config cannot be read.
     """
     info = get_checkpoint(engine, checkpoint_id)
     if info.config_key is None:
-        raise CheckpointNotFound(f"checkpoint {checkpoint_id} has no training config artifact")
+        raise CheckpointNotFound(f"checkpoint {checkpoint_id} has no training config")
     try:
-        return TrainingConfigArtifact.model_validate_json(store.get(info.config_key))
+        return TrainingConfig.model_validate_json(store.get(info.config_key))
     except ObjectStoreError as e:
         raise RegistryError(f"cannot read {info.config_key}: {e}") from e
 

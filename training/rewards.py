@@ -8,11 +8,14 @@ parser instead.
 
 - `ProtocolReward`: +1 for a valid tool call or final answer, 0 for no block, -1 for a
   protocol error. Deterministic, needs no sandbox (tests, warm-up).
-- `SandboxReward`: the turn runs for real. A tool call is executed in a fresh nsjail
-  sandbox holding the task's workspace, then the task's verifier runs there; a final
-  answer goes straight to the verifier. Reward = final reward from the verifier score
-  (linear from `failure_reward` at 0 to 1 at 1, seed 000 §5.5) + `step_reward_weight` ×
-  the format reward (seed 000 §4.3: step rewards at 1-5% of the final scale).
+- `SandboxReward`: the turn runs for real, as a one-turn episode of the episode loop
+  (`agent.loop.run_episode`: a fresh nsjail sandbox holding the task's workspace, the
+  call, then the one verifier runner), rewarded by `scoring.rewards.apply_rewards` — the
+  function every stored episode is rewarded with. The GRPO reward is that episode's
+  `total_reward`: `scoring.rewards.final_reward` of the verifier score plus the step's
+  shaping (format, exploration; seed 000 §4.3), so GRPO optimises exactly the reward
+  stored with an episode of the same turn. A broken sandbox or verifier raises
+  `RewardEnvironmentError` instead of becoming a reward.
 
 Both follow TRL's reward-function shape: `f(prompts, completions, **columns) -> list[float]`,
 the snapshot's `task_id`, `suite`, `template`, `instance_seed` columns arriving as lists.
@@ -25,11 +28,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.errors import ProtocolError
+from agent.policies.base import Policy, PolicyRequest, PolicyResponse
 from agent.protocol import ParsedMessage, parse_message
-from agent.trajectory import ParseKind
+from agent.settings import LoopSettings
+from agent.trajectory import INFRASTRUCTURE_STATUSES, ParseKind, Trajectory
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
-from suites.types import TaskInstance
-from training.settings import TrainingSettings
+from scoring.settings import RewardSettings
+from tasks.types import TaskInstance
+from training.errors import RewardEnvironmentError
 
 __all__ = [
     "ProtocolReward",
@@ -112,15 +118,30 @@ def suite_task_resolver() -> TaskResolver:
 SandboxOpener = Callable[..., Awaitable[Any]]
 """`open_sandbox(spec, *, files=…) -> Sandbox` (the sandbox package's signature)."""
 
+ROLLOUT_LOOP = LoopSettings(max_steps=1, max_consecutive_parse_failures=1)
+"""A GRPO rollout is one assistant turn; the verifier still scores it (`verify_after_limits`)."""
+
+
+class _RolloutTurn(Policy):
+    """The policy of a rollout's episode: it answers the sampled completion, once."""
+
+    spec = "grpo:rollout"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def respond(self, request: PolicyRequest) -> PolicyResponse:
+        return PolicyResponse(text=self.text)
+
 
 class SandboxReward:
-    """Run the turn in a real sandbox on the task's workspace and score it with the verifier."""
+    """Run the turn as a one-turn episode in a real sandbox; its stored reward is the GRPO reward."""
 
     __name__ = "sandbox_reward"
 
     def __init__(
         self,
-        settings: TrainingSettings,
+        rewards: RewardSettings,
         *,
         resolve_task: TaskResolver | None = None,
         spec: Any = None,
@@ -130,41 +151,47 @@ class SandboxReward:
     ) -> None:
         import sandbox
 
-        self.settings = settings
+        self.rewards = rewards
         self.resolve_task = resolve_task if resolve_task is not None else suite_task_resolver()
         self.spec = spec if spec is not None else sandbox.SandboxSpec()
         self.open_sandbox = open_sandbox if open_sandbox is not None else sandbox.open_sandbox
         self.tools = dict(tools if tools is not None else BUILTIN_TOOLS)
         self.concurrency = concurrency
 
-    def final_reward(self, score: float) -> float:
-        """Linear between `failure_reward` (score 0) and 1 (score 1)."""
-        low = self.settings.failure_reward
-        return low + (1.0 - low) * min(max(score, 0.0), 1.0)
-
-    async def score_one(self, task: TaskInstance, text: str) -> float:
-        """The reward of one assistant turn on `task`.
+    async def episode(self, task: TaskInstance, text: str) -> Trajectory:
+        """The rewarded one-turn episode of `text` on `task` (what a collection would store).
 
         Raises:
-            SandboxError: the sandbox could not start (an environment problem, not a
-                policy failure: it must not be turned into a reward).
+            RewardEnvironmentError: the sandbox or the verifier broke (an environment
+                problem, not a policy failure: it must not be turned into a reward).
         """
-        from agent.verify import resolve_verifier
+        from agent.loop import run_episode
+        from scoring.rewards import apply_rewards
 
-        parsed = _parse(text, self.tools)
-        step = self.settings.step_reward_weight * format_reward(parsed)
-        if parsed is None or parsed.kind == ParseKind.NONE:
-            return self.settings.failure_reward + step
-        box = await self.open_sandbox(self.spec, files=task.files)
-        try:
-            if parsed.call is not None:
-                await box.call_tool(parsed.call.tool, dict(parsed.call.args))
-            outcome = await resolve_verifier()(box, task)
-        finally:
-            await box.close()
-        if outcome.error:
-            return self.settings.failure_reward + step
-        return self.final_reward(outcome.score) + step
+        trajectory = await run_episode(
+            task,
+            _RolloutTurn(text),
+            spec=self.spec,
+            run_key="grpo-rollout",
+            settings=ROLLOUT_LOOP,
+            open_sandbox=self.open_sandbox,
+            tools=self.tools,
+        )
+        if trajectory.status in INFRASTRUCTURE_STATUSES:
+            raise RewardEnvironmentError(
+                f"GRPO rollout on {task.task_id} could not be scored: {trajectory.failure_reason}"
+            )
+        return apply_rewards(trajectory, self.rewards)
+
+    async def score_one(self, task: TaskInstance, text: str) -> float:
+        """The reward of one assistant turn on `task`: its episode's `total_reward`.
+
+        Raises:
+            RewardEnvironmentError: as `episode`.
+        """
+        total = (await self.episode(task, text)).total_reward
+        assert total is not None  # apply_rewards always sets it
+        return total
 
     async def score_all(self, tasks: Sequence[TaskInstance], texts: Sequence[str]) -> list[float]:
         gate = asyncio.Semaphore(self.concurrency)

@@ -79,7 +79,7 @@ class TrainingSettings(BaseSettings):
     prompt_style: PromptStyle = PromptStyle.FULL
     """System prompt the model is trained and deployed with (`agent.prompt`): `full` for
     real models, `compact` for small models built from scratch. Recorded in the
-    checkpoint's training config artifact; the `hf:` policy shows that style."""
+    checkpoint's training config; the `hf:` policy shows that style."""
 
     # lengths
     max_length: int = Field(default=2048, ge=64)
@@ -97,11 +97,6 @@ class TrainingSettings(BaseSettings):
     """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of GRPO rollouts."""
-    step_reward_weight: float = Field(default=0.05, ge=0)
-    """Weight of the format (step) reward next to the verifier score in the GRPO reward; the
-    seed keeps step rewards at 1-5% of the final reward scale."""
-    failure_reward: float = Field(default=-0.5)
-    """GRPO reward of a rollout the verifier rejects (seed 000 §5.5: -0.5 rather than -1)."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO weight of desirable (successful) examples."""
     kto_undesirable_weight: float = Field(default=1.0, gt=0)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, null, select
 from sqlmodel import Session, col
 
@@ -68,6 +68,8 @@ class DatasetInfo(BaseModel):
     """Distinct episodes it draws on."""
     weight_sum: float
     """Sum of the rows' sampling weights."""
+    manifest: dict[str, int] = Field(default_factory=dict)
+    """What the builder left out and why, counted (`BuiltRows.manifest`)."""
     sha256: str
     """sha256 of the parquet file."""
     object_key: str
@@ -88,6 +90,7 @@ class DatasetInfo(BaseModel):
             n_rows=row.n_rows,
             n_episodes=row.n_episodes,
             weight_sum=row.weight_sum,
+            manifest=dict(row.manifest or {}),
             sha256=row.sha256,
             object_key=row.object_key,
         )
@@ -208,6 +211,7 @@ def write_snapshot(
         n_rows=len(built.rows),
         n_episodes=len({entry.episode_id for entry in built.lineage}),
         weight_sum=built.weight_sum,
+        manifest=built.manifest,
         sha256=sha256,
         object_key=key,
     )

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.prompt import render_system_prompt
 from agent.trajectory import Step
 from sandbox.tool_specs import ToolSpec
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 __all__ = ["Policy", "PolicyRequest", "PolicyResponse"]
 

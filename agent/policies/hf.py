@@ -30,7 +30,7 @@ from sandbox.tool_specs import ToolSpec
 __all__ = ["TRAINING_CONFIG_FILE", "HFPolicy", "checkpoint_prompt_style"]
 
 TRAINING_CONFIG_FILE = "training_config.json"
-"""The training config artifact epiflow writes into every checkpoint directory."""
+"""The training config epiflow writes into every checkpoint directory."""
 
 
 def checkpoint_prompt_style(path: Path) -> PromptStyle:

@@ -19,7 +19,7 @@ from agent.render import render_final, render_tool_call
 from agent.settings import NoisyRates
 from agent.trajectory import ParseKind, Step
 from sandbox.tool_specs import ToolSpec
-from suites.types import ReferenceCall, TaskInstance
+from tasks.types import ReferenceCall, TaskInstance
 
 __all__ = [
     "PERTURBATION_KINDS",

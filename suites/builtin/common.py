@@ -16,7 +16,7 @@ import textwrap
 from datetime import date, timedelta
 from typing import Any
 
-from suites.types import ReferenceCall, VerifierSpec
+from tasks.types import ReferenceCall, VerifierSpec
 
 FIRST_NAMES = (
     "Ada", "Alan", "Grace", "Linus", "Barbara", "Ken", "Margaret", "Dennis", "Frances",

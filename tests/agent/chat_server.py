@@ -11,8 +11,12 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.types import TaskInstance
 
 Action = dict[str, Any]
 
@@ -20,6 +24,27 @@ Action = dict[str, Any]
 def reply(text: str, **extra: Any) -> Action:
     """A normal completion with `text` as the assistant content."""
     return {"kind": "ok", "text": text, **extra}
+
+
+def oracle(tasks: Iterable[TaskInstance]) -> Action:
+    """A `script` action answering each of `tasks` (found by its prompt) with its reference
+    solution, turn by turn: a working model behind the endpoint."""
+    from agent.render import render_final, render_tool_call
+
+    texts: dict[str, list[str]] = {}
+    for task in tasks:
+        calls = [
+            render_tool_call(f"c{i + 1}", c.tool, c.args)
+            for i, c in enumerate(task.reference_solution)
+        ]
+        texts[task.prompt] = [*calls, render_final(task.reference_final)]
+
+    def answer(body: dict[str, Any]) -> str:
+        messages = body["messages"]
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        return texts[messages[1]["content"]][turn]
+
+    return {"kind": "script", "answer": answer}
 
 
 class ChatServer:

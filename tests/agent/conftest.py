@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from agent.settings import LoopSettings
-from agent.verify import VerifierOutcome
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
-from suites.types import ReferenceCall, TaskInstance, VerifierSpec
+from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
+from tasks.verify import VerifierOutcome
 from tests.agent.doubles import MemorySandbox
 
 VERIFY_SCRIPT = """\

@@ -146,9 +146,8 @@ def test_a_builtin_suite_task_with_the_suites_verifier(spec) -> None:
     assert idle.verifier_reason
 
 
-def test_the_fallback_verifier_writes_its_files_and_reads_the_score(task, spec) -> None:
-    from agent.verify import run_task_verifier
-    from suites.types import VerifierSpec
+def test_the_verifier_writes_nested_files_and_a_garbage_one_is_an_env_error(task, spec) -> None:
+    from tasks.types import VerifierSpec
     from tests.agent.conftest import VERIFY_SCRIPT
 
     files = {"/tmp/verify/nested/check.py": VERIFY_SCRIPT}
@@ -159,13 +158,13 @@ def test_the_fallback_verifier_writes_its_files_and_reads_the_score(task, spec) 
             )
         }
     )
-    ok = episode(checked, make_policy("scripted:oracle"), spec, verify=run_task_verifier)
+    ok = episode(checked, make_policy("scripted:oracle"), spec)
     assert (ok.status, ok.verifier_reason) == (EpisodeStatus.SUCCESS, "out.txt ok")
     garbage = task.model_copy(
         update={"verifier": VerifierSpec(argv=["python3", "-c", "print('no json')"])}
     )
-    broken = episode(garbage, make_policy("scripted:oracle"), spec, verify=run_task_verifier)
-    assert broken.failure_category == FailureCategory.ENV_ERROR and "no json" in (
+    broken = episode(garbage, make_policy("scripted:oracle"), spec)
+    assert broken.failure_category == FailureCategory.ENV_ERROR and "not JSON" in (
         broken.failure_reason or ""
     )
 

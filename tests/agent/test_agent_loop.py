@@ -11,8 +11,8 @@ from agent.policies import make_policy
 from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, NoisyRates, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind, Trajectory, episode_id_for
-from agent.verify import VerifierOutcome
 from sandbox.errors import SandboxUnavailable
+from tasks.verify import VerifierOutcome
 from tests.agent.conftest import MemoryOpener, memory_verify
 from tests.agent.doubles import ScriptedTextPolicy
 

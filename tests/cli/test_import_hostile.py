@@ -64,6 +64,8 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "empty-list": (b"[]", "no trajectories found in"),
     "not-json": (b"hello, this is not json\n", "not JSON"),
     "not-an-object": (b'"just a string"', "document 1 is not valid atif"),
+    "huge-integer": (b'{"schema_version": "ATIF-v1.5", "n": ' + b"9" * 100_000 + b"}", "digits"),
+    "huge-integer-lines": (b'{"a": 1}\n{"n": -' + b"1" * 100_000 + b"}\n", "digits"),
 }
 
 

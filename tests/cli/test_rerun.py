@@ -163,8 +163,12 @@ def test_storage_errors_of_a_full_disk_need_a_rerun(
 
 def test_an_endpoint_outage_exits_3_and_stops_early(env: dict[str, str], tmp_path: Path) -> None:
     # A real HTTP server that answers the preflight's probe, then only HTTP 500: the first
-    # two episodes are endpoint_error after their retries, the rest never start.
-    from tests.agent.chat_server import ChatServer, reply
+    # two episodes are endpoint_error after their retries, the rest never start. Once a
+    # working model answers on the same port, re-running the key redoes exactly those six.
+    from collection.plan import plan_collection
+    from collection.request import CollectRequest
+    from config.settings import load_settings
+    from tests.agent.chat_server import ChatServer, oracle, reply
 
     fast = {
         **env,
@@ -173,9 +177,8 @@ def test_an_endpoint_outage_exits_3_and_stops_early(env: dict[str, str], tmp_pat
         "EPIFLOW_AGENT_POLICY_OUTAGE_EPISODES": "2",
     }
     with ChatServer([reply("pong"), {"kind": "status", "status": 500}]) as server:
-        first = collect(
-            fast, tmp_path, "down", "--concurrency", "1", "--policy", f"openai:{server.base_url}#m"
-        )
+        port, policy = server.port, f"openai:{server.base_url}#m"
+        first = collect(fast, tmp_path, "down", "--concurrency", "1", "--policy", policy)
     assert first.returncode == 3, first.stderr[-3000:]
     assert json.loads(first.stdout)["by_status"] == {"endpoint_error": 2}
     line = last_line(first.stderr)
@@ -184,3 +187,17 @@ def test_an_endpoint_outage_exits_3_and_stops_early(env: dict[str, str], tmp_pat
     )
     assert "4 not started (the run stopped early)" in line and "--run-key down" in line
     assert "retrying in" in first.stderr and server.base_url in first.stderr
+    url = env["EPIFLOW_DATABASE_URL"]
+    # No reward for an outage: it says nothing about the agent.
+    assert sql(url, "SELECT COUNT(*) FROM episode WHERE final_reward IS NOT NULL") == 0
+
+    planned = CollectRequest(tasks=1, templates=TEMPLATES.split(","), run_key="down")
+    tasks = [p.task for p in plan_collection(planned, load_settings().suites).episodes]
+    with ChatServer([reply("pong"), oracle(tasks)], port=port):
+        again = collect(fast, tmp_path, "down", "--concurrency", "1", "--policy", policy)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(again.stdout)
+    assert result["by_status"] == {"success": 6} and result["executed"] == 6
+    assert result["success_rate"] == 1.0
+    assert "need a re-run" not in again.stderr
+    assert sql(url, "SELECT COUNT(*) FROM episode WHERE status = 'endpoint_error'") == 0

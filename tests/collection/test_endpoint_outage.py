@@ -14,12 +14,10 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from agent.render import render_final, render_tool_call
 from agent.settings import PolicySettings
 from collection.plan import plan_collection
 from collection.request import CollectRequest
@@ -27,8 +25,8 @@ from collection.runner import collect_in_process
 from config.settings import Settings, load_settings
 from models import run_id_for
 from storage.objects import LocalObjectStore
-from storage.runs import rerun_needed
-from tests.agent.chat_server import Action, ChatServer
+from storage.run_reads import rerun_needed
+from tests.agent.chat_server import Action, ChatServer, oracle
 from tests.services.postgres import free_port
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors"]
@@ -56,22 +54,9 @@ def request_for(port: int) -> CollectRequest:
     )
 
 
-def oracle(request: CollectRequest, settings: Settings) -> Action:
+def oracle_for(request: CollectRequest, settings: Settings) -> Action:
     """Answers every planned task with its reference solution, turn by turn."""
-    texts: dict[str, list[str]] = {}
-    for p in plan_collection(request, settings.suites).episodes:
-        calls = [
-            render_tool_call(f"c{i + 1}", c.tool, c.args)
-            for i, c in enumerate(p.task.reference_solution)
-        ]
-        texts[p.task.prompt] = [*calls, render_final(p.task.reference_final)]
-
-    def answer(body: dict[str, Any]) -> str:
-        messages = body["messages"]
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        return texts[messages[1]["content"]][turn]
-
-    return {"kind": "script", "answer": answer}
+    return oracle(p.task for p in plan_collection(request, settings.suites).episodes)
 
 
 def collect(request: CollectRequest, engine: Engine, store: LocalObjectStore, settings: Settings):
@@ -140,7 +125,7 @@ def test_a_rerun_redoes_exactly_the_spoiled_and_unstarted_episodes(
         first = collect(request, migrated_engine, store, settings)
     assert first.by_status == {"endpoint_error": 2}
     patient = settings_with(FAST.model_copy(update={"request_timeout_s": 60.0}))
-    with ChatServer([oracle(request, patient)], port=port) as server:
+    with ChatServer([oracle_for(request, patient)], port=port) as server:
         second = collect(request, migrated_engine, store, patient)
     assert second.executed == 3 and statuses(migrated_engine) == {"success": 3}
     assert second.success_rate == 1.0

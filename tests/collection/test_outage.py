@@ -54,7 +54,6 @@ def _collect(
             engine=engine,
             store=make_object_store(settings),
             on_episode=count,
-            close=False,
         )
     )
 

@@ -21,9 +21,10 @@ from sqlmodel import Session
 
 from agent.settings import LoopSettings
 from agent.trajectory import Trajectory, utcnow
+from collection.lifecycle import start_run
 from collection.replay import ReplayReport, replay_trajectory
 from collection.request import CollectRequest
-from collection.runner import collect_in_process, start_run
+from collection.runner import collect_in_process
 from expectations.gate import run_gate
 from expectations.report import GateReport
 from expectations.settings import QcConfig

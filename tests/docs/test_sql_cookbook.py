@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,36 +41,8 @@ from tests.docs.cookbook_data import (
     ingest_collections,
     write_downstream,
 )
+from tests.docs.cookbook_queries import BLOCK, DOC, FORBIDDEN, CookbookQuery, load_queries
 from tests.services.postgres import PostgresCluster
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "sql-cookbook.md"
-BLOCK = re.compile(r"<!-- query: (?P<name>\w+) -->\n```sql\n(?P<sql>.*?)\n```\n", re.S)
-PARAM = re.compile(r"(?<![:\w]):(?P<name>[a-z_]\w*)")
-FORBIDDEN = ("::", " ILIKE ", "FILTER (", "PERCENTILE_", "DISTINCT ON", "->>", "NOW()")
-
-
-@dataclass(frozen=True)
-class CookbookQuery:
-    name: str
-    sql: str
-    columns: list[str]
-
-    @property
-    def params(self) -> set[str]:
-        return {m["name"] for m in PARAM.finditer(self.sql)}
-
-
-def load_queries() -> list[CookbookQuery]:
-    doc = DOC.read_text(encoding="utf-8")
-    matches = list(BLOCK.finditer(doc))
-    queries = []
-    for i, m in enumerate(matches):
-        tail = doc[m.end() : matches[i + 1].start() if i + 1 < len(matches) else len(doc)]
-        listed = re.search(r"^Columns: (.+)$", tail, re.M)
-        columns = re.findall(r"`(\w+)`", listed.group(1)) if listed else []
-        queries.append(CookbookQuery(m["name"], m["sql"], columns))
-    return queries
-
 
 QUERIES = {q.name: q for q in load_queries()}
 

@@ -23,7 +23,7 @@ from expectations.settings import QcConfig
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 from suites.builtin import builtin_suite
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
 
 pytestmark = pytest.mark.slow
 

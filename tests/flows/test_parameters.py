@@ -100,7 +100,7 @@ def test_run_keys_mean_one_thing() -> None:
     from prefect.client.schemas.objects import FlowRun
 
     from collection.request import CollectRequest
-    from flows.collect import run_key_of
+    from flows.collect import flow_run_key
 
     request = CollectRequest(suite="builtin", policy="scripted:noisy")
     night = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
@@ -110,14 +110,14 @@ def test_run_keys_mean_one_thing() -> None:
         auto_scheduled=True,
         expected_start_time=night,
     )
-    assert run_key_of(request, scheduled) == "builtin-scripted-noisy-20261201"
+    assert flow_run_key(request, scheduled) == "builtin-scripted-noisy-20261201"
     retried = scheduled.model_copy(update={"run_count": 3})
-    assert run_key_of(request, retried) == "builtin-scripted-noisy-20261201"
+    assert flow_run_key(request, retried) == "builtin-scripted-noisy-20261201"
 
     manual = FlowRun(flow_id=uuid.uuid4(), deployment_id=uuid.uuid4(), expected_start_time=night)
-    assert run_key_of(request, manual) == f"builtin-scripted-noisy-{manual.id.hex[:8]}"
-    assert run_key_of(request, manual) == run_key_of(request, manual)  # stable per flow run
+    assert flow_run_key(request, manual) == f"builtin-scripted-noisy-{manual.id.hex[:8]}"
+    assert flow_run_key(request, manual) == flow_run_key(request, manual)  # stable per flow run
 
-    fresh = {run_key_of(request, None) for _ in range(3)}
+    fresh = {flow_run_key(request, None) for _ in range(3)}
     assert len(fresh) == 3 and all(k.startswith("builtin-scripted-noisy-") for k in fresh)
-    assert run_key_of(request.keyed("mine"), scheduled) == "mine"
+    assert flow_run_key(request.keyed("mine"), scheduled) == "mine"

@@ -112,9 +112,7 @@ def build_gated_run(engine: Engine, store: LocalObjectStore, run_key: str) -> No
         faults=faults,
         templates=TEMPLATES,
     )
-    run_id = asyncio.run(
-        collect_in_process(request, engine=engine, store=store, close=False)
-    ).run_id
+    run_id = asyncio.run(collect_in_process(request, engine=engine, store=store)).run_id
     persist_episodes(engine, store, [hostile_trajectory(run_key)])
     close_run(engine, run_id, status="completed")
     with engine.connect() as conn:

@@ -34,7 +34,7 @@ from storage.db import make_engine
 from storage.errors import RunNotFound
 from storage.migrate import upgrade
 from storage.objects import LocalObjectStore
-from storage.run_summary import summarize_run
+from storage.run_reads import summarize_run
 from storage.settings import DatabaseSettings
 from tests.reports.report_checks import (
     HOSTILE_TEMPLATE,

@@ -354,6 +354,29 @@ def test_ptrace_namespaces_and_mount_are_denied(jails: Jails) -> None:
     asyncio.run(body())
 
 
+def test_io_uring_is_denied(jails: Jails) -> None:
+    """io_uring would give the jail a syscall surface the seccomp filter never sees: the
+    setup call itself is refused (EPERM), so no ring exists to submit to."""
+    script = (
+        "import ctypes, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "params = ctypes.create_string_buffer(120)\n"  # struct io_uring_params, zeroed
+        "nr = {'x86_64': 425, 'aarch64': 425}[platform.machine()]\n"  # io_uring_setup
+        "r = libc.syscall(nr, 8, params)\nprint('io_uring_setup', r, ctypes.get_errno())\n"
+        "r = libc.syscall(nr + 1, 0, 1, 0, 0, None, 0)\n"  # io_uring_enter on fd 0
+        "print('io_uring_enter', r, ctypes.get_errno())"
+    )
+
+    async def body() -> None:
+        async with await jails.open() as box:
+            r = await shell(box, py(script))
+            assert r.ok, r
+            lines = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
+            assert lines == {"io_uring_setup": "-1 1", "io_uring_enter": "-1 1"}, r
+            await assert_healthy(box)
+
+    asyncio.run(body())
+
+
 def test_kill_all_touches_only_the_jail(jails: Jails) -> None:
     outsider = subprocess.Popen(
         ["sleep", "60"], user=100000, group=100000

@@ -13,8 +13,8 @@ import asyncio
 import json
 
 from sandbox import NsjailSandbox, SandboxSpec
-from suites.types import TaskInstance, VerifierSpec
-from suites.verify import VerifierOutcome, run_verifier
+from tasks.types import TaskInstance, VerifierSpec
+from tasks.verify import VerifierOutcome, run_verifier
 from tests.sandbox.conftest import SMALL, Jails
 from tests.sandbox.test_abuse import assert_healthy, shell
 
@@ -192,3 +192,69 @@ print(json.dumps({"score": 0.0, "reason": json.dumps(targets)}))
             await assert_healthy(box)
 
     asyncio.run(body())
+
+
+def test_symlinks_planted_by_the_agent_do_not_redirect_the_verifier_files(jails: Jails) -> None:
+    """Through the loop, as in a collection: the agent links the paths the verifier's files
+    go to (a file onto its answer, a folder onto the workspace); the one verifier runner
+    replaces the links instead of writing through them (`sh -c 'cat > "$1"'` would have
+    overwritten `answer.txt` with the verifier's script and dropped `helper.txt` into the
+    workspace)."""
+    from agent.loop import run_episode
+    from agent.render import render_final, render_tool_call
+    from agent.settings import LoopSettings
+    from agent.trajectory import FailureCategory
+    from tests.agent.doubles import ScriptedTextPolicy
+
+    check = """\
+import json, os
+answer = open("/workspace/answer.txt").read().strip()
+report = {
+    "answer": answer,
+    "helper_in_workspace": os.path.exists("/workspace/helper.txt"),
+    "helper": open("/tmp/lib/helper.txt").read(),
+    "check_is_link": os.path.islink("/tmp/v/check.py"),
+}
+print(json.dumps({"score": 1.0 if answer == "42" else 0.0, "reason": json.dumps(report)}))
+"""
+    plant = "mkdir -p /tmp/v && ln -s /workspace/answer.txt /tmp/v/check.py && ln -s /workspace /tmp/lib"
+    policy = ScriptedTextPolicy(
+        [
+            render_tool_call("c1", "execute_shell", {"command": plant, "timeout": 10}),
+            render_final("done"),
+        ]
+    )
+    planted = task().model_copy(
+        update={
+            "verifier": VerifierSpec(
+                argv=["python3", "-I", "/tmp/v/check.py"],
+                files={"/tmp/v/check.py": check, "/tmp/lib/helper.txt": "verifier data"},
+                timeout_s=20,
+            )
+        }
+    )
+
+    async def opener(spec: SandboxSpec, **kwargs: object) -> NsjailSandbox:
+        files = kwargs.get("files")
+        assert isinstance(files, dict)
+        return await jails.open(spec, files=files)
+
+    traj = asyncio.run(
+        run_episode(
+            planted,
+            policy,
+            spec=SMALL,
+            run_key="abuse-symlink",
+            settings=LoopSettings(max_steps=4),
+            open_sandbox=opener,
+        )
+    )
+    assert traj.steps[0].exit_code == 0, traj.steps[0].stderr  # the links were planted
+    assert traj.failure_category == FailureCategory.VERIFIER_FAILED, traj.failure_reason
+    report = json.loads(traj.verifier_reason or "{}")
+    assert report == {
+        "answer": "41",
+        "helper_in_workspace": False,
+        "helper": "verifier data",
+        "check_is_link": False,
+    }

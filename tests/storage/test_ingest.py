@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from pathlib import Path
 
@@ -221,3 +222,18 @@ def test_step_values_cover_the_step_table() -> None:
     row = step_row(t.episode_id, t.steps[1], output_keys={"stdout": "k1"})
     assert row["step_index"] == 1 and row["stdout_key"] == "k1" and row["stderr_key"] is None
     assert row["discounted_return"] == t.steps[1].return_
+
+
+def test_an_id_twice_in_one_batch_is_written_once_and_sql_matches_the_object(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    short = make_trajectory(n_steps=1)
+    long = make_trajectory(n_steps=3)
+    assert short.episode_id == long.episode_id
+    report = persist_episodes(migrated_engine, store, [short, long])
+    assert report.inserted == [short.episode_id] and report.steps == 1
+    assert load_trajectory(migrated_engine, store, short.episode_id) == short
+    with migrated_engine.connect() as conn:
+        rows = conn.execute(select(col(Artifact.key), col(Artifact.sha256))).all()
+    for key, sha in rows:
+        assert hashlib.sha256(store.get(key)).hexdigest() == sha, key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from storage.run_summary import _frame, summarize_frames
+from storage.run_reads import _frame, summarize_frames
 
 
 def test_late_non_null_values_do_not_break_the_summary() -> None:

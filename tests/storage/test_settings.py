@@ -80,6 +80,8 @@ def test_secrets_absent_from_repr_and_str(monkeypatch: pytest.MonkeyPatch) -> No
         ("EPIFLOW_OBJECTS_URL", "ftp://host/x", "EPIFLOW_OBJECTS_URL"),
         ("EPIFLOW_OBJECTS_URL", "s3://", "bucket"),
         ("EPIFLOW_DATABASE_URL", "not a url at all", "EPIFLOW_DATABASE_URL"),
+        ("EPIFLOW_DATABASE_URL", "postgresql+nodriver://u:p@h/db", "unknown driver 'nodriver'"),
+        ("EPIFLOW_DATABASE_URL", "mysql://u:p@h/db", "supports postgresql"),
         ("EPIFLOW_OBJECTS_RETRIES", "-1", "EPIFLOW_OBJECTS_RETRIES"),
     ],
 )

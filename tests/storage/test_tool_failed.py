@@ -12,8 +12,7 @@ from agent.trajectory import InjectedFault, ParseKind, Step
 from models.step import tool_failed_sql
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from storage.run_rows import tool_call_counts
-from storage.runs import resolve_run
+from storage.run_reads import resolve_run, tool_call_counts
 from tests.storage.builders import make_trajectory
 
 EDGES: dict[str, dict[str, Any]] = {

@@ -12,7 +12,7 @@ import pytest
 
 from suites.builtin import BUILTIN_TEMPLATES, builtin_suite
 from suites.check import replay_reference
-from suites.verify import run_verifier
+from tasks.verify import run_verifier
 
 SUITE = builtin_suite()
 SEEDS = (0, 1, 2, 1_000_000_007)

@@ -20,10 +20,10 @@ from suites.generator import parse_generator_output
 from suites.registry import load_suite
 from suites.settings import SuitesSettings
 from suites.suite import HELDOUT_SEED_BASE
-from suites.types import TaskInstance
 from suites.user_suite import load_user_suite
 from suites.user_template import PARAMS_FILE
-from suites.verify import run_verifier
+from tasks.types import TaskInstance
+from tasks.verify import run_verifier
 
 GENERATED_EXAMPLES = ["numbers_above", "invoice_total"]
 

@@ -12,7 +12,7 @@ from suites.errors import SuiteConflict, SuiteFormatError, SuiteNotFound
 from suites.registry import EXAMPLES_DIR, available_suites, load_suite
 from suites.settings import SuitesSettings
 from suites.user_suite import VERIFIER_DIR, load_user_suite
-from suites.verify import run_verifier
+from tasks.verify import run_verifier
 
 VALID = """\
 name: mini

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from suites.types import TaskInstance, VerifierSpec
-from suites.verify import parse_verifier_stdout, run_verifier
+from tasks.types import TaskInstance, VerifierSpec
+from tasks.verify import parse_verifier_stdout, run_verifier
 
 
 def task_with(verifier: VerifierSpec, files: dict[str, str] | None = None) -> TaskInstance:

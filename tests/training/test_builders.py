@@ -35,6 +35,33 @@ def test_trailing_observation_is_dropped():
     assert episode_messages(traj)[-1] == {"role": "assistant", "content": traj.steps[-1].raw_output}
 
 
+def test_sft_never_trains_on_an_unparsed_assistant_turn():
+    """A verified episode that recovered from a malformed turn is cut before it (TRL trains
+    every assistant turn of a chat); one whose first turn did not parse gives no row; both
+    are counted in the manifest."""
+    recovered = episode(task=1, steps=[call_step(0, "ls"), garbage_step(1), final_step(2)])
+    first_bad = episode(task=2, steps=[garbage_step(0), call_step(1, "ls"), final_step(2)])
+    clean = episode(task=3)
+    for kind in (DatasetKind.SFT, DatasetKind.DISTILL):
+        built = build_rows(kind, [src(recovered), src(first_bad), src(clean)])
+        by_id = {r["episode_id"]: r for r in built.rows}
+        assert set(by_id) == {str(recovered.episode_id), str(clean.episode_id)}
+        trained = [
+            m for m in by_id[str(recovered.episode_id)]["messages"] if m["role"] == "assistant"
+        ]
+        assert [m["content"] for m in trained] == [recovered.steps[0].raw_output]
+        assert by_id[str(recovered.episode_id)]["messages"][-1]["role"] == "assistant"
+        assert by_id[str(clean.episode_id)]["messages"] == episode_messages(clean)
+        assert built.manifest == {
+            "episodes_cut": 2,
+            "episodes_without_parsed_turn": 1,
+            "turns_after_unparsed_cut": 3,
+            "unparsed_turns_cut": 2,
+        }
+        assert str(first_bad.episode_id) not in {str(e.episode_id) for e in built.lineage}
+    assert build_rows(DatasetKind.SFT, [src(clean)]).manifest == {}
+
+
 def test_sft_keeps_verified_non_discarded_episodes_weighted_by_quality():
     good = episode(task=1)
     downweighted = episode(task=2)

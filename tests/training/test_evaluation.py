@@ -126,9 +126,9 @@ def test_a_compact_checkpoint_sees_in_the_loop_exactly_what_training_renders(tmp
     hash equals the hash of training's compact messages."""
     from agent.policies.hf import HFPolicy
     from agent.settings import PolicySettings
-    from training.artifact import check_deployment, load_artifact_file
     from training.base_model import build_base_model, protocol_corpus
     from training.settings import TrainingSettings
+    from training.training_config import check_deployment, load_training_config_file
 
     settings = TrainingSettings(
         vocab_size=600,
@@ -163,8 +163,8 @@ def test_a_compact_checkpoint_sees_in_the_loop_exactly_what_training_renders(tmp
     assert history_hash(messages[:2]) == traj.steps[0].history_hash
     # The full-style rendering is not what this model saw.
     assert history_hash(episode_messages(traj)[:2]) != traj.steps[0].history_hash
-    artifact = load_artifact_file(model_dir)
+    config = load_training_config_file(model_dir)
     tools = list(BUILTIN_TOOLS.values())
-    assert check_deployment(artifact, tools, system_prompt=policy.system_prompt(tools)) == []
-    assert check_deployment(artifact, tools, system_prompt=messages[0]["content"]) == []
-    assert check_deployment(artifact, tools, system_prompt=episode_messages(traj)[0]["content"])
+    assert check_deployment(config, tools, system_prompt=policy.system_prompt(tools)) == []
+    assert check_deployment(config, tools, system_prompt=messages[0]["content"]) == []
+    assert check_deployment(config, tools, system_prompt=episode_messages(traj)[0]["content"])

@@ -18,18 +18,18 @@ from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
 from suites.registry import load_suite
 from tests.training.factory import call_step, episode, final_step
-from training.artifact import check_deployment
 from training.errors import TrainerError
 from training.evaluation import compare_metrics, evaluate_model_dir
 from training.pipeline import prepare_base_model, train_checkpoint
 from training.registry import (
     fetch_checkpoint,
     get_checkpoint,
-    load_config_artifact,
+    load_training_config,
     previous_checkpoint,
     record_evaluation,
 )
 from training.snapshots import build_snapshot
+from training.training_config import check_deployment
 
 
 def _collected(engine: Engine, store: LocalObjectStore, *, with_failures: bool = True) -> uuid.UUID:
@@ -100,11 +100,11 @@ def test_train_register_fetch_and_evaluate_in_sandboxes(
             and run.config["sft_learning_rate"] == tiny_settings.sft_learning_rate
         )
 
-    # the config artifact says what deployment must show the model
-    artifact = load_config_artifact(engine, store, outcome.checkpoint_id)
-    assert artifact.dataset_id == info.id and artifact.algo == "sft"
-    assert check_deployment(artifact, BUILTIN_TOOLS.values()) == []
-    assert check_deployment(artifact, [BUILTIN_TOOLS["read_file"]]) != []
+    # the training config says what deployment must show the model
+    config = load_training_config(engine, store, outcome.checkpoint_id)
+    assert config.dataset_id == info.id and config.algo == "sft"
+    assert check_deployment(config, BUILTIN_TOOLS.values()) == []
+    assert check_deployment(config, [BUILTIN_TOOLS["read_file"]]) != []
 
     # lineage: checkpoint → run → dataset → the three successful episodes
     with engine.connect() as conn:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
 import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
 
 from agent.render import render_final, render_tool_call
+from agent.trajectory import Trajectory
+from models import Episode
+from scoring.rewards import final_reward
+from scoring.settings import RewardSettings
+from storage.episodes import persist_episodes
+from storage.objects import LocalObjectStore
 from suites.registry import load_suite
+from tasks.types import TaskInstance
 from training.rewards import ProtocolReward, SandboxReward, completion_text, suite_task_resolver
-from training.settings import TrainingSettings
 
 
 def _as_chat(text: str) -> list[dict[str, str]]:
@@ -38,28 +51,63 @@ def test_resolver_refuses_a_changed_task():
         resolve(task.suite, task.template, task.seed, task.task_id + "x")
 
 
-def test_sandbox_reward_runs_the_turn_and_the_verifier_in_nsjail():
-    """The reference write solves csv_to_json in one turn; garbage and a bare final do not."""
-    settings = TrainingSettings()
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+def _rollouts(task: TaskInstance) -> tuple[list[str], dict[str, list[Any]]]:
+    """The reference write (solves csv_to_json in one turn), a wrong write, a bare final, garbage."""
     write = task.reference_solution[-1]
-    solving = render_tool_call("c1", write.tool, write.args, preamble="Writing the JSON.\n")
-    wrong = render_tool_call("c1", "write_file", {"path": "other.json", "content": "[]"})
-    completions = [
-        _as_chat(solving),
-        _as_chat(wrong),
-        _as_chat(render_final("done")),
-        _as_chat("no idea"),
+    texts = [
+        render_tool_call("c1", write.tool, write.args, preamble="Writing the JSON.\n"),
+        render_tool_call("c1", "write_file", {"path": "other.json", "content": "[]"}),
+        render_final("done"),
+        "no idea",
     ]
-    columns = {
+    columns: dict[str, list[Any]] = {
         "task_id": [task.task_id] * 4,
         "suite": [task.suite] * 4,
         "template": [task.template] * 4,
         "instance_seed": [task.seed] * 4,
     }
-    scores = SandboxReward(settings)([None] * 4, completions, **columns)
-    w = settings.step_reward_weight
-    assert scores[0] == pytest.approx(1.0 + w)
+    return texts, columns
+
+
+def test_sandbox_reward_runs_the_turn_and_the_verifier_in_nsjail():
+    rewards = RewardSettings()
+    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    texts, columns = _rollouts(task)
+    scores = SandboxReward(rewards)([None] * 4, [_as_chat(t) for t in texts], **columns)
+    # Solved: the success reward plus the step's shaping (parsed, a new path written).
+    assert scores[0] == pytest.approx(
+        rewards.success_reward + rewards.format_ok_reward + rewards.new_path_reward
+    )
     assert scores[1] < scores[0] and scores[2] < scores[0]
-    assert scores[3] == pytest.approx(settings.failure_reward)
-    assert min(scores[1], scores[2]) >= settings.failure_reward
+    # Garbage: the failure reward plus the format penalty.
+    assert scores[3] == pytest.approx(rewards.failure_reward + rewards.format_error_penalty)
+
+
+def test_the_reward_grpo_optimises_is_the_reward_stored_with_the_episode(
+    migrated_engine: Engine, tmp_path: Path
+) -> None:
+    """GRPO's reward of a turn is the stored reward of that turn's episode: the final reward
+    stored with it is `scoring.rewards.final_reward` (the one formula) of its verifier
+    score, and the GRPO reward is that plus the stored step shaping — nothing else."""
+    rewards = RewardSettings(failure_reward=-0.4, success_threshold=0.9)
+    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    texts, columns = _rollouts(task)
+    grpo = SandboxReward(rewards)
+    optimised = grpo([None] * 4, [_as_chat(t) for t in texts], **columns)
+
+    async def rollout_episodes() -> list[Trajectory]:
+        return list(await asyncio.gather(*(grpo.episode(task, t) for t in texts)))
+
+    episodes = [
+        e.model_copy(update={"episode_id": uuid.uuid4()}) for e in asyncio.run(rollout_episodes())
+    ]
+    persist_episodes(migrated_engine, LocalObjectStore(tmp_path / "objects"), episodes)
+    with Session(migrated_engine) as session:
+        for reward, episode in zip(optimised, episodes, strict=True):
+            row = session.get(Episode, episode.episode_id)
+            assert row is not None and row.final_reward is not None
+            assert row.final_reward == pytest.approx(final_reward(row.verifier_score, rewards))
+            shaping = sum(step.immediate_reward or 0.0 for step in episode.steps)
+            assert reward == pytest.approx(row.final_reward + shaping)
+            assert reward == pytest.approx(row.total_reward)
+    assert [e.final_reward for e in episodes] == pytest.approx([1.0, -0.4, -0.4, -0.4])

@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from agent.serving import serve_checkpoint
-from agent.settings import PolicySettings
+from agent.settings import LoopSettings, PolicySettings
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
 from config.settings import load_settings
@@ -24,8 +24,12 @@ from storage.objects import LocalObjectStore
 def test_collect_through_transformers_serve(
     tiny_base_model: Path, engine: Engine, store: LocalObjectStore, tmp_path: Path
 ) -> None:
+    # Few tokens, two turns per episode: the server and the path are under test, not the
+    # untrained model's answers.
     settings = dataclasses.replace(
-        load_settings(), policy=PolicySettings(max_tokens=24, request_timeout_s=300)
+        load_settings(),
+        policy=PolicySettings(max_tokens=8, request_timeout_s=300),
+        loop=LoopSettings(max_steps=2),
     )
     with serve_checkpoint(tiny_base_model, log_path=tmp_path / "serve.log") as served:
         request = CollectRequest(

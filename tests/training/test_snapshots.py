@@ -16,10 +16,10 @@ from sandbox.tool_specs import BUILTIN_TOOLS
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
 from tests.training.factory import call_step, episode, final_step
-from training.artifact import build_config_artifact
 from training.errors import EmptySnapshot, SnapshotError
 from training.registry import save_checkpoint, start_training_run
 from training.snapshots import build_snapshot, fetch_snapshot, read_snapshot
+from training.training_config import build_training_config
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_training_lineage_view_reaches_the_episodes(
     run_id = start_training_run(
         migrated_engine, dataset_id=info.id, algo="sft", base_model="tiny", config={}
     )
-    config = build_config_artifact(
+    config = build_training_config(
         tiny_base_model,
         tools=BUILTIN_TOOLS.values(),
         settings=tiny_settings,
@@ -181,3 +181,21 @@ def test_tampered_snapshot_is_refused(migrated_engine, store, scored, tmp_path):
     store.put(info.object_key, b"not parquet")
     with pytest.raises(SnapshotError, match="sha256"):
         read_snapshot(store, info)
+
+
+def test_the_manifest_counts_unparsed_turns_cut_from_sft_rows(migrated_engine, store):
+    """The `dataset` row (and so `epiflow_dataset.json`) says how many assistant turns the
+    SFT rows left out because they did not parse."""
+    from tests.training.factory import garbage_step
+
+    recovered = episode(task=7, steps=[call_step(0, "ls"), garbage_step(1), final_step(2)])
+    persist_episodes(migrated_engine, store, [recovered, episode(task=8)])
+    info = build_snapshot(migrated_engine, store, kind="sft")
+    assert info.manifest == {
+        "episodes_cut": 1,
+        "turns_after_unparsed_cut": 1,
+        "unparsed_turns_cut": 1,
+    }
+    with Session(migrated_engine) as session:
+        row = session.get(Dataset, info.id)
+        assert row is not None and row.manifest == info.manifest

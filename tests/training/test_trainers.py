@@ -180,6 +180,31 @@ def test_grpo_online_with_the_protocol_reward(tiny_base_model, tiny_settings, tm
     _generates(out)
 
 
+@pytest.mark.slow
+@TRL_DEPRECATIONS
+def test_grpo_says_so_when_every_group_has_one_reward(
+    tiny_base_model, tiny_settings, tmp_path, caplog
+):
+    """A reward that never varies within a group gives zero advantages: the run still ends,
+    and says why it learned nothing and what to change (log and result)."""
+
+    def constant(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with caplog.at_level("WARNING", logger="training.trainers.common"):
+        result = run_training(
+            "grpo",
+            dataset=_frame(DatasetKind.GRPO).head(2),
+            base_model_dir=tiny_base_model,
+            output_dir=tmp_path / "grpo",
+            settings=tiny_settings.model_copy(update={"max_steps": 1, "logging_steps": 1}),
+            reward_fn=constant,
+        )
+    assert result.metrics.get("frac_reward_zero_std") == 1.0
+    assert len(result.warnings) == 1 and "frac_reward_zero_std" in result.warnings[0]
+    assert any("frac_reward_zero_std" in r.getMessage() for r in caplog.records)
+
+
 def test_unknown_algorithm_and_wrong_columns_are_refused(tiny_base_model, tiny_settings, tmp_path):
     with pytest.raises(TrainerError, match="unknown training algorithm"):
         run_training(

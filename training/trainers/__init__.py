@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from scoring.settings import RewardSettings
 from training.errors import TrainerError
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
@@ -24,7 +25,7 @@ from training.trainers.common import Algo, TrainJob, TrainResult, read_rows
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
 
-__all__ = ["Algo", "TrainResult", "run_training", "write_config_artifact"]
+__all__ = ["Algo", "TrainResult", "run_training", "write_training_config"]
 
 
 def run_training(
@@ -35,6 +36,7 @@ def run_training(
     output_dir: Path,
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
+    rewards: RewardSettings | None = None,
     ref_model_dir: Path | None = None,
     on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
@@ -42,7 +44,8 @@ def run_training(
 
     The trained model and its tokenizer (chat template included) are saved to
     `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward
-    (default: `training.rewards.SandboxReward`, real sandboxes and verifiers);
+    (default: `training.rewards.SandboxReward` with `rewards`, the episode rewards of the
+    collection — `RewardSettings()` when not given: real sandboxes and verifiers);
     `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
     `on_metrics(step, max_steps, logs)` is called on every TRL log event (loss, learning
     rate, grad norm, tokens/s, …); nothing is printed on stdout.
@@ -57,23 +60,30 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(base_model_dir, output_dir, settings, on_metrics, ref_model_dir)
+    job = TrainJob(
+        base_model_dir,
+        output_dir,
+        settings,
+        on_metrics,
+        ref_model_dir,
+        rewards if rewards is not None else RewardSettings(),
+    )
     result = _run(chosen, rows, job, reward_fn)
-    write_config_artifact(output_dir, settings=settings, algo=chosen.value)
+    write_training_config(output_dir, settings=settings, algo=chosen.value)
     return result
 
 
-def write_config_artifact(model_dir: Path, *, settings: TrainingSettings, algo: str | None) -> None:
+def write_training_config(model_dir: Path, *, settings: TrainingSettings, algo: str | None) -> None:
     """`training_config.json` in `model_dir`, so the directory alone is a complete `hf:` policy
     (its prompt style included); the pipeline's registry upload rewrites it with the
     dataset's lineage."""
     from sandbox.tool_specs import BUILTIN_TOOLS
-    from training.artifact import CONFIG_FILE, build_config_artifact
+    from training.training_config import CONFIG_FILE, build_training_config
 
-    artifact = build_config_artifact(
+    config = build_training_config(
         model_dir, tools=list(BUILTIN_TOOLS.values()), settings=settings, algo=algo
     )
-    (model_dir / CONFIG_FILE).write_text(artifact.model_dump_json(indent=2), encoding="utf-8")
+    (model_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2), encoding="utf-8")
 
 
 def _run(
@@ -95,7 +105,7 @@ def _run(
     if reward_fn is None:
         from training.rewards import SandboxReward
 
-        reward_fns: list[RewardFunction] = [SandboxReward(job.settings)]
+        reward_fns: list[RewardFunction] = [SandboxReward(job.rewards)]
     elif callable(reward_fn):
         reward_fns = [reward_fn]
     else:

@@ -12,9 +12,10 @@ for the CLI and the flows.
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from pydantic import BaseModel, Field
 
+from scoring.settings import RewardSettings
 from training.errors import TrainerError
 from training.settings import TrainingSettings
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
@@ -94,6 +98,9 @@ class TrainResult(BaseModel):
     cpu_s: float = 0.0
     """CPU time of this process during `trainer.train()` (all threads), seconds:
     `cpu_s / runtime_s` is the share of a core training actually got on a shared machine."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the logs say went wrong beyond the loss (`training.diagnostics`), one sentence
+    each with what to change; also logged as WARNING."""
 
 
 def read_rows(dataset: Path | pl.DataFrame) -> list[dict[str, Any]]:
@@ -229,7 +236,10 @@ def summarize(
     n_examples: int,
     **extra: Any,
 ) -> TrainResult:
-    """Save the model and tokenizer to `output_dir` and collect the metrics."""
+    """Save the model and tokenizer to `output_dir`, collect the metrics and the warnings
+    the logs give (logged as WARNING)."""
+    from training.diagnostics import training_warnings
+
     trainer.save_model(str(output_dir))
     processing = getattr(trainer, "processing_class", None)
     if processing is not None:
@@ -239,6 +249,9 @@ def summarize(
         for key, value in entry.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 metrics[key] = float(value)
+    warnings = training_warnings(trainer.state.log_history)
+    for warning in warnings:
+        logger.warning("%s: %s", algo.value, warning)
     loss = getattr(output, "training_loss", None)
     if tokens <= 0:
         tokens = int(getattr(trainer.state, "num_input_tokens_seen", 0) or 0)
@@ -254,6 +267,7 @@ def summarize(
         tokens_per_s=tokens / runtime_s if runtime_s > 0 else 0.0,
         n_examples=n_examples,
         metrics=metrics,
+        warnings=warnings,
         **extra,
     )
 
@@ -311,6 +325,8 @@ class TrainJob:
     """Called on every TRL log event."""
     ref_model_dir: Path | None = None
     """Frozen reference of DPO, KTO and GRPO (None: the base model)."""
+    rewards: RewardSettings = field(default_factory=RewardSettings)
+    """The episode rewards GRPO's default `SandboxReward` optimises (the collection's)."""
 
 
 def train_with(

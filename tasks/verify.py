@@ -8,6 +8,14 @@ contract: exit code 0 and, as the last non-empty line of stdout, one JSON object
 `{"score": <number in [0, 1]>, "reason": <string>}`. Anything else (a crash, a timeout,
 garbage, a score out of range) is score 0 with `error=True`, so a broken verifier is
 visible in the data and never silently counted as a failed agent.
+
+This is the one verifier runner: the episode loop (`agent.loop.run_episode`'s default
+`verify`), GRPO's sandbox reward, `epiflow suites check` and every suite use it. Public API:
+
+- `run_verifier(sandbox, task) -> VerifierOutcome`: install and run `task.verifier`;
+- `VerifierOutcome`: the verdict (score, reason, `error`, raw output, timing);
+- `Verifier`: the shape of `run_verifier`, what the loop accepts as `verify=`;
+- `parse_verifier_stdout(stdout) -> (score, reason)`: the output contract alone.
 """
 
 from __future__ import annotations
@@ -16,12 +24,16 @@ import json
 import math
 import posixpath
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.interface import Sandbox
 from sandbox.types import CommandResult
-from suites.types import TaskInstance
+from tasks.types import TaskInstance
+
+__all__ = ["Verifier", "VerifierOutcome", "parse_verifier_stdout", "run_verifier"]
 
 MAX_REASON_CHARS = 500
 """Reasons are short by contract; longer ones are cut so they fit a SQL column."""
@@ -73,6 +85,13 @@ class VerifierOutcome(BaseModel):
     """The verifier's raw stderr (capped at `MAX_RAW_CHARS`)."""
     duration_ms: float = 0.0
     """Wall time of installing and running the verifier, milliseconds."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """What a verifier reports beyond the score (a Harbor task's reward keys, per-test
+    results, image and substitutions: `tasks/harbor_verify.py`); stored with the episode."""
+
+
+Verifier = Callable[[Sandbox, TaskInstance], Awaitable[VerifierOutcome]]
+"""What the episode loop accepts as its verifier: `run_verifier`, or a test's double."""
 
 
 def parse_verifier_stdout(stdout: str) -> tuple[float, str]:
@@ -108,6 +127,10 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
         SandboxCrashed: the sandbox died while the verifier ran (an environment error).
         EpisodeHardTimeout: the episode's hard timeout fired.
     """
+    if task.environment is not None:  # a Harbor task: its own tests/test.sh in its own image
+        from tasks.harbor_verify import run_harbor_verifier
+
+        return await run_harbor_verifier(sandbox, task)
     spec = task.verifier
     started = time.perf_counter()
 

@@ -7,8 +7,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
+from suites.expressions import RenderError, names_in, render_text, render_value
 from suites.params import ParamDecl, draw_params
-from suites.render import RenderError, names_in, render_text, render_value
 
 VALUES = {
     "n": 7,

@@ -1,4 +1,4 @@
-"""The training config artifact: what deployment must reproduce exactly (seed 000 §4.5).
+"""The training config: what deployment must reproduce exactly (seed 000 §4.5).
 
 Stored as `training_config.json` next to every checkpoint (base models included): the
 tool schemas, the rendered system prompt, the protocol version, the chat template and
@@ -28,14 +28,14 @@ from training.settings import TrainingSettings
 __all__ = [
     "CONFIG_FILE",
     "TokenizerInfo",
-    "TrainingConfigArtifact",
-    "build_config_artifact",
+    "TrainingConfig",
+    "build_training_config",
     "check_deployment",
-    "load_artifact_file",
+    "load_training_config_file",
 ]
 
 CONFIG_FILE = TRAINING_CONFIG_FILE
-"""File name of the artifact, in the model directory and next to it in the object store
+"""File name of the training config, in the model directory and next to it in the object store
 (the `hf:` policy reads `prompt_style` from it)."""
 
 
@@ -58,7 +58,7 @@ class TokenizerInfo(BaseModel):
     """sha256 of the chat template (None when the tokenizer has none)."""
 
 
-class TrainingConfigArtifact(BaseModel):
+class TrainingConfig(BaseModel):
     """Everything the model was trained to see, versioned with the checkpoint."""
 
     protocol_version: str
@@ -88,7 +88,7 @@ class TrainingConfigArtifact(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     """The `TrainingSettings` used."""
     created_at: datetime = Field(default_factory=utcnow)
-    """When the artifact was written (UTC)."""
+    """When the training config was written (UTC)."""
 
 
 def _tokenizer_info(model_dir: Path) -> tuple[TokenizerInfo, str | None]:
@@ -107,7 +107,7 @@ def _tokenizer_info(model_dir: Path) -> tuple[TokenizerInfo, str | None]:
     return info, template_text
 
 
-def build_config_artifact(
+def build_training_config(
     model_dir: Path,
     *,
     tools: Iterable[ToolSpec],
@@ -117,12 +117,12 @@ def build_config_artifact(
     dataset_id: uuid.UUID | None = None,
     dataset_kind: str | None = None,
     dataset_sha256: str | None = None,
-) -> TrainingConfigArtifact:
-    """The artifact for the model in `model_dir` (its tokenizer is read from there)."""
+) -> TrainingConfig:
+    """The training config for the model in `model_dir` (its tokenizer is read from there)."""
     specs = list(tools)
     prompt = system_prompt_for(specs, settings.prompt_style)
     tokenizer, template = _tokenizer_info(model_dir)
-    return TrainingConfigArtifact(
+    return TrainingConfig(
         protocol_version=PROTOCOL_VERSION,
         tools=specs,
         prompt_style=settings.prompt_style,
@@ -139,18 +139,18 @@ def build_config_artifact(
     )
 
 
-def load_artifact_file(model_dir: Path) -> TrainingConfigArtifact:
-    """The artifact stored in a checkpoint directory (`training_config.json`).
+def load_training_config_file(model_dir: Path) -> TrainingConfig:
+    """The training config stored in a checkpoint directory (`training_config.json`).
 
     Raises:
-        OSError: the directory has no artifact.
-        ValueError: the file is not a valid artifact.
+        OSError: the directory has no training config.
+        ValueError: the file is not a valid training config.
     """
-    return TrainingConfigArtifact.model_validate_json((model_dir / CONFIG_FILE).read_bytes())
+    return TrainingConfig.model_validate_json((model_dir / CONFIG_FILE).read_bytes())
 
 
 def check_deployment(
-    artifact: TrainingConfigArtifact,
+    config: TrainingConfig,
     tools: Iterable[ToolSpec],
     *,
     system_prompt: str | None = None,
@@ -163,11 +163,11 @@ def check_deployment(
     """
     specs = list(tools)
     problems: list[str] = []
-    if artifact.protocol_version != PROTOCOL_VERSION:
+    if config.protocol_version != PROTOCOL_VERSION:
         problems.append(
-            f"protocol version: trained on {artifact.protocol_version}, deployed {PROTOCOL_VERSION}"
+            f"protocol version: trained on {config.protocol_version}, deployed {PROTOCOL_VERSION}"
         )
-    trained = {t.name: t for t in artifact.tools}
+    trained = {t.name: t for t in config.tools}
     deployed = {t.name: t for t in specs}
     for name in sorted(trained.keys() | deployed.keys()):
         if name not in deployed:
@@ -182,11 +182,11 @@ def check_deployment(
     shown = (
         system_prompt
         if system_prompt is not None
-        else system_prompt_for(specs, artifact.prompt_style)
+        else system_prompt_for(specs, config.prompt_style)
     )
-    if _sha256(shown) != artifact.system_prompt_sha256:
+    if _sha256(shown) != config.system_prompt_sha256:
         problems.append(
             f"system prompt: the deployed prompt differs from the trained one "
-            f"({artifact.prompt_style.value} style)"
+            f"({config.prompt_style.value} style)"
         )
     return problems

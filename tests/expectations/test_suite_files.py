@@ -11,7 +11,7 @@ import pytest
 
 from expectations.errors import SuiteError
 from expectations.settings import SUITES_DIR
-from expectations.suites import QcAction, QcCategory, load_suite
+from expectations.suite_files import QcAction, QcCategory, load_suite
 
 
 def test_shipped_suites_load_and_map_to_the_seed_table() -> None:

@@ -1,4 +1,4 @@
-"""Task instances: what a suite hands to the episode loop. Pure data.
+"""Task instances: what a task source (`suites/`) hands to the episode loop. Pure data.
 
 A `TaskInstance` is generated deterministically from (template, seed, version): the
 workspace files, the prompt, a reference solution (used by the `scripted:oracle`
@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.environment import TaskEnvironment
 
 
 class ReferenceCall(BaseModel):
@@ -83,6 +85,8 @@ class TaskInstance(BaseModel):
     """The oracle's `<final>` text."""
     verifier: VerifierSpec
     """How the outcome is checked."""
+    environment: TaskEnvironment | None = None
+    """The task's own image and limits (a Harbor task); None: the toolchain jail."""
 
     @property
     def content_digest(self) -> str:

@@ -1,7 +1,7 @@
 """endpoint outcomes: the endpoint_error status and the per-step retries and model
 
-Revision ID: 0008
-Revises: 0004
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01 22:10:00.000000
 
 `episode.status` and `episode.failure_category` gain the value `endpoint_error` (the model
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-revision: str = '0008'
-down_revision: str | None = '0004'
+revision: str = '0010'
+down_revision: str | None = '0009'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

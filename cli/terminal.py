@@ -1,0 +1,48 @@
+"""The one place terminal output is made safe: control characters become visible.
+
+Trajectory text, tool output, imported files, object keys and error messages are data a
+hostile model or file controls. Printed raw, `ESC[2J` clears the operator's screen,
+`ESC]0;…` retitles the window and `ESC]52;…` writes the clipboard. `neutralise` replaces
+every C0 control (except newline and tab), DEL and every C1 control with one visible
+character (the Unicode "control pictures" `␛`, `␇`, … for C0 and DEL, `�` for C1), so
+lengths and therefore rich's spans and the clipping in `cli/show.py` are unchanged.
+
+`TerminalConsole` is the rich `Console` every `epiflow` command prints through: it
+neutralises the text of every segment it renders (a Panel's cells, a Table's rows, a
+progress bar's description), while rich's own styling, emitted from styles and control
+segments after rendering, still reaches the terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+
+_KEPT = {ord("\n"), ord("\t")}
+
+_TABLE: dict[int, str] = {
+    **{code: chr(0x2400 + code) for code in range(0x20) if code not in _KEPT},
+    0x7F: "\u2421",
+    **{code: "\ufffd" for code in range(0x80, 0xA0)},
+}
+
+
+def neutralise(text: str) -> str:
+    """`text` with every control character except newline and tab made visible, in one
+    linear pass and without changing its length."""
+    return text.translate(_TABLE)
+
+
+class TerminalConsole(Console):
+    """A rich `Console` whose rendered text never carries a control character of the data."""
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control or not segment.text:
+                yield segment
+            else:
+                yield Segment(neutralise(segment.text), segment.style, segment.control)

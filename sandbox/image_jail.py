@@ -1,0 +1,144 @@
+"""nsjail argv for a jail chrooted into a prebuilt image (`SandboxSpec.image`).
+
+The same namespaces, user mapping, seccomp policy and limits as the toolchain jail
+(`sandbox/nsjail.py`); what differs is the filesystem: the image's root read-only as `/`
+(its own `/etc`, its own `python3` runs the executor, from source since the host's bytecode
+is for the host's interpreter), a per-episode tmpfs at the task's workdir (the tools' root
+and the cwd), tmpfs `/tmp` and the image's other writable paths, the extra read-only binds
+of `ImageMount.binds_ro`, `/dev` nodes and a private `/proc`. No network interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandbox.host import EXECUTOR_SOURCE
+from sandbox.host_setup import EXECUTOR_DIR_IN_JAIL, JAIL_GID, JAIL_UID, HostSetup
+from sandbox.image_spec import ImageMount
+from sandbox.nsjail import MIB, SECCOMP_POLICY, _limit_args
+from sandbox.settings import SandboxSettings
+from sandbox.spec import SandboxSpec
+
+EXECUTOR_IN_IMAGE = f"{EXECUTOR_DIR_IN_JAIL}/executor.py"
+"""Where the executor's source appears in an image jail (the image build creates the file)."""
+
+
+def executor_source(settings: SandboxSettings) -> Path:
+    """The executor's source in the state dir (content-addressed, world-readable, mountable)."""
+    data = EXECUTOR_SOURCE.read_bytes()
+    target = settings.state_dir / f"executor-src-{hashlib.sha256(data).hexdigest()[:16]}.py"
+    if target.is_file():
+        return target
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    staging = settings.state_dir / f".executor-src-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    staging.write_bytes(data)
+    staging.chmod(0o444)
+    staging.replace(target)
+    return target
+
+
+def image_env(spec: SandboxSpec, image: ImageMount, env: Mapping[str, str]) -> dict[str, str]:
+    """The image's `ENV`, then the jail's variables; `HOME` is `/root`, as in a container;
+    `PATH` is the spec's when it sets one, else the image's, else the jail's default."""
+    out = dict(image.env)
+    out.update(env)
+    out["HOME"] = "/root"
+    path = spec.env.get("PATH") or image.env.get("PATH")
+    if path:
+        out["PATH"] = path
+    return out
+
+
+def image_nsjail_argv(
+    spec: SandboxSpec,
+    host: HostSetup,
+    settings: SandboxSettings,
+    *,
+    env: Mapping[str, str],
+    time_limit_s: float,
+) -> list[str]:
+    """The nsjail command line of an executor jail chrooted into `spec.image`."""
+    image = spec.image
+    if image is None:
+        raise ValueError("image_nsjail_argv needs a spec with an image")
+    inodes = spec.inodes
+    config = {
+        "env": image_env(spec, image, env),
+        "kill_background": spec.kill_background,
+        "max_tracked_files": settings.max_tracked_files,
+        "preload": list(settings.verifier_preload),
+        "workspace": image.workdir,
+    }
+    argv = [
+        str(host.nsjail),
+        "--mode", "o",
+        "--really_quiet",
+        "--hostname", "sandbox",
+        "--chroot", image.root,
+        "--cwd", image.workdir,
+        "--user", f"{JAIL_UID}:{settings.outside_uid}:1",
+        "--group", f"{JAIL_GID}:{settings.outside_gid}:1",
+        "--time_limit", str(max(1, math.ceil(time_limit_s))),
+        "--max_cpus", str(spec.cpus),
+        "--nice_level", "0",
+        "--rlimit_core", "0",
+        "--rlimit_cpu", str(math.ceil(spec.hard_timeout_s * spec.cpus) + 1),
+        "--rlimit_fsize", str(max(spec.workspace_mib, spec.tmpfs_mib)),
+        "--rlimit_nofile", "1024",
+        "--rlimit_stack", "soft",
+        *_limit_args(spec, host, settings),
+        "--bindmount_ro", f"{executor_source(settings)}:{EXECUTOR_IN_IMAGE}",
+        "--bindmount", "/dev/null",
+        "--bindmount", "/dev/zero",
+        "--bindmount_ro", "/dev/urandom",
+        "--bindmount_ro", "/dev/random",
+        "--mount",
+        f"none:{image.workdir}:tmpfs:size={spec.workspace_mib * MIB},nr_inodes={inodes},"
+        f"mode=0755,uid={JAIL_UID},gid={JAIL_GID}",
+    ]  # fmt: skip
+    for path in image.writable:
+        argv += [
+            "--mount",
+            f"none:{path}:tmpfs:size={spec.tmpfs_mib * MIB},nr_inodes={inodes},mode=1777",
+        ]
+    for source, target in image.binds_ro:
+        argv += ["--bindmount_ro", f"{source}:{target}"]
+    argv += ["--seccomp_string", SECCOMP_POLICY, "--iface_no_lo"]
+    command = [image.python, "-I", "-S", "-B", EXECUTOR_IN_IMAGE, json.dumps(config)]
+    return [*argv, "--", *command]
+
+
+def workdir_seed(image: ImageMount, *, max_bytes: int) -> dict[str, bytes]:
+    """The image's own files under its workdir (what `COPY`/`RUN` put there), relative paths
+    → bytes: the per-episode workdir tmpfs starts as a copy of them. Symlinks are skipped.
+
+    Raises:
+        TransferError: they exceed `max_bytes`.
+    """
+    from sandbox.errors import TransferError
+
+    base = Path(image.root) / image.workdir.lstrip("/")
+    files: dict[str, bytes] = {}
+    total = 0
+    if not base.is_dir() or base.is_symlink():
+        return files
+    for folder, dirs, names in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
+        for name in sorted(names):
+            path = Path(folder) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            data = path.read_bytes()
+            total += len(data)
+            if total > max_bytes:
+                raise TransferError(
+                    f"the image's {image.workdir} holds more than {max_bytes} bytes"
+                )
+            files[path.relative_to(base).as_posix()] = data
+    return files

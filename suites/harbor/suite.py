@@ -1,0 +1,226 @@
+"""A Harbor dataset (a folder of task directories) as an epiflow `Suite`.
+
+Each task directory is a static template: the same task for every seed (the seed still
+goes into the task id), named after the task, versioned `<task version>+<content hash>`
+so that any change to the directory changes the task id. The instance's prompt is
+`instruction.md`; its environment (`TaskEnvironment`) is the image built from
+`environment/Dockerfile` (on first use: listing a dataset builds nothing), the task's
+limits, `tests/` and the offline verifier toolkit; its reference solution (the
+`scripted:oracle` policy) is `solution/solve.sh`, run through the agent's own
+`execute_shell` tool: the solution files written to `/tmp/solution` first, one step each,
+then `bash /tmp/solution/solve.sh` in the workdir.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from pathlib import Path
+from typing import Any
+
+from sandbox.image_spec import ImageMount
+from sandbox.images import ensure_image
+from suites.errors import SuiteError
+from suites.harbor.dockerfile import parse_dockerfile
+from suites.harbor.errors import HarborTaskError
+from suites.harbor.task import HarborTask, is_task_dir, load_task
+from suites.harbor.toolkit import ensure_toolkit, verifier_requirements
+from suites.suite import Suite
+from suites.template import TaskDraft, TaskTemplate, call
+from tasks.environment import TaskEnvironment
+from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
+
+TMPFS_MIB = 256
+SOLUTION_DIR = "/tmp/solution"
+
+
+class HarborDatasetError(SuiteError):
+    """A Harbor dataset holds tasks that cannot run; every one is listed, one line each."""
+
+    def __init__(self, folder: Path, errors: list[HarborTaskError]) -> None:
+        self.errors = errors
+        lines = "\n".join(f"  {e}" for e in errors)
+        super().__init__(
+            f"Harbor dataset {folder}: {len(errors)} task(s) cannot run (set "
+            f"EPIFLOW_SUITES_HARBOR_SKIP_INVALID=1 to run the others):\n{lines}",
+            setting="EPIFLOW_SUITES_HARBOR_SKIP_INVALID",
+        )
+
+
+def is_dataset(folder: Path) -> bool:
+    """True when `folder` is a task directory or holds at least one."""
+    if is_task_dir(folder):
+        return True
+    return folder.is_dir() and any(is_task_dir(p) for p in folder.iterdir() if p.is_dir())
+
+
+def task_dirs(folder: Path) -> list[Path]:
+    if is_task_dir(folder):
+        return [folder]
+    return sorted(p for p in folder.iterdir() if p.is_dir() and is_task_dir(p))
+
+
+def limits(task: HarborTask) -> tuple[dict[str, Any], list[str]]:
+    """The `SandboxSpec` fields a task sets, and what was adapted to fit a jail."""
+    workspace = min(task.storage_mib, task.memory_mib // 2)
+    tmpfs = min(TMPFS_MIB, task.memory_mib // 8)
+    hard = task.agent_timeout_s
+    notes = [
+        f"storage {task.storage_mib} MiB → a {workspace} MiB workdir tmpfs (RAM-backed, at most "
+        "half the memory)"
+    ] if workspace < task.storage_mib else []  # fmt: skip
+    return {
+        "cpus": task.cpus,
+        "memory_mib": task.memory_mib,
+        "workspace_mib": workspace,
+        "tmpfs_mib": tmpfs,
+        "hard_timeout_s": hard,
+        "soft_timeout_s": hard * 0.9,
+        "max_call_timeout_s": max(300.0, hard),
+    }, notes
+
+
+def oracle_steps(task: HarborTask, workdir: str) -> list[ReferenceCall]:
+    """`solution/` through `execute_shell`: each file written under /tmp/solution, then solve.sh."""
+    if task.solve_script is None:
+        return []
+    folder = task.path / "solution"
+    steps: list[ReferenceCall] = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        encoded = base64.b64encode(path.read_bytes()).decode()
+        target = f"{SOLUTION_DIR}/{rel}"
+        steps.append(
+            call(
+                "execute_shell",
+                command=(
+                    f"mkdir -p \"$(dirname '{target}')\" && base64 -d > '{target}' <<'EPIFLOW_EOF'\n"
+                    f"{encoded}\nEPIFLOW_EOF"
+                ),
+            )
+        )
+    timeout = int(min(task.agent_timeout_s, 3600))
+    steps.append(
+        call(
+            "execute_shell",
+            command=f"cd {workdir} && bash {SOLUTION_DIR}/solve.sh",
+            timeout=timeout,
+        )
+    )
+    return steps
+
+
+class HarborSuite(Suite):
+    """A Harbor dataset; instances carry their built environment."""
+
+    def __init__(
+        self,
+        name: str,
+        tasks: list[HarborTask],
+        *,
+        images_dir: Path,
+        source: Path,
+        invalid: list[HarborTaskError] | None = None,
+    ) -> None:
+        self.tasks = {t.name: t for t in tasks}
+        self.images_dir = images_dir
+        self.invalid = invalid or []
+        """Tasks left out (malformed or unsupported), when loaded with skip-invalid."""
+        self.plans = {
+            t.name: parse_dockerfile(t.dockerfile, build_timeout_s=t.build_timeout_s) for t in tasks
+        }
+        self._environments: dict[str, TaskEnvironment] = {}
+        self._lock = threading.Lock()
+        templates = [self._template(t) for t in tasks]
+        super().__init__(
+            name, "1", templates, description=f"Harbor dataset {source}", source=source
+        )
+
+    def _template(self, task: HarborTask) -> TaskTemplate:
+        workdir = self.plans[task.name].workdir
+        draft = TaskDraft(
+            prompt=task.instruction,
+            reference_solution=oracle_steps(task, workdir),
+            reference_final="Done.",
+            verifier=VerifierSpec(
+                argv=["bash", "/tests/test.sh"], timeout_s=task.verifier_timeout_s
+            ),
+        )
+        first = next(
+            (line.strip("# ").strip() for line in task.instruction.splitlines() if line.strip()), ""
+        )
+        return TaskTemplate(
+            name=task.name,
+            version=f"{task.version}+{task.content_hash[:10]}",
+            difficulty=task.difficulty,
+            summary=f"{first} (harbor: {task.difficulty_label or '-'}, {task.category or '-'})"[
+                :120
+            ],
+            build=lambda _rng: draft,
+        )
+
+    def environment(self, name: str) -> TaskEnvironment:
+        """The task's environment, its image built (once per process; once per digest on disk).
+
+        Raises:
+            ImageBuildError: the image or the toolkit could not be built.
+        """
+        with self._lock:
+            if name in self._environments:
+                return self._environments[name]
+            task, plan = self.tasks[name], self.plans[name]
+            built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
+            python = "3.13" if plan.release == "trixie" else "3.11"
+            requirements = verifier_requirements(
+                (task.tests_dir / "test.sh").read_text(errors="replace")
+            )
+            toolkit = ensure_toolkit(self.images_dir, requirements, python)
+            spec_limits, notes = limits(task)
+            substitutions = [*built.substitutions, *notes]
+            if task.docker_image:
+                substitutions.append(
+                    f"docker_image {task.docker_image} not pulled: built from the Dockerfile"
+                )
+            env = TaskEnvironment(
+                image=ImageMount(root=built.root, digest=built.digest, workdir=plan.workdir, env=plan.env),
+                limits=spec_limits,
+                tests_dir=str(task.tests_dir.resolve()),
+                toolkit_dir=str(toolkit),
+                verifier_timeout_s=task.verifier_timeout_s,
+                substitutions=tuple(substitutions),
+                metadata={
+                    "task": task.name, "version": task.version, "content_hash": task.content_hash,
+                    "difficulty": task.difficulty_label, "category": task.category,
+                    "tags": list(task.tags), "source": str(task.path),
+                },
+                build_s=round(built.build_s, 3),
+            )  # fmt: skip
+            self._environments[name] = env
+            return env
+
+    def _instance(self, tmpl: TaskTemplate, seed: int, draft: TaskDraft) -> TaskInstance:
+        instance = super()._instance(tmpl, seed, draft)
+        return instance.model_copy(update={"environment": self.environment(tmpl.name)})
+
+
+def load_harbor_suite(
+    folder: Path, *, name: str, images_dir: Path, skip_invalid: bool = False
+) -> HarborSuite:
+    """The Harbor dataset at `folder` (a task directory or a folder of them).
+
+    Raises:
+        HarborDatasetError: some tasks are malformed or unsupported and `skip_invalid` is off
+            (or no task is valid).
+    """
+    tasks: list[HarborTask] = []
+    errors: list[HarborTaskError] = []
+    for path in task_dirs(folder):
+        try:
+            task = load_task(path)
+            parse_dockerfile(task.dockerfile)
+            tasks.append(task)
+        except HarborTaskError as e:
+            errors.append(e)
+    if errors and (not skip_invalid or not tasks):
+        raise HarborDatasetError(folder, errors)
+    return HarborSuite(name, tasks, images_dir=images_dir, source=folder, invalid=errors)

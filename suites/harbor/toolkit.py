@@ -1,0 +1,224 @@
+"""The offline verifier toolkit: what Harbor verifiers fetch at verify time, provisioned ahead.
+
+Most Terminal-Bench-style `tests/test.sh` scripts bootstrap their test toolchain from the
+internet: `apt-get update && apt-get install -y curl`, the uv installer through
+`curl -LsSf https://astral.sh/uv/<version>/install.sh | sh`, `source $HOME/.local/bin/env`,
+then `uvx [-p 3.13] --with|-w pytest==8.4.1 --with|-w pytest-json-ctrf==0.3.5 pytest …`.
+A verifier jail has no network, so the toolkit (bound read-only at `/opt/epiflow`, its
+`shims/` first on `PATH`, in the verifier jail only) makes the same script work offline:
+
+- `bin/uv`, `bin/uvx`: the host's uv (a static binary), whatever version the script asked for;
+- `wheels/`: every requirement the script pins with `--with`/`-w` (uvx, `uv run`) or
+  `pip install`/`uv pip install`, plus their dependencies, downloaded from PyPI once for
+  the image's Python; uv and pip are pointed at it offline (`UV_OFFLINE`, `UV_FIND_LINKS`,
+  `PIP_NO_INDEX`, `PIP_FIND_LINKS`) and never download a Python;
+- `shims/`: `apt-get`/`apt` (`update` succeeds; `install` succeeds for packages already in
+  the image and for `curl`/`wget`/`ca-certificates`, which the shims stand for), `curl`/`wget`
+  (the uv installer URL serves `uv-install.sh`, which links uv into `$HOME/.local/bin`
+  and writes `$HOME/.local/bin/env`), and `uv`/`uvx`/`pip`/`pip3` wrappers.
+
+Anything else that would need the network (another URL, a package not in the image, a
+requirement not provisioned, `uvx -p` of a Python the image lacks) fails in the script and
+is written to `/logs/.epiflow-offline`; the verifier then reports an infrastructure error
+naming it (`env_error`), never a reward of 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from sandbox.images import ImageBuildError, _locked
+
+TOOLKIT_VERSION = "1"
+
+_WITH = re.compile(
+    r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
+)
+_PIP = re.compile(r"\b(?:pip3?|uv pip|python3? -m pip)\s+install\s+([^\n;&|]+)")
+
+
+_APT = r"""#!/bin/sh
+# epiflow offline shim: apt-get/apt without the network (docs/harbor.md)
+cmd=""; pkgs=""
+for a in "$@"; do
+  case "$a" in -*) ;; *) if [ -z "$cmd" ]; then cmd="$a"; else pkgs="$pkgs $a"; fi ;; esac
+done
+case "$cmd" in
+  update|clean|autoclean|autoremove) exit 0 ;;
+  install)
+    missing=""
+    for p in $pkgs; do
+      p="${p%%=*}"
+      case "$p" in curl|wget|ca-certificates|gnupg|git-man) continue ;; esac
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+    done
+    [ -z "$missing" ] && exit 0
+    echo "apt-get install$missing (not in the image)" >> /logs/.epiflow-offline
+    echo "epiflow: offline verifier: package(s)$missing not in the image; installing them needs the network" >&2
+    exit 100 ;;
+  *) echo "apt-get $cmd" >> /logs/.epiflow-offline
+     echo "epiflow: offline verifier: apt-get $cmd needs the network" >&2
+     exit 100 ;;
+esac
+"""
+
+_FETCH = r"""#!/bin/sh
+# epiflow offline shim: curl/wget serve the uv installer and nothing else (docs/harbor.md)
+url=""; out=""; prev=""
+for a in "$@"; do
+  case "$prev" in -o|--output|-O|--output-document) out="$a" ;; esac
+  case "$a" in http://*|https://*) url="$a" ;; --output=*|--output-document=*) out="${a#*=}" ;; esac
+  prev="$a"
+done
+case "$url" in
+  https://astral.sh/uv/install.sh|https://astral.sh/uv/*/install.sh|https://astral.sh/uv/install.sh?*)
+    if [ -n "$out" ] && [ "$out" != "-" ]; then cp /opt/epiflow/uv-install.sh "$out"; else cat /opt/epiflow/uv-install.sh; fi
+    exit 0 ;;
+esac
+echo "$(basename "$0") $url" >> /logs/.epiflow-offline
+echo "epiflow: offline verifier: $(basename "$0") $url needs the network" >&2
+exit 6
+"""
+
+_UV_INSTALL = r"""#!/bin/sh
+# epiflow's stand-in for https://astral.sh/uv/install.sh: links the provisioned uv (docs/harbor.md)
+set -e
+dest="${UV_INSTALL_DIR:-${XDG_BIN_HOME:-$HOME/.local/bin}}"
+mkdir -p "$dest"
+ln -sf /opt/epiflow/shims/uv "$dest/uv"
+ln -sf /opt/epiflow/shims/uvx "$dest/uvx"
+printf '#!/bin/sh\ncase ":${PATH}:" in *:"%s":*) ;; *) export PATH="%s:$PATH" ;; esac\n' "$dest" "$dest" > "$dest/env"
+echo "everything's installed! (epiflow offline uv)"
+"""
+
+_WRAP = r"""#!/bin/bash
+# epiflow offline shim: runs the provisioned {tool}; a failure that needed the network is recorded
+err="$(mktemp /tmp/.epiflow-err.XXXXXX)"
+exec 3>&1
+{real} "$@" 2>&1 1>&3 | tee "$err" 1>&2
+rc=${{PIPESTATUS[0]}}
+exec 3>&-
+if [ "$rc" -ne 0 ] && grep -qiE "{patterns}" "$err"; then
+  echo "{tool} $*: $(grep -iE "{patterns}" "$err" | head -1)" >> /logs/.epiflow-offline
+fi
+rm -f "$err"
+exit "$rc"
+"""
+_UV_PATTERNS = (
+    "offline|provided package locations|not found in the package registry|failed to fetch|"
+    "dns error|no interpreter found|network|--no-index"
+)
+_PIP_PATTERNS = "no matching distribution|could not find a version|no module named pip|network"
+
+
+def verifier_requirements(test_sh: str) -> tuple[str, ...]:
+    """The requirements a `test.sh` installs with uvx/uv `--with`/`-w` or pip (sorted, unique)."""
+    found: set[str] = set()
+    for match in _WITH.finditer(test_sh):
+        found.add(match.group(1).strip("'\""))
+    for match in _PIP.finditer(test_sh):
+        for word in match.group(1).split():
+            if word.startswith("-") or word.startswith("$"):
+                continue
+            found.add(word.strip("'\""))
+    return tuple(sorted(r for r in found if re.match(r"^[A-Za-z0-9]", r)))
+
+
+def _uv_binaries() -> tuple[Path, Path] | None:
+    try:
+        from uv import find_uv_bin
+
+        uv = Path(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found is None:
+            return None
+        uv = Path(found)
+    uvx = uv.with_name("uvx")
+    return (uv, uvx) if uvx.is_file() else None
+
+
+def ensure_toolkit(images_dir: Path, requirements: tuple[str, ...], python: str) -> Path:
+    """The toolkit folder for `requirements` on the image's `python` ("3.13"), built once.
+
+    Raises:
+        ImageBuildError: the wheels could not be downloaded, or uv is not installed on the host.
+    """
+    uv = _uv_binaries()
+    if uv is None:
+        raise ImageBuildError("the offline verifier toolkit needs uv on the host (pip install uv)")
+    key = hashlib.sha256(
+        json.dumps(
+            [TOOLKIT_VERSION, list(requirements), python, str(uv[0].stat().st_size)]
+        ).encode()
+    ).hexdigest()[:16]
+    folder = images_dir / f"toolkit-{key}"
+    if (folder / "toolkit.json").is_file():
+        return folder
+    images_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(images_dir / f".lock-toolkit-{key}"):
+        if (folder / "toolkit.json").is_file():
+            return folder
+        staging = images_dir / f".staging-{uuid.uuid4().hex[:12]}"
+        try:
+            _build(staging, requirements, python, uv)
+            staging.rename(folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return folder
+
+
+def _build(
+    staging: Path, requirements: tuple[str, ...], python: str, uv: tuple[Path, Path]
+) -> None:
+    for sub in ("bin", "shims", "wheels"):
+        (staging / sub).mkdir(parents=True)
+    shutil.copy2(uv[0], staging / "bin" / "uv")
+    shutil.copy2(uv[1], staging / "bin" / "uvx")
+    if requirements:
+        tag = python.replace(".", "")
+        argv = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+            "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+            "--abi", f"cp{tag}", "--abi", "abi3", "--abi", "none",
+            "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
+            "--platform", "manylinux_2_17_x86_64", "--platform", "any",
+            "-d", str(staging / "wheels"), *requirements,
+        ]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ImageBuildError(
+                f"cannot provision the verifier's requirements {' '.join(requirements)} "
+                f"for Python {python} from PyPI: {tail[:300]}"
+            )
+    scripts = {
+        "shims/apt-get": _APT, "shims/apt": _APT, "shims/curl": _FETCH, "shims/wget": _FETCH,
+        "uv-install.sh": _UV_INSTALL,
+        "shims/uv": _WRAP.format(tool="uv", real="/opt/epiflow/bin/uv", patterns=_UV_PATTERNS),
+        "shims/uvx": _WRAP.format(tool="uvx", real="/opt/epiflow/bin/uvx", patterns=_UV_PATTERNS),
+        "shims/pip": _WRAP.format(tool="pip", real="python3 -m pip", patterns=_PIP_PATTERNS),
+        "shims/pip3": _WRAP.format(tool="pip3", real="python3 -m pip", patterns=_PIP_PATTERNS),
+    }  # fmt: skip
+    for rel, text in scripts.items():
+        (staging / rel).write_text(text)
+        (staging / rel).chmod(0o755)
+    (staging / "toolkit.json").write_text(
+        json.dumps({"requirements": list(requirements), "python": python}, indent=2)
+    )
+    for folder, dirs, files in os.walk(staging):
+        for name in dirs:
+            (Path(folder) / name).chmod(0o755)
+        for name in files:
+            path = Path(folder) / name
+            path.chmod(path.stat().st_mode | 0o444)
+    staging.chmod(0o755)
