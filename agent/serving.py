@@ -6,9 +6,10 @@
 A real OpenAI-compatible server (`/v1/chat/completions` with `usage`), started on a free
 loopback port with the model pinned (`FORCE_MODEL`: requests must name the directory,
 which `policy_spec` does) and continuous batching on, so concurrent episodes are batched
-instead of served one at a time. Startup waits for `GET /health` and a 1-token completion
-within a deadline; the server's output goes to a log file; the process group is stopped
-(SIGTERM, then SIGKILL) on every exit from the block, so no server outlives its user.
+instead of served one at a time. Startup waits for the port to listen, then for one
+1-token completion within the deadline (a CPU server's first one can take minutes); the
+server's output goes to a log file; the process group is stopped (SIGTERM, then SIGKILL)
+on every exit from the block, so no server outlives its user.
 
 An operator serves the same directory by hand: `transformers serve <dir> --host 127.0.0.1
 --port 8000 --continuous-batching`, then `--policy 'openai:http://127.0.0.1:8000/v1#<dir>'`.
@@ -95,7 +96,7 @@ def serve_checkpoint(
     model_dir: Path,
     *,
     log_path: Path,
-    startup_timeout_s: float = 300.0,
+    startup_timeout_s: float = 600.0,
     continuous_batching: bool = True,
 ) -> Iterator[ServedModel]:
     """Start `transformers serve` for `model_dir`, wait until it answers, yield it, stop it.
@@ -125,6 +126,14 @@ def serve_checkpoint(
         _stop(process)
 
 
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def _wait_ready(
     process: subprocess.Popen[bytes],
     base_url: str,
@@ -132,25 +141,37 @@ def _wait_ready(
     log_path: Path,
     timeout_s: float,
 ) -> None:
+    """Wait until the port listens (polled), then for one 1-token completion with the
+    rest of the deadline: the first completion of a continuous-batching server on a CPU
+    can take minutes (its cache and warm-up), and abandoned probes would queue behind it."""
     deadline = time.monotonic() + timeout_s
-    settings = PolicySettings()
-    last: EndpointError | None = None
-    while time.monotonic() < deadline:
+    port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+
+    def exited() -> EndpointError:
+        return EndpointError(
+            f"transformers serve exited with code {process.returncode} before answering "
+            f"(log {log_path}: {_log_tail(log_path)})",
+            endpoint=base_url,
+        )
+
+    while not _listening(port):
         if process.poll() is not None:
+            raise exited()
+        if time.monotonic() >= deadline:
             raise EndpointError(
-                f"transformers serve exited with code {process.returncode} before answering "
+                f"transformers serve for {model} did not listen within {timeout_s:g} s "
                 f"(log {log_path}: {_log_tail(log_path)})",
                 endpoint=base_url,
             )
-        try:
-            left = max(1.0, deadline - time.monotonic())
-            asyncio.run(probe_endpoint(base_url, model, settings, deadline_s=min(left, 60.0)))
-            return
-        except EndpointError as e:
-            last = e
-            time.sleep(1.0)
-    raise EndpointError(
-        f"transformers serve for {model} did not answer within {timeout_s:g} s "
-        f"({last}; log {log_path}: {_log_tail(log_path)})",
-        endpoint=base_url,
-    )
+        time.sleep(0.5)
+    left = max(1.0, deadline - time.monotonic())
+    try:
+        asyncio.run(probe_endpoint(base_url, model, PolicySettings(), deadline_s=left))
+    except EndpointError as e:
+        if process.poll() is not None:
+            raise exited() from e
+        raise EndpointError(
+            f"transformers serve for {model} did not answer within {timeout_s:g} s "
+            f"({e}; log {log_path}: {_log_tail(log_path)})",
+            endpoint=base_url,
+        ) from e

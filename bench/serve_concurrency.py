@@ -2,7 +2,8 @@
 requests against one stream (issue 22 item 2: concurrent episodes must not be served one
 at a time). Prints JSON only.
 
-    python bench/serve_concurrency.py --model-dir DIR [--concurrency 8] [--requests 16] --json
+    python bench/serve_concurrency.py --model-dir DIR [--concurrency 8] [--requests 8] --json
+    python bench/serve_concurrency.py --base-url http://127.0.0.1:8000/v1 --model DIR --json
 
 The server is started by `agent.serving.serve_checkpoint` (continuous batching on); each
 request asks for a long story capped at `--max-tokens` (`transformers serve` refuses
@@ -68,51 +69,47 @@ async def _arm(
     }
 
 
+def _measure(url: str, model: str, args: argparse.Namespace) -> dict[str, object]:
+    common = {"max_tokens": args.max_tokens}
+    # Warm-up (the first completion of a continuous-batching server on a CPU takes minutes:
+    # its cache and warm-up) outside both measurements.
+    asyncio.run(_arm(url, model, concurrency=1, requests=1, **common))
+    single = asyncio.run(_arm(url, model, concurrency=1, requests=args.single_requests, **common))
+    concurrent = asyncio.run(
+        _arm(url, model, concurrency=args.concurrency, requests=args.requests, **common)
+    )
+    return {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "single_stream": single,
+        f"concurrent_{args.concurrency}": concurrent,
+        "speedup": round(float(concurrent["tokens_per_s"]) / float(single["tokens_per_s"]), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, help="checkpoint to serve (started here)")
+    parser.add_argument("--base-url", help="or a running server (e.g. http://127.0.0.1:8000/v1)")
+    parser.add_argument("--model", help="with --base-url: the model name it serves")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=8, help="requests of the concurrent arm")
+    parser.add_argument("--single-requests", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as work,
-        serve_checkpoint(args.model_dir, log_path=Path(work) / "serve.log") as served,
-    ):
-        common = {"max_tokens": args.max_tokens}
-        # Warm-up (first-request compilation and caches) outside both measurements.
-        asyncio.run(_arm(served.base_url, served.model, concurrency=1, requests=1, **common))
-        single = asyncio.run(
-            _arm(
-                served.base_url,
-                served.model,
-                concurrency=1,
-                requests=max(2, args.requests // 4),
-                **common,
-            )
-        )
-        concurrent = asyncio.run(
-            _arm(
-                served.base_url,
-                served.model,
-                concurrency=args.concurrency,
-                requests=args.requests,
-                **common,
-            )
-        )
-    print(
-        json.dumps(
-            {
-                "model_dir": str(args.model_dir),
-                "max_tokens": args.max_tokens,
-                "single_stream": single,
-                f"concurrent_{args.concurrency}": concurrent,
-                "speedup": round(concurrent["tokens_per_s"] / single["tokens_per_s"], 2),
-                "load_average": [round(x, 2) for x in os.getloadavg()],
-            }
-        )
-    )
+    if args.base_url:
+        figures = _measure(args.base_url, args.model or "", args)
+    elif args.model_dir:
+        with (
+            tempfile.TemporaryDirectory() as work,
+            serve_checkpoint(args.model_dir, log_path=Path(work) / "serve.log") as served,
+        ):
+            figures = _measure(served.base_url, served.model, args)
+    else:
+        parser.error("give --model-dir, or --base-url and --model")
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

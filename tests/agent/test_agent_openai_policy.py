@@ -15,7 +15,7 @@ from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind
 from sandbox.tool_specs import BUILTIN_TOOLS
-from tests.agent.chat_server import ChatServer, reply
+from tests.agent.chat_server import Action, ChatServer, reply
 from tests.agent.conftest import MemoryOpener, memory_verify
 
 FAST = PolicySettings(
@@ -252,7 +252,11 @@ def test_native_tool_calls_are_parsed_and_answered_with_tool_messages(task, spec
 
 def test_retries_are_counted_logged_and_the_model_recorded(task, spec, caplog) -> None:
     texts = oracle_texts(task)
-    actions = [{"kind": "garbage"}, {"kind": "status", "status": 502}, *map(reply, texts)]
+    actions: list[Action] = [
+        {"kind": "garbage"},
+        {"kind": "status", "status": 502},
+        *map(reply, texts),
+    ]
     caplog.set_level("WARNING", logger="agent.policies.openai_compat")
     with ChatServer(actions) as server:
         traj = run_with(server, task, spec)

@@ -67,7 +67,7 @@ def statuses(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return dict(
             conn.execute(text("SELECT status, COUNT(*) FROM episode GROUP BY status")).all()
-        )  # type: ignore[arg-type]
+        )
 
 
 FAILURES: dict[str, list[Action] | None] = {
