@@ -96,6 +96,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests of the concurrent arm")
     parser.add_argument("--single-requests", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--no-continuous-batching",
+        action="store_true",
+        help="serve without continuous batching (the comparison: requests one at a time)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.base_url:
@@ -103,11 +108,16 @@ def main() -> None:
     elif args.model_dir:
         with (
             tempfile.TemporaryDirectory() as work,
-            serve_checkpoint(args.model_dir, log_path=Path(work) / "serve.log") as served,
+            serve_checkpoint(
+                args.model_dir,
+                log_path=Path(work) / "serve.log",
+                continuous_batching=not args.no_continuous_batching,
+            ) as served,
         ):
             figures = _measure(served.base_url, served.model, args)
     else:
         parser.error("give --model-dir, or --base-url and --model")
+    figures["continuous_batching"] = not args.no_continuous_batching
     figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(figures))
 
