@@ -156,3 +156,18 @@ def test_missing_columns_are_a_typed_error(config: QcConfig) -> None:
         compute_features(
             frames, pl.DataFrame({"episode_id": ["x"]}), gate=config.gate, rewards=config.rewards
         )
+
+
+def test_an_endpoint_error_is_an_environment_failure(config: QcConfig) -> None:
+    """A model endpoint that failed is infrastructure: the gate discards it as
+    environment, like a crashed sandbox, never as the agent's (issue 22)."""
+    down = oracle(
+        rollout=0,
+        score=None,
+        status=EpisodeStatus.ENDPOINT_ERROR,
+        category=FailureCategory.ENDPOINT_ERROR,
+    )
+    fine = oracle(rollout=1)
+    f = {r["episode_id"]: r for r in features_of([down, fine], config).iter_rows(named=True)}
+    assert f[str(down.episode_id)]["env_error"] == 1
+    assert f[str(fine.episode_id)]["env_error"] == 0
