@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from agent.atif import ATIF_SCHEMA_VERSION, AtifTrajectory
+from agent.atif import ATIF_SCHEMA_VERSION, ATIF_VERSIONS, AtifTrajectory
 from agent.atif_convert import from_atif, parsed_step, to_atif
 from agent.errors import ProtocolError
 from agent.native_calls import parse_native_tool_calls
@@ -29,6 +29,7 @@ from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
+    "ATIF_VERSIONS",
     "AtifTrajectory",
     "from_atif",
     "from_openai_messages",
