@@ -56,6 +56,7 @@ __all__ = [
     "AGENT_NAME",
     "AGENT_VERSION",
     "ATIF_IMPORT_RUN_KEY",
+    "OBSERVATION_INLINE_CAP",
     "from_atif",
     "parsed_step",
     "to_atif",
@@ -67,6 +68,11 @@ AGENT_VERSION = "1"
 """`agent.version` of those documents."""
 ATIF_IMPORT_RUN_KEY = "import:atif"
 """Run key of imported foreign ATIF episodes when none is given."""
+
+OBSERVATION_INLINE_CAP = 65_536
+"""Characters of an imported observation kept in `Step.observation` (and so in SQL); a
+longer one is cut there with a note, and the whole stays in the stored trajectory (the
+step's ATIF remainder), so export still gives the document back."""
 
 _EPIFLOW = "epiflow"
 _ROOT_IGNORED = ("steps",)
@@ -176,6 +182,16 @@ class _History:
         h = self._hash.copy()
         h.update(b"]")
         return h.hexdigest()
+
+
+def _inline(observation: str) -> str:
+    if len(observation) <= OBSERVATION_INLINE_CAP:
+        return observation
+    return (
+        observation[:OBSERVATION_INLINE_CAP]
+        + f"\n[observation cut at {OBSERVATION_INLINE_CAP} of {len(observation)} characters "
+        "on import; the whole is in the stored trajectory]"
+    )
 
 
 # --- rendering ------------------------------------------------------------------------
@@ -443,8 +459,8 @@ def _derive(
             step.completion_token_ids = metrics.completion_token_ids
             step.logprobs = metrics.logprobs
         if atif_step.observation is not None:
-            step.observation = "\n".join(
-                content_text(r.content) for r in atif_step.observation.results
+            step.observation = _inline(
+                "\n".join(content_text(r.content) for r in atif_step.observation.results)
             )
         history.append("assistant", step.raw_output)
         if step.observation is not None:

@@ -19,6 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.atif import ATIF_VERSIONS, AtifTrajectory, content_text
+from agent.atif_convert import OBSERVATION_INLINE_CAP
 from agent.export import from_atif, to_atif
 from tests.agent.test_atif_interop import without_epiflow
 from tests.interop import ATIF_NAMES, atif_file, interop_dir, load
@@ -288,3 +289,21 @@ def test_a_negative_audio_duration_is_refused() -> None:
     user = next(s for s in document["steps"] if s["source"] == "user")
     user["message"] = [{"type": "audio", "source": {**AUDIO["source"], "duration_sec": -1}}]
     assert "duration_sec" in _refusal(document)
+
+
+def test_a_long_observation_is_capped_inline_and_whole_in_the_object() -> None:
+    document = load(atif_file(ATIF_NAMES[0]))
+    i, step = _agent_with_call(document)
+    long = "line of output\n" * (OBSERVATION_INLINE_CAP // 10)
+    step["observation"]["results"][0]["content"] = long
+    t = from_atif(copy.deepcopy(document))
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    imported = t.steps[agent_steps.index(step)]
+    assert imported.observation is not None
+    assert imported.observation.startswith(long[:OBSERVATION_INLINE_CAP])
+    assert f"cut at {OBSERVATION_INLINE_CAP} of {len(long)} characters" in imported.observation
+    assert len(imported.observation) < OBSERVATION_INLINE_CAP + 200
+    exported = json.loads(json.dumps(to_atif(t)))
+    assert exported["steps"][i]["observation"]["results"][0]["content"] == long
+    assert without_epiflow(exported) == document
+    assert from_atif(exported) == t
