@@ -1,6 +1,6 @@
 """Benchmark: `epiflow import --format atif` throughput and peak RSS on a large file.
 
-    python bench/atif_import.py [--mb 100] [--shape steps|string|both]
+    python bench/atif_import.py --json [--mb 100] [--shape steps|string|both]
 
 Writes an ATIF v1.5 document of about `--mb` MB in a temp dir, then imports it through
 `storage.exchange.import_file` (read, hostile-input checks, validation, conversion, the
@@ -143,6 +143,7 @@ def _measure(mb: float, shape: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="JSON on stdout (the only output)")
     parser.add_argument("--mb", type=float, default=100.0)
     parser.add_argument("--shape", choices=("steps", "string", "both"), default="both")
     parser.add_argument("--child", nargs=2, metavar=("FILE", "ROOT"), help=argparse.SUPPRESS)
