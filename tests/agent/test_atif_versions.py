@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import Engine
 
 from agent.atif import ATIF_VERSIONS, AtifTrajectory, content_text
 from agent.atif_convert import OBSERVATION_INLINE_CAP
 from agent.export import from_atif, to_atif
+from storage.exchange import export_run, import_file
+from storage.objects import LocalObjectStore
 from tests.agent.test_atif_interop import without_epiflow
 from tests.interop import ATIF_NAMES, atif_file, interop_dir, load
 
@@ -307,3 +311,21 @@ def test_a_long_observation_is_capped_inline_and_whole_in_the_object() -> None:
     assert exported["steps"][i]["observation"]["results"][0]["content"] == long
     assert without_epiflow(exported) == document
     assert from_atif(exported) == t
+
+
+def test_a_v18_file_imports_into_sql_and_exports_back(
+    migrated_engine: Engine, tmp_path: Path
+) -> None:
+    """The whole path on real SQLite and PostgreSQL: file → rows and object → export."""
+    document = v18()
+    path = tmp_path / "v18.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    store = LocalObjectStore(tmp_path / "objects")
+    store.check()
+    report = import_file(migrated_engine, store, path, "atif")
+    assert len(report.inserted) == 1
+    assert import_file(migrated_engine, store, path, "atif").inserted == []
+    out = tmp_path / "out.jsonl"
+    assert export_run(migrated_engine, store, "import:atif", "atif", out) == 1
+    [line] = out.read_text(encoding="utf-8").splitlines()
+    assert without_epiflow(json.loads(line)) == document
