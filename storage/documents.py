@@ -21,10 +21,12 @@ __all__ = ["MAX_DEPTH", "read_documents"]
 MAX_DEPTH = 100
 """Deepest nesting of arrays and objects accepted (an ATIF document needs about 10)."""
 
-_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.S)
+_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]', re.S)
 """A whole JSON string, or a bracket. The quantifiers are possessive: the engine keeps no
 backtracking state per character (the plain `(?:[^"\\]|\\.)*` of a string cost ~120x the
-file size on one long string, 2.5 GB for a 20 MB observation)."""
+file size on one long string, 2.5 GB for a 20 MB observation). The closing quote is
+optional, so an unterminated string (a truncated file) runs to the end once instead of
+being tried again from every quote inside it (quadratic); the parser then names it."""
 
 
 def _refuse(path: Path, problem: str) -> ImportFormatError:

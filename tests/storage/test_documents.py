@@ -67,3 +67,21 @@ def test_a_file_with_one_long_string_reads(tmp_path: Path) -> None:
     path.write_text(json.dumps({"s": "\\" * 1000 + '"' * 10 + "z" * 100_000}), encoding="utf-8")
     [document] = read_documents(path)
     assert document["s"].endswith("z" * 100_000)
+
+
+def test_a_truncated_string_full_of_escaped_quotes_is_scanned_once() -> None:
+    # A file cut inside a string: every escaped quote would otherwise start a new attempt
+    # at a string running to the end of the file (quadratic in the file size).
+    truncated = '{"a": [[1]], "s": "' + 'x\\"[' * 200_000
+    _check_depth(truncated, PATH)  # nothing nested too deep outside the string
+    deep = "[" * (MAX_DEPTH + 1) + '"' + '\\"{' * 200_000
+    with pytest.raises(ImportFormatError, match="nested deeper than"):
+        _check_depth(deep, PATH)
+    _check_depth('["ends with a backslash\\', PATH)
+
+
+def test_a_truncated_file_is_refused_as_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "cut.json"
+    path.write_text('{"schema_version": "ATIF-v1.5", "s": "' + 'x\\"' * 1000, encoding="utf-8")
+    with pytest.raises(ImportFormatError, match="not JSON"):
+        read_documents(path)
