@@ -29,7 +29,7 @@ def test_two_rollouts_of_one_prompt_are_two_episodes_of_one_task() -> None:
 
 
 def test_content_parts_import_as_their_text() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": [{"type": "text", "text": SYSTEM["content"]}]},
         {
             "role": "user",
