@@ -2,7 +2,8 @@
 
     python bench/atif_import.py --json [--mb 100] [--shape steps|string|both]
 
-Writes an ATIF v1.5 document of about `--mb` MB in a temp dir, then imports it through
+Writes an ATIF v1.5 document of about `--mb` MB in a temp dir (in a process of its own),
+then imports it through
 `storage.exchange.import_file` (read, hostile-input checks, validation, conversion, the
 trajectory object upload and the SQL rows, into a migrated SQLite database and a local
 object store) in a fresh child process, which reports its own peak RSS (the import's, plus the
@@ -118,9 +119,13 @@ def _measure(mb: float, shape: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="epiflow-bench-atif-") as tmp:
         root = Path(tmp)
         path = root / f"{shape}.json"
-        path.write_text(json.dumps(_document(mb, shape)), encoding="utf-8")
-        size = path.stat().st_size
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # The file is written by a process of its own: Linux carries the peak RSS across
+        # exec, so a parent that had held the document would lend its peak to the child.
+        subprocess.run(
+            [sys.executable, __file__, "--make", str(mb), shape, str(path)], check=True, env=env
+        )
+        size = path.stat().st_size
         out = subprocess.run(
             [sys.executable, __file__, "--child", str(path), str(root)],
             check=True,
@@ -147,7 +152,12 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=100.0)
     parser.add_argument("--shape", choices=("steps", "string", "both"), default="both")
     parser.add_argument("--child", nargs=2, metavar=("FILE", "ROOT"), help=argparse.SUPPRESS)
+    parser.add_argument("--make", nargs=3, metavar=("MB", "SHAPE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.make:
+        mb, shape, out = args.make
+        Path(out).write_text(json.dumps(_document(float(mb), shape)), encoding="utf-8")
+        return
     if args.child:
         _child(Path(args.child[0]), Path(args.child[1]))
         return

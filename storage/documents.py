@@ -96,13 +96,14 @@ def read_documents(path: Path) -> list[Any]:
     except OSError as e:
         raise _refuse(path, f"cannot read: {e.strerror or e}") from e
     text = _decode(data, path)
-    stripped = text.strip()
-    if not stripped:
+    del data  # the bytes are not needed past decoding: the file is held once, as text
+    # No stripped copy: the parser skips surrounding whitespace itself.
+    if not text or text.isspace():
         raise ImportFormatError(f"no trajectories found in {path} (it is empty)", setting=str(path))
-    _check_depth(stripped, path)
+    _check_depth(text, path)
     docs: list[Any]
     try:
-        whole = _json_value(stripped, path)
+        whole = _json_value(text, path)
     except json.JSONDecodeError as whole_error:
         docs = []
         for n, line in enumerate(text.splitlines(), start=1):
