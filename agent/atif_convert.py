@@ -1,4 +1,4 @@
-"""`Trajectory` ↔ ATIF v1.5 document, lossless both ways.
+"""`Trajectory` ↔ ATIF v1.0–v1.8 document, lossless both ways.
 
 Rendering (`to_atif`): epiflow's fields become the ATIF core. An episode epiflow ran gets
 a `system` step (the system prompt rendered from its tools), a `user` step (the task),
@@ -10,7 +10,11 @@ Import (`from_atif`): the core becomes epiflow's fields (message → `raw_output
 the observation, token counts, cost, reasoning, token ids, log probabilities); what
 epiflow has no field for stays in `atif_remainder` (per step, per context step, and at
 the root) as the difference between the document and the rendering of what was imported.
-Rendering then applies the remainder, so `to_atif(from_atif(doc))` is `doc` again.
+Rendering then applies the remainder, so `to_atif(from_atif(doc))` is `doc` again: its
+`schema_version`, content parts (a `message` or result `content` given as parts becomes
+epiflow's text from the `text` parts; the parts themselves, images and audio with their
+metadata, stay in the remainder), `trajectory_id`, embedded `subagent_trajectories`,
+`llm_call_count`, `extra.context_management` and every other field as written.
 
 The other direction rides in `extra["epiflow"]`: the root carries the trajectory fields
 and each agent step the step fields that importing the rendered core would not give back
@@ -32,7 +36,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from agent.atif import ATIF_SCHEMA_VERSION, AtifTrajectory
+from agent.atif import ATIF_SCHEMA_VERSION, AtifTrajectory, content_text
 from agent.errors import ProtocolError
 from agent.prompt import render_system_prompt
 from agent.protocol import parse_message
@@ -52,6 +56,7 @@ __all__ = [
     "AGENT_NAME",
     "AGENT_VERSION",
     "ATIF_IMPORT_RUN_KEY",
+    "OBSERVATION_INLINE_CAP",
     "from_atif",
     "parsed_step",
     "to_atif",
@@ -64,10 +69,14 @@ AGENT_VERSION = "1"
 ATIF_IMPORT_RUN_KEY = "import:atif"
 """Run key of imported foreign ATIF episodes when none is given."""
 
+OBSERVATION_INLINE_CAP = 65_536
+"""Characters of an imported observation kept in `Step.observation` (and so in SQL); a
+longer one is cut there with a note, and the whole stays in the stored trajectory (the
+step's ATIF remainder), so export still gives the document back."""
+
 _EPIFLOW = "epiflow"
-_ROOT_IGNORED = ("schema_version", "steps")
-"""Root keys never kept as a remainder: export always writes its own version, and the
-steps are handled one by one."""
+_ROOT_IGNORED = ("steps",)
+"""Root keys never kept as a remainder: the steps are handled one by one."""
 
 
 # --- shared helpers -----------------------------------------------------------------
@@ -173,6 +182,16 @@ class _History:
         h = self._hash.copy()
         h.update(b"]")
         return h.hexdigest()
+
+
+def _inline(observation: str) -> str:
+    if len(observation) <= OBSERVATION_INLINE_CAP:
+        return observation
+    return (
+        observation[:OBSERVATION_INLINE_CAP]
+        + f"\n[observation cut at {OBSERVATION_INLINE_CAP} of {len(observation)} characters "
+        "on import; the whole is in the stored trajectory]"
+    )
 
 
 # --- rendering ------------------------------------------------------------------------
@@ -296,11 +315,20 @@ def _difference(actual: Mapping[str, Any], derived: Mapping[str, Any]) -> dict[s
     }
 
 
-def to_atif(traj: Trajectory, *, system_prompt: str | None = None) -> dict[str, Any]:
-    """The trajectory as an ATIF v1.5 document (a JSON-ready dict).
+def to_atif(
+    traj: Trajectory, *, system_prompt: str | None = None, schema_version: str | None = None
+) -> dict[str, Any]:
+    """The trajectory as an ATIF document (a JSON-ready dict): an imported one in the
+    version it had, an episode epiflow ran in `ATIF_SCHEMA_VERSION`.
 
+    `schema_version`: write this version instead (e.g. the newest, `ATIF_VERSIONS[-1]`);
+    every 1.x version only adds optional fields, so a newer label is the whole upgrade.
     `extra.epiflow` at the root (and on an agent step, where needed) holds what importing
     the core alone would not give back, so `from_atif(to_atif(t)) == t`.
+
+    Raises:
+        pydantic.ValidationError: the document is not valid in `schema_version` (an older
+            version than its content parts or embedded sub-agents need).
     """
     document = _core(traj, system_prompt=system_prompt)
     derived = _derive(
@@ -322,6 +350,9 @@ def to_atif(traj: Trajectory, *, system_prompt: str | None = None) -> dict[str, 
         delta = _difference(step, derived_step)
         if delta:
             atif_step["extra"] = {**(atif_step.get("extra") or {}), _EPIFLOW: delta}
+    if schema_version is not None and schema_version != document["schema_version"]:
+        document["schema_version"] = schema_version
+        AtifTrajectory.model_validate(document)
     return document
 
 
@@ -394,20 +425,19 @@ def _derive(
     steps: list[Step] = []
     raw_agent_steps: list[dict[str, Any]] = []
     for raw, atif_step in zip(document["steps"], doc.steps, strict=True):
+        message = content_text(atif_step.message)
         if atif_step.source != "agent":
             if atif_step.source == "user" and prompt is None:
-                prompt = atif_step.message
+                prompt = message
             context.append(
-                ContextStep(
-                    before_step=len(steps), source=atif_step.source, message=atif_step.message
-                )
+                ContextStep(before_step=len(steps), source=atif_step.source, message=message)
             )
-            history.append(atif_step.source, atif_step.message)
+            history.append(atif_step.source, message)
             continue
         index = len(steps)
         calls = atif_step.tool_calls or []
         if calls:
-            step = Step(index=index, history_hash=history.digest(), raw_output=atif_step.message)
+            step = Step(index=index, history_hash=history.digest(), raw_output=message)
             first = calls[0]
             step.parse_kind, step.call_id = ParseKind.TOOL_CALL, first.tool_call_id
             step.tool, step.args = first.function_name, dict(first.arguments)
@@ -417,7 +447,7 @@ def _derive(
                     f"{len(calls)} tool calls in one ATIF step; epiflow's fields hold the first"
                 )
         else:
-            step = parsed_step(index, atif_step.message, history.digest(), tools)
+            step = parsed_step(index, message, history.digest(), tools)
         step.reasoning_content = atif_step.reasoning_content
         metrics = atif_step.metrics
         if metrics is not None:
@@ -429,7 +459,9 @@ def _derive(
             step.completion_token_ids = metrics.completion_token_ids
             step.logprobs = metrics.logprobs
         if atif_step.observation is not None:
-            step.observation = "\n".join(r.content or "" for r in atif_step.observation.results)
+            step.observation = _inline(
+                "\n".join(content_text(r.content) for r in atif_step.observation.results)
+            )
         history.append("assistant", step.raw_output)
         if step.observation is not None:
             history.append("user", step.observation)

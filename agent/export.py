@@ -18,17 +18,25 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from agent.atif import ATIF_SCHEMA_VERSION, AtifTrajectory
+from agent.atif import ATIF_SCHEMA_VERSION, ATIF_VERSIONS, AtifTrajectory
 from agent.atif_convert import from_atif, parsed_step, to_atif
 from agent.errors import ProtocolError
 from agent.native_calls import parse_native_tool_calls
 from agent.prompt import render_system_prompt
 from agent.recording import observation_messages
-from agent.trajectory import EPISODE_NAMESPACE, ParseKind, Step, Trajectory, history_hash
+from agent.trajectory import (
+    EPISODE_NAMESPACE,
+    ContextStep,
+    ParseKind,
+    Step,
+    Trajectory,
+    history_hash,
+)
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 
 __all__ = [
     "ATIF_SCHEMA_VERSION",
+    "ATIF_VERSIONS",
     "AtifTrajectory",
     "from_atif",
     "from_openai_messages",
@@ -66,11 +74,12 @@ def to_openai_messages(
     `text`: exactly the history the model saw (so each step's `history_hash` is the hash of
     the messages before its assistant turn). `native`: parsed calls as `tool_calls` and
     observations as `tool` messages; unparsable turns stay text. An imported episode
-    (`traj.agent` set) keeps its own system and user turns in their places; `system_prompt`
-    replaces epiflow's rendered prompt only for episodes epiflow ran.
+    (ATIF: `traj.agent` set; OpenAI: its leading system and user messages kept as context
+    steps) keeps its own system and user turns in their places; `system_prompt` replaces
+    epiflow's rendered prompt only for episodes epiflow ran.
     """
     context: dict[int, list[dict[str, Any]]] = {}
-    if traj.agent is None:
+    if traj.agent is None and not traj.context_steps:
         prompt = (
             system_prompt if system_prompt is not None else render_system_prompt(_tools_of(traj))
         )
@@ -115,6 +124,25 @@ def to_openai_messages(
     return messages
 
 
+def _openai_text(content: Any, where: str) -> str:
+    """A chat message's content as text: a string, or the `text` parts of a list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"{where}: expected a string or a list of content parts")
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise ValueError(f"{where}.{i}: a content part is an object with a string 'type'")
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"{where}.{i}.text: a 'text' part needs a string 'text'")
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def from_openai_messages(
     messages: Iterable[Mapping[str, Any]],
     *,
@@ -123,15 +151,26 @@ def from_openai_messages(
     task_id: str | None = None,
     policy: str = "imported",
 ) -> Trajectory:
-    """OpenAI chat messages as a `Trajectory`: each assistant turn re-parsed, the next turns its observation."""
+    """OpenAI chat messages as a `Trajectory`: each assistant turn re-parsed, the next turns
+    its observation. A message's content is a string or a list of parts (the `text` parts
+    joined by newlines; image and audio parts carry no text). The system and user messages
+    before the first assistant turn are kept as context steps, so an export gives the
+    file's own system prompt back. The episode id hashes the whole conversation (two
+    rollouts of one prompt are two episodes); the task id hashes its first two messages.
+
+    Raises:
+        ValueError: a message's content is neither a string nor a list of parts (the
+            message says which: `messages.N.content…`).
+    """
     specs = tools if tools is not None else BUILTIN_TOOLS
     history: list[dict[str, Any]] = []
     prompt = ""
     steps: list[Step] = []
-    for raw in messages:
+    context: list[ContextStep] = []
+    for n, raw in enumerate(messages):
         message = dict(raw)
         role = message.get("role")
-        content = message.get("content") or ""
+        content = _openai_text(message.get("content"), f"messages.{n}.content")
         if role == "assistant":
             native = message.get("tool_calls")
             if native:
@@ -163,13 +202,16 @@ def from_openai_messages(
         elif role in ("user", "tool") and steps:
             observation = steps[-1].observation
             steps[-1].observation = content if observation is None else observation + "\n" + content
-        elif role == "user" and not prompt:
-            prompt = content
+        elif role in ("system", "user"):
+            context.append(ContextStep(before_step=len(steps), source=role, message=content))
+            if role == "user" and not prompt:
+                prompt = content
         history.append(message)
     digest = history_hash([dict(m) for m in history[:2]])
     tid = task_id if task_id is not None else f"imported-{digest[:16]}"
+    whole = history_hash(history)
     return Trajectory(
-        episode_id=uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1f{tid}\x1f{digest}"),
+        episode_id=uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1f{tid}\x1f{whole}"),
         run_key=run_key,
         task_id=tid,
         suite="imported",
@@ -178,6 +220,7 @@ def from_openai_messages(
         prompt=prompt,
         policy=policy,
         tool_versions={name: spec.version for name, spec in specs.items()},
+        context_steps=context,
         steps=steps,
         final_answer=next(
             (s.final_answer for s in reversed(steps) if s.final_answer is not None), None

@@ -189,6 +189,37 @@ def db_orphans(
     _err().print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
 
 
+@db_app.command("verify")
+def db_verify(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Check every artifact row against its object (present, size, sha256); exit 1 when
+    any disagrees."""
+    from cli.terminal import neutralise
+    from storage.db import make_engine
+    from storage.migrate import ensure_current
+    from storage.objects import make_object_store
+    from storage.verify import verify_artifacts
+
+    settings = _settings()
+    engine = make_engine(settings.database)
+    ensure_current(engine)
+    store = make_object_store(settings.objects)
+    store.check()
+    report = verify_artifacts(engine, store)
+    if as_json:
+        typer.echo(report.model_dump_json())
+    else:
+        for p in report.problems:
+            typer.echo(f"{neutralise(p.key)}: {p.problem}: {p.detail}")
+        _err().print(
+            f"{report.checked} artifact(s) checked, {len(report.problems)} disagree with "
+            "their object"
+        )
+    if report.problems:
+        raise typer.Exit(1)
+
+
 @prefect_app.command("start")
 def prefect_start() -> None:
     """Start the shared local server (or find it running) and print its UI address; it

@@ -304,22 +304,23 @@ def import_(
             help="JSON or JSON-lines file of trajectories.", exists=True, dir_okay=False
         ),
     ],
-    fmt: Annotated[str, typer.Option("--format", help="atif or openai.")] = "atif",
+    fmt: Annotated[str, typer.Option("--format", help="atif, openai or harbor-traces.")] = "atif",
     run_key: Annotated[
         str | None,
         typer.Option(
             help="Run the imported episodes join (default: an epiflow export's own run; "
-            "import:atif or import:openai for foreign files)."
+            "import:atif, import:openai or import:harbor-traces for foreign files)."
         ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Import trajectories (ATIF v1.0-v1.5 or OpenAI chat messages) into the database and
-    object store. Every document is validated first; a file imported again changes nothing."""
+    """Import trajectories (ATIF v1.0-v1.8, OpenAI chat messages, or Harbor's
+    *.traces.json: one episode per trial) into the database and object store. Every
+    document is validated first; a file imported again changes nothing."""
     from storage.exchange import IMPORT_FORMATS, import_file
 
     if fmt not in IMPORT_FORMATS:
-        raise typer.BadParameter("use atif or openai", param_hint="--format")
+        raise typer.BadParameter("use atif, openai or harbor-traces", param_hint="--format")
     with stores(load_settings(), check_objects=True) as (engine, store):
         report = import_file(engine, store, file, fmt, run_key=run_key)
     if as_json:

@@ -21,8 +21,12 @@ __all__ = ["MAX_DEPTH", "read_documents"]
 MAX_DEPTH = 100
 """Deepest nesting of arrays and objects accepted (an ATIF document needs about 10)."""
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACKET = re.compile(r"[\[\]{}]")
+_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]', re.S)
+"""A whole JSON string, or a bracket. The quantifiers are possessive: the engine keeps no
+backtracking state per character (the plain `(?:[^"\\]|\\.)*` of a string cost ~120x the
+file size on one long string, 2.5 GB for a 20 MB observation). The closing quote is
+optional, so an unterminated string (a truncated file) runs to the end once instead of
+being tried again from every quote inside it (quadratic); the parser then names it."""
 
 
 def _refuse(path: Path, problem: str) -> ImportFormatError:
@@ -30,14 +34,19 @@ def _refuse(path: Path, problem: str) -> ImportFormatError:
 
 
 def _check_depth(text: str, path: Path) -> None:
-    """Linear scan: strings removed, then the running depth of brackets."""
+    """Linear scan in constant memory: the running depth of brackets outside strings.
+
+    The Python loop turns once per string or bracket (a string is matched in C, never
+    copied: only its first character is looked at)."""
     depth = 0
-    bare = _STRING.sub('""', text)
-    for match in _BRACKET.finditer(bare):
-        if match.group() in "[{":
+    for match in _TOKEN.finditer(text):
+        char = text[match.start()]
+        if char == '"':
+            continue
+        if char in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                line = bare.count("\n", 0, match.start()) + 1
+                line = text.count("\n", 0, match.start()) + 1
                 raise _refuse(
                     path,
                     f"JSON nested deeper than {MAX_DEPTH} levels (line {line}); "
@@ -87,13 +96,14 @@ def read_documents(path: Path) -> list[Any]:
     except OSError as e:
         raise _refuse(path, f"cannot read: {e.strerror or e}") from e
     text = _decode(data, path)
-    stripped = text.strip()
-    if not stripped:
+    del data  # the bytes are not needed past decoding: the file is held once, as text
+    # No stripped copy: the parser skips surrounding whitespace itself.
+    if not text or text.isspace():
         raise ImportFormatError(f"no trajectories found in {path} (it is empty)", setting=str(path))
-    _check_depth(stripped, path)
+    _check_depth(text, path)
     docs: list[Any]
     try:
-        whole = _json_value(stripped, path)
+        whole = _json_value(text, path)
     except json.JSONDecodeError as whole_error:
         docs = []
         for n, line in enumerate(text.splitlines(), start=1):

@@ -21,6 +21,7 @@ from sqlmodel import col
 
 from agent.atif_convert import ATIF_IMPORT_RUN_KEY
 from agent.export import from_atif, from_openai_messages, to_atif, to_openai_messages
+from agent.harbor_traces import HARBOR_TRACES_RUN_KEY, from_harbor_traces
 from agent.trajectory import Trajectory
 from models import CollectionRun, run_id_for
 from storage.documents import read_documents
@@ -33,7 +34,7 @@ from storage.runs import close_run, open_run
 OPENAI_IMPORT_RUN_KEY = "import:openai"
 """Run key of imported OpenAI chat messages when none is given."""
 
-IMPORT_FORMATS = ("atif", "openai")
+IMPORT_FORMATS = ("atif", "openai", "harbor-traces")
 EXPORT_FORMATS = ("atif", "openai", "parquet")
 
 
@@ -130,7 +131,17 @@ def parse_file(path: Path, fmt: str, *, run_key: str | None = None) -> list[Traj
             valid `fmt` (the message names the document and the field path).
     """
     trajectories: list[Trajectory] = []
-    for n, doc in enumerate(read_documents(path), start=1):
+    documents = read_documents(path)
+    if fmt == "harbor-traces":
+        # The file is one list of rows (or JSON lines of them); a trial is several rows.
+        rows = documents[0] if len(documents) == 1 and isinstance(documents[0], list) else documents
+        try:
+            return [t for _, t in from_harbor_traces(rows, run_key=run_key)]
+        except ValueError as e:
+            raise ImportFormatError(
+                f"{path}: not valid harbor-traces: {e}", setting=str(path)
+            ) from e
+    for n, doc in enumerate(documents, start=1):
         where = f"{path}: document {n}"
         try:
             trajectories.append(_convert(doc, fmt, run_key))
@@ -213,6 +224,7 @@ def import_file(
 __all__ = [
     "ATIF_IMPORT_RUN_KEY",
     "EXPORT_FORMATS",
+    "HARBOR_TRACES_RUN_KEY",
     "IMPORT_FORMATS",
     "OPENAI_IMPORT_RUN_KEY",
     "ImportReport",

@@ -162,7 +162,7 @@ def test_validation_errors_name_the_field_path() -> None:
     with pytest.raises(ValidationError) as caught:
         from_atif(document)
     assert ("agent", "tool_definition") in [e["loc"] for e in caught.value.errors()]
-    newer = load(atif_file(OPENHANDS)) | {"schema_version": "ATIF-v1.7"}
+    newer = load(atif_file(OPENHANDS)) | {"schema_version": "ATIF-v1.9"}
     with pytest.raises(ValidationError) as caught:
         from_atif(newer)
     assert caught.value.errors()[0]["loc"] == ("schema_version",)
