@@ -32,8 +32,9 @@ from config.settings import Settings
 from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
 from storage.episodes import persist_episodes
-from storage.ingest import IngestReport
+from storage.ingest import IngestReport, step_rows_for
 from storage.objects import ObjectStore
+from storage.rows import StepRows
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,15 @@ async def run_episodes(
     )
     pending = iter(episodes)
     writing: asyncio.Task[None] | None = None
+    # Step rows built where each episode finishes, so the one persister only copies them.
+    step_rows: dict[uuid.UUID, StepRows] = {}
 
     async def write(batch: list[Trajectory]) -> None:
+        rows = {
+            t.episode_id: step_rows.pop(t.episode_id) for t in batch if t.episode_id in step_rows
+        }
         written = await asyncio.to_thread(
-            persist_episodes, collection.engine, collection.store, batch
+            persist_episodes, collection.engine, collection.store, batch, step_rows=rows
         )
         logger.debug(
             "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
@@ -149,6 +155,7 @@ async def run_episodes(
         trajectory = apply_rewards(trajectory, settings.rewards)
         if on_episode is not None:
             on_episode(trajectory)
+        step_rows[trajectory.episode_id] = step_rows_for(collection.engine, trajectory)
         await outbox.put(trajectory)
 
     async def worker() -> None:
