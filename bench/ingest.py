@@ -7,8 +7,8 @@ Starts a throwaway PostgreSQL cluster (like the tests), migrates two databases, 
 - `ingest_rows_per_s`: step rows per second through `storage.ingest.ingest_episodes`, the
   collection's one writer (existing-id check, parent upserts, episode rows, COPY of
   episodes and steps, one transaction), given what a collection hands it: each
-  episode's step rows built where the episode finished (`EpisodeBundle.step_rows`, by
-  `storage.ingest.step_rows_for` in `collection.runner`'s workers). Building them
+  episode's episode and step rows built where the episode finished (`EpisodeBundle.rows`, by
+  `storage.ingest.rows_for` in `collection.runner`'s workers). Building them
   (trajectory → values, NUL/UTF-8 cleaning, JSON serialization) is timed apart as
   `prepare_s`: real work, done off the writer's path, spread over the episodes' workers.
 - `ingest_unprepared_s`: the same ingest with no rows handed in (an import, a caller
@@ -42,7 +42,7 @@ from agent.trajectory import Trajectory
 from models import CollectionRun, Episode, Policy, Step, Task
 from storage import migrate
 from storage.db import make_engine
-from storage.ingest import EpisodeBundle, ingest_episodes, step_rows_for
+from storage.ingest import EpisodeBundle, ingest_episodes, rows_for
 from storage.rows import episode_row, policy_row, run_row, step_row, task_row
 from storage.sanitize import json_text
 from storage.settings import DatabaseSettings
@@ -62,7 +62,7 @@ def truncate(engine: Engine) -> None:
 def time_prepare(engine: Engine, trajectories: list[Trajectory]) -> tuple[float, list[Any]]:
     """Step rows built as the collection's workers build them (one per finished episode)."""
     started = time.perf_counter()
-    rows = [step_rows_for(engine, t) for t in trajectories]
+    rows = [rows_for(engine, t) for t in trajectories]
     return time.perf_counter() - started, rows
 
 
@@ -71,8 +71,7 @@ def time_ingest(engine: Engine, trajectories: list[Trajectory], rows: list[Any] 
         bundles = [EpisodeBundle(trajectory=t) for t in trajectories]
     else:
         bundles = [
-            EpisodeBundle(trajectory=t, step_rows=r)
-            for t, r in zip(trajectories, rows, strict=True)
+            EpisodeBundle(trajectory=t, rows=r) for t, r in zip(trajectories, rows, strict=True)
         ]
     started = time.perf_counter()
     ingest_episodes(engine, bundles)

@@ -32,9 +32,9 @@ from config.settings import Settings
 from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
 from storage.episodes import persist_episodes
-from storage.ingest import IngestReport, step_rows_for
+from storage.ingest import IngestReport, rows_for
 from storage.objects import ObjectStore
-from storage.rows import StepRows
+from storage.rows import EpisodeRows
 
 logger = logging.getLogger(__name__)
 
@@ -98,15 +98,13 @@ async def run_episodes(
     )
     pending = iter(episodes)
     writing: asyncio.Task[None] | None = None
-    # Step rows built where each episode finishes, so the one persister only copies them.
-    step_rows: dict[uuid.UUID, StepRows] = {}
+    # Rows built where each episode finishes, so the one persister only copies them.
+    prepared: dict[uuid.UUID, EpisodeRows] = {}
 
     async def write(batch: list[Trajectory]) -> None:
-        rows = {
-            t.episode_id: step_rows.pop(t.episode_id) for t in batch if t.episode_id in step_rows
-        }
+        rows = {t.episode_id: prepared.pop(t.episode_id) for t in batch if t.episode_id in prepared}
         written = await asyncio.to_thread(
-            persist_episodes, collection.engine, collection.store, batch, step_rows=rows
+            persist_episodes, collection.engine, collection.store, batch, rows=rows
         )
         logger.debug(
             "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
@@ -155,7 +153,7 @@ async def run_episodes(
         trajectory = apply_rewards(trajectory, settings.rewards)
         if on_episode is not None:
             on_episode(trajectory)
-        step_rows[trajectory.episode_id] = step_rows_for(collection.engine, trajectory)
+        prepared[trajectory.episode_id] = rows_for(collection.engine, trajectory)
         await outbox.put(trajectory)
 
     async def worker() -> None:

@@ -29,7 +29,7 @@ from storage.ingest import (
     ingest_episodes,
 )
 from storage.objects import ObjectStore
-from storage.rows import StepRows, mark_storage_error
+from storage.rows import EpisodeRows, mark_storage_error
 from storage.sanitize import decode_row_text
 
 SQL_OUTPUT_CAP = 16_384
@@ -72,12 +72,12 @@ def persist_episodes(
     trajectories: Sequence[Trajectory],
     *,
     upload_workers: int = 8,
-    step_rows: Mapping[uuid.UUID, StepRows] | None = None,
+    rows: Mapping[uuid.UUID, EpisodeRows] | None = None,
 ) -> IngestReport:
     """Write objects (concurrently) then rows (one transaction). Idempotent on episode id;
-    an id named twice in one batch is written once, as its first occurrence. `step_rows`:
-    step rows already built where the episodes finished (`storage.ingest.step_rows_for`),
-    by episode id; those that do not fit are built again.
+    an id named twice in one batch is written once, as its first occurrence. `rows`: the
+    episodes' rows already built where they finished (`storage.ingest.rows_for`), by
+    episode id; those that do not fit (a storage error changes the outcome) are rebuilt.
 
     Raises:
         IngestError: the SQL batch failed; objects written for it are orphans.
@@ -91,15 +91,15 @@ def persist_episodes(
         first.setdefault(t.episode_id, t)
     todo = [t for i, t in first.items() if i not in present]
 
-    built = step_rows or {}
+    built = rows or {}
 
     def upload(t: Trajectory) -> EpisodeBundle:
-        rows = built.get(t.episode_id)
+        ready = built.get(t.episode_id)
         try:
-            return EpisodeBundle(trajectory=t, artifacts=_write_objects(store, t), step_rows=rows)
+            return EpisodeBundle(trajectory=t, artifacts=_write_objects(store, t), rows=ready)
         except ObjectStoreError as e:
             failed = mark_storage_error(t, f"object store: {e}")
-            return EpisodeBundle(trajectory=failed, step_rows=rows)
+            return EpisodeBundle(trajectory=failed, rows=ready)
 
     if len(todo) > 1 and upload_workers > 1:
         with ThreadPoolExecutor(max_workers=upload_workers) as pool:
