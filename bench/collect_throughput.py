@@ -85,9 +85,8 @@ class Recorder:
         vars(sandbox.factory)["executor_argv"] = argv  # the name the factory calls
 
     def episodes(self) -> list[list[dict[str, Any]]]:
-        # A jail that served an episode was populated first; pool probes and unused
-        # warm jails are not episodes.
-        return [r for r in self.by_jail.values() if r and r[0]["payload"]["op"] == "put_files"]
+        # Pool probes (`ping`) and warm jails never used are not episodes.
+        return [r for r in self.by_jail.values() if any(x["payload"]["op"] != "ping" for x in r)]
 
 
 def floor(recorder: Recorder, concurrency: int, work: Path) -> dict[str, Any]:
