@@ -4,9 +4,15 @@
 
 Starts a throwaway PostgreSQL cluster (like the tests), migrates two databases, then:
 
-- `ingest_rows_per_s`: step rows per second through `storage.ingest.ingest_episodes`
-  (trajectory → rows conversion, NUL/UTF-8 cleaning, JSON serialization, existing-id
-  check, parent upserts, COPY of episodes and steps, one transaction).
+- `ingest_rows_per_s`: step rows per second through `storage.ingest.ingest_episodes`, the
+  collection's one writer (existing-id check, parent upserts, episode rows, COPY of
+  episodes and steps, one transaction), given what a collection hands it: each
+  episode's episode and step rows built where the episode finished (`EpisodeBundle.rows`, by
+  `storage.ingest.rows_for` in `collection.runner`'s workers). Building them
+  (trajectory → values, NUL/UTF-8 cleaning, JSON serialization) is timed apart as
+  `prepare_s`: real work, done off the writer's path, spread over the episodes' workers.
+- `ingest_unprepared_s`: the same ingest with no rows handed in (an import, a caller
+  that gives bare trajectories): the writer builds them itself.
 - `copy_rows_per_s`: the same task, policy, run, episode and step rows, already turned
   into COPY values (column order, JSON serialized) before the clock starts, written with
   plain `COPY … FROM STDIN` in one transaction: the floor the ingest path is built on.
@@ -36,7 +42,7 @@ from agent.trajectory import Trajectory
 from models import CollectionRun, Episode, Policy, Step, Task
 from storage import migrate
 from storage.db import make_engine
-from storage.ingest import EpisodeBundle, ingest_episodes
+from storage.ingest import EpisodeBundle, ingest_episodes, rows_for
 from storage.rows import episode_row, policy_row, run_row, step_row, task_row
 from storage.sanitize import json_text
 from storage.settings import DatabaseSettings
@@ -53,8 +59,20 @@ def truncate(engine: Engine) -> None:
         conn.execute(text("TRUNCATE step, artifact, episode, task, policy, collection_run CASCADE"))
 
 
-def time_ingest(engine: Engine, trajectories: list[Trajectory]) -> float:
-    bundles = [EpisodeBundle(trajectory=t) for t in trajectories]
+def time_prepare(engine: Engine, trajectories: list[Trajectory]) -> tuple[float, list[Any]]:
+    """Step rows built as the collection's workers build them (one per finished episode)."""
+    started = time.perf_counter()
+    rows = [rows_for(engine, t) for t in trajectories]
+    return time.perf_counter() - started, rows
+
+
+def time_ingest(engine: Engine, trajectories: list[Trajectory], rows: list[Any] | None) -> float:
+    if rows is None:
+        bundles = [EpisodeBundle(trajectory=t) for t in trajectories]
+    else:
+        bundles = [
+            EpisodeBundle(trajectory=t, rows=r) for t, r in zip(trajectories, rows, strict=True)
+        ]
     started = time.perf_counter()
     ingest_episodes(engine, bundles)
     return time.perf_counter() - started
@@ -119,12 +137,16 @@ def main() -> None:
         b = make_engine(DatabaseSettings(url=cluster.url(cluster.create_database())))
         migrate.upgrade(a)
         migrate.upgrade(b)
-        ingest_s, copy_s = [], []
+        ingest_s, copy_s, prepare_s, unprepared_s = [], [], [], []
         for _ in range(args.repeat):
             truncate(a)
             truncate(b)
-            ingest_s.append(time_ingest(a, trajectories))
+            took, rows = time_prepare(a, trajectories)
+            prepare_s.append(took)
+            ingest_s.append(time_ingest(a, trajectories, rows))
             copy_s.append(time_copy(b, trajectories))
+            truncate(a)
+            unprepared_s.append(time_ingest(a, trajectories, None))
         a.dispose()
         b.dispose()
     result = {
@@ -136,6 +158,11 @@ def main() -> None:
         "copy_rows_per_s": round(n_steps / min(copy_s), 1),
         "ratio": round(min(copy_s) / min(ingest_s), 3),
         "target_ratio": 0.8,
+        "prepare_s": round(min(prepare_s), 4),
+        "ingest_unprepared_s": round(min(unprepared_s), 4),
+        "unprepared_ratio": round(min(copy_s) / min(unprepared_s), 3),
+        "prepare_s_all": [round(x, 4) for x in prepare_s],
+        "ingest_unprepared_s_all": [round(x, 4) for x in unprepared_s],
         "ingest_s_all": [round(x, 4) for x in ingest_s],
         "copy_s_all": [round(x, 4) for x in copy_s],
         "load_avg_start": [round(x, 2) for x in load_start],

@@ -32,8 +32,9 @@ from config.settings import Settings
 from sandbox import pooled_opener
 from scoring.rewards import apply_rewards
 from storage.episodes import persist_episodes
-from storage.ingest import IngestReport
+from storage.ingest import IngestReport, rows_for
 from storage.objects import ObjectStore
+from storage.rows import EpisodeRows
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,13 @@ async def run_episodes(
     )
     pending = iter(episodes)
     writing: asyncio.Task[None] | None = None
+    # Rows built where each episode finishes, so the one persister only copies them.
+    prepared: dict[uuid.UUID, EpisodeRows] = {}
 
     async def write(batch: list[Trajectory]) -> None:
+        rows = {t.episode_id: prepared.pop(t.episode_id) for t in batch if t.episode_id in prepared}
         written = await asyncio.to_thread(
-            persist_episodes, collection.engine, collection.store, batch
+            persist_episodes, collection.engine, collection.store, batch, rows=rows
         )
         logger.debug(
             "run %s: %d episode(s), %d step(s) persisted (%d already stored)",
@@ -151,6 +155,7 @@ async def run_episodes(
             logger.warning(collection.outage.message(collection.plan.run_key))
         if on_episode is not None:
             on_episode(trajectory)
+        prepared[trajectory.episode_id] = rows_for(collection.engine, trajectory)
         await outbox.put(trajectory)
 
     async def worker() -> None:

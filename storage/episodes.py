@@ -10,7 +10,7 @@ are orphans: `list_orphans` finds them, `delete_orphans` collects them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from storage.ingest import (
     ingest_episodes,
 )
 from storage.objects import ObjectStore
-from storage.rows import mark_storage_error
+from storage.rows import EpisodeRows, mark_storage_error
 from storage.sanitize import decode_row_text
 
 SQL_OUTPUT_CAP = 16_384
@@ -72,9 +72,12 @@ def persist_episodes(
     trajectories: Sequence[Trajectory],
     *,
     upload_workers: int = 8,
+    rows: Mapping[uuid.UUID, EpisodeRows] | None = None,
 ) -> IngestReport:
     """Write objects (concurrently) then rows (one transaction). Idempotent on episode id;
-    an id named twice in one batch is written once, as its first occurrence.
+    an id named twice in one batch is written once, as its first occurrence. `rows`: the
+    episodes' rows already built where they finished (`storage.ingest.rows_for`), by
+    episode id; those that do not fit (a storage error changes the outcome) are rebuilt.
 
     Raises:
         IngestError: the SQL batch failed; objects written for it are orphans.
@@ -88,11 +91,15 @@ def persist_episodes(
         first.setdefault(t.episode_id, t)
     todo = [t for i, t in first.items() if i not in present]
 
+    built = rows or {}
+
     def upload(t: Trajectory) -> EpisodeBundle:
+        ready = built.get(t.episode_id)
         try:
-            return EpisodeBundle(trajectory=t, artifacts=_write_objects(store, t))
+            return EpisodeBundle(trajectory=t, artifacts=_write_objects(store, t), rows=ready)
         except ObjectStoreError as e:
-            return EpisodeBundle(trajectory=mark_storage_error(t, f"object store: {e}"))
+            failed = mark_storage_error(t, f"object store: {e}")
+            return EpisodeBundle(trajectory=failed, rows=ready)
 
     if len(todo) > 1 and upload_workers > 1:
         with ThreadPoolExecutor(max_workers=upload_workers) as pool:

@@ -28,7 +28,7 @@ from storage.documents import read_documents
 from storage.episodes import persist_episodes
 from storage.errors import ImportFormatError
 from storage.objects import ObjectStore
-from storage.run_reads import resolve_run, run_step_frame, run_trajectories
+from storage.run_reads import STEP_FRAME_FORMAT, resolve_run, run_step_frame, run_trajectories
 from storage.runs import close_run, open_run
 
 OPENAI_IMPORT_RUN_KEY = "import:openai"
@@ -53,7 +53,7 @@ def export_run(
     if fmt == "parquet":
         assert isinstance(output, Path)
         frame = run_step_frame(engine, run_id)
-        frame.write_parquet(output)
+        frame.write_parquet(output, metadata={"epiflow_step_frame_format": STEP_FRAME_FORMAT})
         return frame["episode_id"].n_unique() if frame.height else 0
     trajectories = run_trajectories(engine, store, run_id)
     lines = []

@@ -5,7 +5,9 @@ is built from its trajectory as it is written, so the server stores earlier rows
 later ones are being built (the COPY is server-bound; building every row first and
 copying afterwards made the two wait for each other). Rows are built once: step rows
 straight as COPY values (`storage.rows.step_values`), JSON columns cleaned and
-serialized in one step (`storage.sanitize.json_text`, orjson). Parents (task, policy,
+serialized in one step (`storage.sanitize.json_text`, orjson). A collection builds each
+episode's episode and step rows where the episode finishes (`EpisodeBundle.rows`,
+`rows_for`), so the one writer only copies them and puts in the object keys. Parents (task, policy,
 run) go in with one statement per table. SQLite gets `executemany`. One transaction per batch: a failure leaves
 nothing of the batch behind. Episodes already present are skipped and reported, so a
 second ingest changes nothing.
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Table, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -31,13 +33,16 @@ from storage.errors import IngestError
 from storage.objects import ObjectInfo
 from storage.rows import (
     STEP_COLUMNS,
+    EpisodeRows,
     JsonFinisher,
     episode_row,
     policy_row,
+    prepare_rows,
     run_id_of,
     run_row,
     step_values,
     task_row,
+    with_output_keys,
 )
 from storage.sanitize import clean_json, json_text
 
@@ -56,10 +61,15 @@ class ArtifactRef(BaseModel):
 class EpisodeBundle(BaseModel):
     """One episode ready for ingest: the trajectory and the objects already written for it."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     trajectory: Trajectory
     """The episode."""
     artifacts: list[ArtifactRef] = Field(default_factory=list)
     """Objects in the store that its rows will point at."""
+    rows: EpisodeRows | None = None
+    """Its episode and step rows, built where the episode finished (`rows_for`); used
+    when they fit the trajectory and the writer, else built here."""
 
 
 class IngestReport(BaseModel):
@@ -77,6 +87,12 @@ class IngestReport(BaseModel):
             f"{len(self.inserted)} episode(s) and {self.steps} step(s) written, "
             f"{len(self.skipped_existing)} already present (unchanged)"
         )
+
+
+def rows_for(engine: Engine, t: Trajectory) -> EpisodeRows:
+    """`t`'s episode and step rows in the form `ingest_episodes` writes them on `engine`: built where an
+    episode finishes, off the writer's path (`EpisodeBundle.rows`)."""
+    return prepare_rows(t, json_text=engine.dialect.name == "postgresql")
 
 
 def existing_episode_ids(conn: Connection, ids: Iterable[uuid.UUID]) -> set[uuid.UUID]:
@@ -114,9 +130,13 @@ def ingest_episodes(engine: Engine, bundles: Sequence[EpisodeBundle]) -> IngestR
             if not fresh:
                 return report
             todo = list(fresh.values())
-            _insert_missing(conn, Task.__table__, [task_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
-            _insert_missing(conn, Policy.__table__, [policy_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
-            _insert_missing(conn, CollectionRun.__table__, [run_row(b.trajectory) for b in todo])  # type: ignore[attr-defined]
+            # One row per distinct parent (a run's episodes share their run and policy).
+            tasks = {b.trajectory.task_id: b.trajectory for b in todo}
+            policies = {b.trajectory.policy: b.trajectory for b in todo}
+            runs = {b.trajectory.run_key: b.trajectory for b in todo}
+            _insert_missing(conn, Task.__table__, [task_row(t) for t in tasks.values()])  # type: ignore[attr-defined]
+            _insert_missing(conn, Policy.__table__, [policy_row(t) for t in policies.values()])  # type: ignore[attr-defined]
+            _insert_missing(conn, CollectionRun.__table__, [run_row(t) for t in runs.values()])  # type: ignore[attr-defined]
             if conn.dialect.name == "postgresql":
                 copy_rows(conn, Episode.__table__, _episode_rows(todo, json_text), json_ready=True)  # type: ignore[attr-defined]
                 report.steps = copy_values(
@@ -155,7 +175,12 @@ def _trajectory_key(b: EpisodeBundle) -> str | None:
 
 def _episode_rows(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[dict[str, Any]]:
     for b in bundles:
-        yield episode_row(b.trajectory, trajectory_key=_trajectory_key(b), json=json)
+        key = _trajectory_key(b)
+        prepared = b.rows
+        if prepared is not None and prepared.fits(b.trajectory, json_text=json is json_text):
+            yield prepared.episode if key is None else {**prepared.episode, "trajectory_key": key}
+        else:
+            yield episode_row(b.trajectory, trajectory_key=key, json=json)
 
 
 def _step_values(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterator[tuple[Any, ...]]:
@@ -165,6 +190,15 @@ def _step_values(bundles: Sequence[EpisodeBundle], json: JsonFinisher) -> Iterat
         for a in b.artifacts:
             if a.step_index is not None:
                 outputs.setdefault(a.step_index, {})[a.kind] = a.info.key
+        prepared = b.rows
+        if prepared is not None and prepared.fits(t, json_text=json is json_text):
+            if not outputs:
+                yield from prepared.steps
+                continue
+            for s, values in zip(t.steps, prepared.steps, strict=True):
+                keys = outputs.get(s.index)
+                yield values if keys is None else with_output_keys(values, keys)
+            continue
         for s in t.steps:
             yield step_values(t.episode_id, s, output_keys=outputs.get(s.index), json=json)
 

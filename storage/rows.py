@@ -18,6 +18,7 @@ from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from agent.trajectory import Step as StepData
 from models import run_id_for
 from storage.sanitize import clean_json, clean_text
+from storage.sanitize import json_text as _json_text
 
 JsonFinisher = Callable[[Any], Any]
 """Turns a JSON column's value into what the writer takes (`clean_json` or `json_text`)."""
@@ -237,6 +238,70 @@ def step_values(
         s.immediate_reward,
         s.return_,  # discounted_return
     )
+
+
+STDOUT_KEY_AT = STEP_COLUMNS.index("stdout_key")
+"""Position of `stdout_key` in step values (`stderr_key` follows it)."""
+
+
+class EpisodeRows:
+    """An episode's rows, built where the episode finished (`prepare_rows`) so the one
+    writer only copies them: its `episode` row and its step rows as values in
+    `STEP_COLUMNS` order.
+
+    The object keys are not in them (`trajectory_key`, `stdout_key`, `stderr_key` are
+    None): objects are written later, and ingest puts their keys in. A plain class, not a
+    pydantic model or a dataclass: carried in an `EpisodeBundle`, its values are never
+    validated or copied.
+    """
+
+    __slots__ = ("episode", "episode_id", "json_text", "steps")
+
+    def __init__(
+        self,
+        episode_id: uuid.UUID,
+        episode: dict[str, Any],
+        steps: tuple[tuple[Any, ...], ...],
+        *,
+        json_text: bool,
+    ) -> None:
+        self.episode_id = episode_id
+        self.episode = episode
+        """The `episode` row, `trajectory_key` None."""
+        self.steps = steps
+        """One tuple per step, in step order."""
+        self.json_text = json_text
+        """JSON columns serialized (`json_text`, PostgreSQL's COPY) or Python values
+        (`clean_json`, SQLite)."""
+
+    def fits(self, t: Trajectory, *, json_text: bool) -> bool:
+        """Built from `t` as it is now, for this writer: same episode, outcome (a storage
+        error found after the episode finished changes it), steps and JSON form."""
+        e = self.episode
+        return (
+            self.episode_id == t.episode_id
+            and self.json_text == json_text
+            and e["status"] == str(t.status)
+            and e["failure_category"] == str(t.failure_category)
+            and e["failure_reason"] == (clean_text(t.failure_reason) if t.failure_reason else None)
+            and len(self.steps) == len(t.steps)
+            and all(v[1] == s.index for v, s in zip(self.steps, t.steps, strict=True))
+        )
+
+
+def prepare_rows(t: Trajectory, *, json_text: bool) -> EpisodeRows:
+    """`t`'s episode and step rows, built once the episode is final (rewards applied), for
+    a writer on PostgreSQL (`json_text=True`) or SQLite."""
+    finisher: JsonFinisher = _json_text if json_text else clean_json
+    episode = episode_row(t, trajectory_key=None, json=finisher)
+    steps = tuple(step_values(t.episode_id, s, json=finisher) for s in t.steps)
+    return EpisodeRows(t.episode_id, episode, steps, json_text=json_text)
+
+
+def with_output_keys(values: tuple[Any, ...], keys: Mapping[str, str]) -> tuple[Any, ...]:
+    """Step values with the step's object keys (`stdout`/`stderr` → key) put in."""
+    at = STDOUT_KEY_AT
+    return (*values[:at], keys.get("stdout"), keys.get("stderr"), *values[at + 2 :])
 
 
 def step_row(

@@ -11,7 +11,8 @@
 - the steps table with the episode columns beside them (`run_step_frame`, the parquet
   export): every `step` column, then the episode's run, task, template, policy, agent,
   times, outcome, verifier score, trajectory key and the latest gate's verdict and
-  quality score (`episode_summary`); JSON columns as JSON text, ids as text, times UTC.
+  quality score (`episode_summary`); JSON columns as JSON text, ids as text, times UTC,
+  in one fixed schema (`step_frame_schema`, format `STEP_FRAME_FORMAT`) so runs concatenate.
 
 Rows are returned detached (plain attribute access, no session behind them); the
 trajectories themselves stay in the object store (`Episode.trajectory_key`). polars is
@@ -27,7 +28,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Engine, Float, String, Uuid, case, column, func, select, table
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Engine,
+    Float,
+    Integer,
+    String,
+    TypeDecorator,
+    Uuid,
+    case,
+    column,
+    func,
+    select,
+    table,
+)
 from sqlmodel import Session, col
 from sqlmodel import select as select_entity
 
@@ -444,8 +459,52 @@ def _value(value: Any, is_json: bool) -> Any:
     return value
 
 
+STEP_FRAME_FORMAT = "1"
+"""Version of the step table's layout; `step_frame_schema()` is its one schema, written into
+the parquet file's metadata as `epiflow_step_frame_format`."""
+
+
+def _polars_dtype(sql_type: Any, is_json: bool) -> Any:
+    import polars as pl
+
+    if isinstance(sql_type, UTCDateTime):
+        return pl.Datetime("us", "UTC")
+    if isinstance(sql_type, TypeDecorator):  # sqlmodel's AutoString and the like
+        sql_type = sql_type.impl_instance
+    if is_json or isinstance(sql_type, (JSON, Uuid, String)):
+        return pl.String
+    if isinstance(sql_type, Boolean):
+        return pl.Boolean
+    if isinstance(sql_type, Integer):
+        return pl.Int64
+    if isinstance(sql_type, Float):
+        return pl.Float64
+    raise TypeError(f"no parquet dtype for SQL type {sql_type!r}")  # a new column type: map it
+
+
+def step_frame_schema() -> pl.Schema:
+    """The step table's fixed schema (format `STEP_FRAME_FORMAT`), from the SQL column types.
+
+    Every run's export has exactly these columns and dtypes, whatever its values (a column
+    all NULL in one run is still its SQL type's dtype, never `Null`), so any set of exports
+    `pl.concat`s.
+    """
+    import polars as pl
+
+    step_table = Step.__table__  # type: ignore[attr-defined]
+    columns: dict[str, Any] = {
+        c.name: _polars_dtype(c.type, "JSON" in repr(c.type)) for c in step_table.columns
+    }
+    for name, c in EPISODE_COLUMNS.items():
+        columns[name] = _polars_dtype(c.type, False)
+    return pl.Schema(columns)
+
+
 def run_step_frame(engine: Engine, run_id: uuid.UUID) -> pl.DataFrame:
-    """One row per step of the run's episodes, in episode start order then step order."""
+    """One row per step of the run's episodes, in episode start order then step order.
+
+    Its schema is `step_frame_schema()`, whatever the run holds.
+    """
     import polars as pl
 
     step_table = Step.__table__  # type: ignore[attr-defined]
@@ -458,19 +517,15 @@ def run_step_frame(engine: Engine, run_id: uuid.UUID) -> pl.DataFrame:
         .where(col(Episode.run_id) == run_id)
         .order_by(col(Episode.started_at), col(Episode.id), col(Step.step_index))
     )
-    names = [c.name for c in step_columns] + list(EPISODE_COLUMNS)
+    schema = step_frame_schema()
+    names = list(schema)
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     data: dict[str, list[Any]] = {name: [] for name in names}
     for row in rows:
         for name, value in zip(names, row, strict=True):
             data[name].append(_value(value, name in json_columns))
-    schema: dict[str, Any] = {}
-    for name in names:
-        sql_type = step_table.c[name].type if name in step_table.c else EPISODE_COLUMNS[name].type
-        if isinstance(sql_type, UTCDateTime):
-            schema[name] = pl.Datetime("us", "UTC")
-    frame = pl.DataFrame(data, schema_overrides=schema, infer_schema_length=None, strict=False)
-    return frame.with_columns(
-        pl.col(n).cast(pl.Datetime("us", "UTC")) for n in schema if frame[n].dtype != schema[n]
-    )
+    # SQLite hands back naive UTC datetimes, PostgreSQL aware ones: build each column with
+    # what it holds, then cast it to the one schema.
+    frame = pl.DataFrame(data, infer_schema_length=None, strict=False)
+    return frame.select(pl.col(name).cast(dtype) for name, dtype in schema.items())

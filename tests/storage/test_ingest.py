@@ -14,9 +14,9 @@ from agent.trajectory import Trajectory
 from models import Artifact, Episode, Step
 from storage.episodes import list_orphans, load_trajectory, persist_episodes
 from storage.errors import IngestError, ObjectStoreError
-from storage.ingest import EpisodeBundle, ingest_episodes
+from storage.ingest import EpisodeBundle, ingest_episodes, rows_for
 from storage.objects import LocalObjectStore, ObjectInfo, ObjectStore
-from storage.rows import STEP_COLUMNS, step_row
+from storage.rows import STEP_COLUMNS, EpisodeRows, mark_storage_error, prepare_rows, step_row
 from tests.storage.builders import make_trajectory
 
 
@@ -237,3 +237,72 @@ def test_an_id_twice_in_one_batch_is_written_once_and_sql_matches_the_object(
         rows = conn.execute(select(col(Artifact.key), col(Artifact.sha256))).all()
     for key, sha in rows:
         assert hashlib.sha256(store.get(key)).hexdigest() == sha, key
+
+
+def test_rows_built_where_episodes_finish_are_the_rows_ingest_builds(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    # A collection hands the writer each episode's rows, built when it finished
+    # (`rows_for`); the writer puts the object keys in. Rows that do not fit the
+    # trajectory (other steps, another outcome) or the writer (the other JSON form) are
+    # built again.
+    big = b"z" * 40_000  # over the SQL text cap: step 0's stdout becomes an object
+    plain = make_trajectory("rows-run", stdout=big, n_steps=3)
+    copies = [plain.model_copy(update={"episode_id": uuid.uuid4()}, deep=True) for _ in range(3)]
+    ready, other_steps, other_form = copies
+    on_postgres = migrated_engine.dialect.name == "postgresql"
+    handed = {
+        ready.episode_id: rows_for(migrated_engine, ready),
+        other_steps.episode_id: EpisodeRows(
+            other_steps.episode_id,
+            rows_for(migrated_engine, other_steps).episode,
+            rows_for(migrated_engine, make_trajectory(n_steps=2)).steps,
+            json_text=on_postgres,
+        ),
+        other_form.episode_id: prepare_rows(other_form, json_text=not on_postgres),
+    }
+    assert not handed[other_steps.episode_id].fits(other_steps, json_text=on_postgres)
+    report = persist_episodes(migrated_engine, store, [plain, *copies], rows=handed)
+    assert report.steps == 12
+    with migrated_engine.connect() as conn:
+        rows = conn.execute(select(Step.__table__).order_by(col(Step.step_index))).all()  # type: ignore[attr-defined]
+    by_episode: dict[uuid.UUID, list[dict[str, object]]] = {}
+    for r in rows:
+        values = dict(r._mapping)
+        key = values.pop("stdout_key")
+        eid = values.pop("episode_id")
+        if key is not None:
+            assert key == f"episodes/rows-run/{eid}/steps/{values['step_index']:04d}.stdout"
+        values["has_stdout_object"] = key is not None
+        by_episode.setdefault(eid, []).append(values)
+    expected = by_episode[plain.episode_id]
+    assert any(v["has_stdout_object"] for v in expected)
+    assert expected[0]["args"] == {"command": "ls", "timeout": 5}
+    for t in copies:
+        assert by_episode[t.episode_id] == expected
+    with migrated_engine.connect() as conn:
+        episodes = {
+            r.id: r
+            for r in conn.execute(select(Episode.__table__)).all()  # type: ignore[attr-defined]
+        }
+    for t in [plain, *copies]:
+        assert (
+            episodes[t.episode_id].trajectory_key
+            == f"episodes/rows-run/{t.episode_id}/trajectory.json"
+        )
+        assert episodes[t.episode_id].n_steps == 3
+
+    # Rows built while the episode was a success; its objects then failed to store.
+    late = plain.model_copy(update={"episode_id": uuid.uuid4()}, deep=True)
+    ready_rows = rows_for(migrated_engine, late)
+    failed = mark_storage_error(late, "object store: down")
+    assert not ready_rows.fits(failed, json_text=on_postgres)
+    ingest_episodes(migrated_engine, [EpisodeBundle(trajectory=failed, rows=ready_rows)])
+    with migrated_engine.connect() as conn:
+        table = Episode.__table__  # type: ignore[attr-defined]
+        row = conn.execute(select(table).where(table.c.id == late.episode_id)).one()
+    assert (row.status, row.failure_reason, row.trajectory_key) == (
+        "storage_error",
+        "object store: down",
+        None,
+    )

@@ -15,7 +15,7 @@ from models import QcResult, QcRun, Step, run_id_for
 from storage.episodes import persist_episodes
 from storage.exchange import export_run
 from storage.objects import LocalObjectStore
-from storage.run_reads import EPISODE_COLUMNS
+from storage.run_reads import EPISODE_COLUMNS, STEP_FRAME_FORMAT, step_frame_schema
 from tests.storage.builders import make_trajectory
 
 
@@ -74,3 +74,43 @@ def test_parquet_carries_episode_columns_and_object_keys(
     assert frame.schema["started_at"] == pl.Datetime("us", "UTC")
     ungated = frame.filter(pl.col("episode_id") == str(other.episode_id))
     assert ungated["qc_verdict"].to_list() == [None, None]
+
+
+def test_exports_of_any_two_runs_concatenate(migrated_engine: Engine, tmp_path: Path) -> None:
+    """One run has object keys and a gate verdict, the other has neither (those columns all
+    NULL there): each export still has the one fixed schema, so the two `pl.concat`."""
+    store = LocalObjectStore(tmp_path / "objects")
+    store.check()
+    big = b"y" * 40_000  # over the SQL text cap: `stdout_key` set in run A only
+    a = make_trajectory("pq-a", "builtin/csv_to_json@1#0-abc", 0, stdout=big, n_steps=3)
+    b = make_trajectory("pq-b", "builtin/csv_to_json@1#1-def", 0, n_steps=2)
+    persist_episodes(migrated_engine, store, [a])
+    persist_episodes(migrated_engine, store, [b])
+    qc_run_id = uuid.uuid4()
+    with Session(migrated_engine) as session:
+        session.add(QcRun(id=qc_run_id, run_id=run_id_for("pq-a"), n_episodes=1))
+        session.flush()
+        session.add(
+            QcResult(qc_run_id=qc_run_id, episode_id=a.episode_id, verdict="keep", quality_score=1)
+        )
+        session.commit()
+
+    frames = []
+    for run in ("pq-a", "pq-b"):
+        out = tmp_path / f"{run}.parquet"
+        assert export_run(migrated_engine, store, run, "parquet", out) == 1
+        assert pl.read_parquet_metadata(out)["epiflow_step_frame_format"] == STEP_FRAME_FORMAT
+        frame = pl.read_parquet(out)
+        assert frame.schema == step_frame_schema()
+        frames.append(frame)
+    only_b = frames[1]
+    assert only_b["stdout_key"].null_count() == only_b.height
+    assert only_b["qc_verdict"].null_count() == only_b.height
+
+    both = pl.concat(frames)
+    assert both.height == 5
+    assert both.schema == step_frame_schema()
+    assert both.schema["stdout_key"] == pl.String
+    assert both.schema["quality_score"] == pl.Float64
+    assert both.group_by("run_key").len().sort("run_key").rows() == [("pq-a", 3), ("pq-b", 2)]
+    assert both.filter(pl.col("stdout_key").is_not_null())["run_key"].unique().to_list() == ["pq-a"]
