@@ -165,12 +165,15 @@ def trigger_window(engine: Engine, *, until: uuid.UUID | None = None) -> Trigger
         if last is not None:
             query = query.where(col(QcResult.created_at) > last)
         rows = conn.execute(query).all()
-    chosen: dict[uuid.UUID, tuple[uuid.UUID, float, datetime]] = {}
-    for episode_id, qc_id, quality, ended in sorted(rows, key=lambda r: (r[3], str(r[1]))):
-        chosen[episode_id] = (qc_id, float(quality or 0.0), ended)  # a tie: the later gate
-    gates: dict[uuid.UUID, datetime] = {}
-    for qc_id, _quality, ended in chosen.values():
-        gates[qc_id] = ended
+    chosen: dict[uuid.UUID, tuple[uuid.UUID, float, float]] = {}
+    for episode_id, qc_id, quality, ended in rows:
+        at = ended.timestamp() if ended is not None else 0.0
+        seen = chosen.get(episode_id)
+        if seen is None or (at, str(qc_id)) > (seen[2], str(seen[0])):  # a tie: the later gate
+            chosen[episode_id] = (qc_id, float(quality or 0.0), at)
+    gates: dict[uuid.UUID, float] = {}
+    for qc_id, _quality, gate_at in chosen.values():
+        gates[qc_id] = gate_at
     return TriggerWindow(
         volume=sum(q for _g, q, _e in chosen.values()),
         qc_run_ids=tuple(sorted(gates, key=lambda g: (gates[g], str(g)))),
