@@ -48,7 +48,37 @@ class DatabaseSettings(BaseSettings):
     )
     echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
     connect_timeout_s: int = Field(
-        default=5, gt=0, description="Seconds to wait for a PostgreSQL connection before failing."
+        default=5,
+        gt=0,
+        description=(
+            "Seconds to wait for a PostgreSQL connection before failing "
+            "(env EPIFLOW_DATABASE_CONNECT_TIMEOUT_S)."
+        ),
+    )
+    statement_timeout_s: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "PostgreSQL `statement_timeout`: the server cancels a statement running longer "
+            "(0: none). Migrations run without it (env EPIFLOW_DATABASE_STATEMENT_TIMEOUT_S)."
+        ),
+    )
+    lock_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "PostgreSQL `lock_timeout`: a statement waiting longer for a lock fails "
+            "(0: none) (env EPIFLOW_DATABASE_LOCK_TIMEOUT_S)."
+        ),
+    )
+    keepalive_idle_s: int = Field(
+        default=30,
+        gt=0,
+        description=(
+            "TCP keepalives on PostgreSQL connections: the first probe after this many idle "
+            "seconds, then every 10 s; 3 unanswered probes drop the connection, so a server "
+            "host that vanished is noticed (env EPIFLOW_DATABASE_KEEPALIVE_IDLE_S)."
+        ),
     )
 
     @field_validator("url")
