@@ -40,9 +40,8 @@ def test_a_lock_wait_has_a_deadline(pg_url: str) -> None:
             a.execute(text("CREATE TABLE t (x int)"))
             a.commit()
             a.execute(text("LOCK TABLE t IN ACCESS EXCLUSIVE MODE"))
-            with waiter.connect() as b:
-                with pytest.raises(OperationalError, match="lock timeout"):
-                    b.execute(text("SELECT * FROM t"))
+            with waiter.connect() as b, pytest.raises(OperationalError, match="lock timeout"):
+                b.execute(text("SELECT * FROM t"))
             a.rollback()
     finally:
         holder.dispose()
