@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import signal
 import sys
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from cli.stores import load_settings, stores
-from cli.terminal import TerminalConsole
+from cli.terminal import TerminalConsole, console_logs_without_tracebacks
 
 if TYPE_CHECKING:
     from cli.interrupts import Interrupted
-    from collection.lifecycle import CollectionOutcome
+    from collection.lifecycle import Collection, CollectionOutcome
     from collection.request import CollectResult
+    from config.settings import Settings
+
+T = TypeVar("T")
 
 err = TerminalConsole(stderr=True, soft_wrap=True)
 out = TerminalConsole(soft_wrap=True)
@@ -68,7 +74,8 @@ def collect(
     """Collect episodes in sandboxes through the `collect-episodes` Prefect flow.
 
     Exit code 0 when the run is complete; 3 when some episodes hit an infrastructure
-    failure (the last line says how many and why; re-running the key redoes them); 2 on
+    failure (the last line says how many and why; re-running the key redoes them) or the
+    database failed mid-run (the line says why and how to resume); 2 on
     bad input or settings (nothing written); 130/143 when interrupted by SIGINT/SIGTERM
     (finished episodes saved; the last line says how to resume).
     """
@@ -95,6 +102,7 @@ def collect(
     request = request.keyed(run_key or fresh_run_key(request))
     flow_runs: list[str] = []
     outcome: CollectionOutcome | None = None
+    opened = False
     try:
         # Preflight, before anything is written: the suite and its templates, the policy
         # spec, the sandbox (a probe jail), the database (schema, writable), the object
@@ -102,11 +110,14 @@ def collect(
         # Prefect's API (the shared local server is started if needed). The flow runs on
         # this collection: it plans, opens and locks nothing again.
         with open_collection(request, settings, preflight=True) as collection:
+            opened = True
             apply_prefect_settings(settings.prefect)
             from prefect.client.schemas.objects import FlowRun, State
 
             from flows.collect import collect_episodes
             from flows.qc import GateOptions
+
+            console_logs_without_tracebacks()  # the flow run's log in the API keeps them
 
             def remember(flow: Any, flow_run: FlowRun, state: State[Any]) -> None:
                 flow_runs.append(str(flow_run.id))
@@ -148,6 +159,12 @@ def collect(
                             )
                         ),
                         on_signal=stopping,
+                        on_abandon=lambda signum: err.print(
+                            _abandoned(collection, flow_runs, signum, settings),
+                            highlight=False,
+                            markup=False,
+                        ),
+                        stop_timeout_s=settings.prefect.stop_timeout_s,
                     )
             except Interrupted:
                 outcome = collection.outcome()
@@ -157,12 +174,44 @@ def collect(
         assert outcome is not None
         err.print(_interrupted(outcome, flow_runs, stop), highlight=False, markup=False)
         raise typer.Exit(code=stop.exit_code) from None
+    except Exception as e:
+        reason = _database_lost(e) if opened else None
+        if reason is None:
+            raise
+        err.print(
+            f"the database failed mid-run ({reason}); the episodes it stored are kept. "
+            f"When it answers again, resume with: {_resume_command(str(request.run_key))}",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(code=EXIT_RERUN) from None
     assert outcome is not None and outcome.result is not None
     _print_result(outcome.result, as_json=as_json)
     line = _rerun_line(outcome)
     if line:
         err.print(line, highlight=False, markup=False)
         raise typer.Exit(code=EXIT_RERUN)
+
+
+def _database_lost(error: BaseException) -> str | None:
+    """The one-line reason when `error` (or what it was raised from) is the database
+    failing (gone, unreachable, a statement or lock deadline): an infrastructure failure,
+    never the agent's nor the user's input. None for anything else."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from storage.errors import DatabaseUnavailable
+
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OperationalError | InterfaceError):
+            text = str(cause.orig or cause).strip()
+            return (text.splitlines()[0] if text else type(cause).__name__)[:200]
+        if isinstance(cause, DatabaseUnavailable):
+            return cause.user_message()[:200]
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _print_result(result: CollectResult, *, as_json: bool) -> None:
@@ -233,6 +282,58 @@ def _interrupted(outcome: CollectionOutcome, flow_runs: list[str], stop: Interru
         f"interrupted by {name}: run {outcome.run_key} has {outcome.stored} of "
         f"{outcome.planned} episodes stored{flow_note}. Resume with: "
         f"{_resume_command(outcome.run_key)}"
+    )
+
+
+ABANDON_WRITE_S = 5.0
+"""Seconds an abandoned stop gives each of its last writes (the run's status, the flow
+run's state): a database or API that does not answer in time is left as it is."""
+
+
+def _bounded(what: Callable[[], T], timeout_s: float) -> T | None:
+    """`what()` in a daemon thread, waited on for `timeout_s`: its value, or None when it
+    failed or had not returned (a frozen server never holds the process)."""
+    box: list[T] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            box.append(what())
+
+    thread = threading.Thread(target=run, name="epiflow-abandon", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return box[0] if box else None
+
+
+def _abandoned(
+    collection: Collection, flow_runs: list[str], signum: int, settings: Settings
+) -> str:
+    """The last line of a stop that was abandoned (a second signal, or past
+    EPIFLOW_PREFECT_STOP_TIMEOUT_S): the run marked `interrupted` and its flow run
+    Cancelled when they answer in time; what is stored; how to resume."""
+    from storage.runs import close_run
+
+    name = signal.Signals(signum).name
+
+    def mark() -> bool:
+        close_run(collection.engine, collection.run_id, status="interrupted")
+        return True
+
+    marked = _bounded(mark, ABANDON_WRITE_S)
+    stored = _bounded(collection.stored_episodes, ABANDON_WRITE_S)
+    flow_note = ""
+    flow_run_id = flow_runs[0] if flow_runs else None
+    if flow_run_id:
+        state = _bounded(
+            lambda: _cancel_flow_run(flow_run_id, f"interrupted by {name}"), ABANDON_WRITE_S
+        )
+        flow_note = f"; flow run {flow_run_id} {state or 'not marked Cancelled (no answer)'}"
+    return (
+        f"{name}: stop abandoned (in-flight episodes dropped; re-running redoes them): run "
+        f"{collection.run_key} "
+        + ("marked interrupted" if marked else "left as it was (the database did not answer)")
+        + (f", {stored} of {collection.plan.total} episodes stored" if stored is not None else "")
+        + f"{flow_note}. Resume with: {_resume_command(collection.run_key)}"
     )
 
 

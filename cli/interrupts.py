@@ -11,9 +11,10 @@ signals. Two reasons:
   (jails closed, finished episodes flushed by `run_episodes`), then the flow run ends.
 
 A stop that takes longer than `SLOW_STOP_S` prints the stacks of the coroutines it is still
-waiting on (to stderr, once), so a hang names its cause. A second signal while stopping
-abandons the wait: the process exits at once (jails notice
-their closed pipe and go away; the episodes already persisted stay).
+waiting on (to stderr, once), so a hang names its cause. A second signal while stopping, or
+a stop that outlasts `stop_timeout_s`, abandons the wait: `on_abandon` runs, then the
+process exits at once (jails notice their closed pipe and go away; the episodes already
+persisted stay).
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ def run_interruptibly(
     *,
     on_signal: Callable[[int], None] | None = None,
     on_abandon: Callable[[int], None] | None = None,
+    stop_timeout_s: float | None = None,
 ) -> T:
     """Run `make()` to completion in a worker thread; SIGINT or SIGTERM cancels it.
 
     `on_signal(signum)` runs (in the main thread) when the first signal arrives, e.g. to say
-    that the command is stopping; `on_abandon(signum)` before a second signal exits the
-    process.
+    that the command is stopping; `on_abandon(signum)` before a second signal, or a stop
+    still unfinished `stop_timeout_s` after the first, exits the process.
 
     Raises:
         Interrupted: a signal cancelled the coroutine (after it finished unwinding).
@@ -86,11 +88,17 @@ def run_interruptibly(
         finally:
             ready.set()
 
+    def abandon(signum: int) -> None:
+        if on_abandon is not None:
+            try:
+                on_abandon(signum)
+            except BaseException:  # exiting regardless: the resume line is best effort
+                pass
+        os._exit(128 + received[0])
+
     def handler(signum: int, _frame: FrameType | None) -> None:
         if received:
-            if on_abandon is not None:
-                on_abandon(signum)
-            os._exit(128 + received[0])
+            abandon(signum)
         received.append(signum)
         box["signalled_at"] = time.monotonic()
         if on_signal is not None:
@@ -109,10 +117,12 @@ def run_interruptibly(
         thread.start()
         while thread.is_alive():
             thread.join(0.2)
-            slow = received and time.monotonic() - box["signalled_at"] > SLOW_STOP_S
-            if slow and "dumped" not in box and "loop" in box:
+            waited = time.monotonic() - box["signalled_at"] if received else 0.0
+            if received and waited > SLOW_STOP_S and "dumped" not in box and "loop" in box:
                 box["dumped"] = True
                 _print_waiting(box["loop"])
+            if received and stop_timeout_s is not None and waited > stop_timeout_s:
+                abandon(received[0])
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -63,8 +63,12 @@ def train(
         str | None, typer.Option(help="Build the snapshot from this run (key or id).")
     ] = None,
     qc_run: Annotated[
-        str | None,
-        typer.Option(help="Build the snapshot from the run this gate judged, using its verdicts."),
+        list[str] | None,
+        typer.Option(
+            help="Build the snapshot from the run this gate judged, using its verdicts; "
+            "repeat it for several gates (an episode several judged counts once, with its "
+            "latest verdict)."
+        ),
     ] = None,
     base_checkpoint: Annotated[
         str | None, typer.Option(help="Checkpoint to start from (default: newest base model).")
@@ -75,7 +79,7 @@ def train(
     as_json: JsonFlag = False,
 ) -> None:
     """Train a checkpoint with TRL (the `train` flow)."""
-    if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
+    if sum(bool(x) for x in (dataset, from_run, qc_run)) != 1:
         raise typer.BadParameter("give exactly one of --dataset, --from-run and --qc-run")
     if algo not in ("sft", "dpo", "kto", "grpo"):
         raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
@@ -88,7 +92,7 @@ def train(
             algo=Algo(algo),
             dataset=dataset,
             from_run=from_run,
-            qc_run=qc_run,
+            qc_run=None if not qc_run else qc_run[0] if len(qc_run) == 1 else qc_run,
             base_checkpoint=base_checkpoint,
             max_steps=max_steps,
         )

@@ -2,7 +2,8 @@
 (`count`: the collection's `stored_episodes`).
 
 Polling the database (instead of a callback through the flow) also shows episodes that
-other workers' shards write.
+other workers' shards write. A count that cannot be read (the database lost mid-run) stops
+the bar where it was; the command reports the failure.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ def episode_progress(
         yield
         return
     stop = threading.Event()
+    last = [0]
+
+    def current() -> int | None:
+        """The count, or None when it cannot be read (a database gone mid-run: the
+        command itself reports that; the bar only stops moving)."""
+        try:
+            last[0] = min(count(), total)
+        except Exception:
+            return None
+        return last[0]
+
     with Progress(
         TextColumn("[bold]collecting"),
         BarColumn(),
@@ -32,11 +44,14 @@ def episode_progress(
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task("episodes", total=total, completed=min(count(), total))
+        bar = progress.add_task("episodes", total=total, completed=current() or 0)
 
         def poll() -> None:
             while not stop.wait(0.5):
-                progress.update(bar, completed=min(count(), total))
+                seen = current()
+                if seen is None:
+                    return
+                progress.update(bar, completed=seen)
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
@@ -45,4 +60,4 @@ def episode_progress(
         finally:
             stop.set()
             thread.join()
-            progress.update(bar, completed=min(count(), total))
+            progress.update(bar, completed=current() or last[0])

@@ -11,10 +11,13 @@ lengths and therefore rich's spans and the clipping in `cli/show.py` are unchang
 neutralises the text of every segment it renders (a Panel's cells, a Table's rows, a
 progress bar's description), while rich's own styling, emitted from styles and control
 segments after rendering, still reaches the terminal.
+
+`console_logs_without_tracebacks` keeps log records on the terminal to their one line.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -46,3 +49,31 @@ class TerminalConsole(Console):
                 yield segment
             else:
                 yield Segment(neutralise(segment.text), segment.style, segment.control)
+
+
+class _WithoutTraceback(logging.Formatter):
+    """Formats a record as `inner` does, leaving out its traceback."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def console_logs_without_tracebacks() -> None:
+    """Log records reach the terminal as their one line, without tracebacks (a task that
+    failed on a lost database would print one per retry). Only the console handlers of the
+    root logger change: the flow run's log in Prefect's API keeps every traceback. Call it
+    after Prefect configured logging (after importing a flow)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler.formatter, _WithoutTraceback
+        ):
+            handler.setFormatter(_WithoutTraceback(handler.formatter or logging.Formatter()))

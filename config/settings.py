@@ -95,6 +95,18 @@ class PrefectSettings(BaseSettings):
             "worker (env EPIFLOW_PREFECT_ZOMBIE_AFTER_S; applied by `epiflow prefect setup`)."
         ),
     )
+    stop_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds `epiflow collect` waits, after Ctrl-C or SIGTERM, for the collection to "
+            "stop cleanly (finished episodes saved, the run marked `interrupted`); past it "
+            "the stop is abandoned as a second signal would: in-flight writes are dropped "
+            "(re-running the key redoes them), the run is marked `interrupted` if the "
+            "database answers within a few seconds, and the process exits "
+            "(env EPIFLOW_PREFECT_STOP_TIMEOUT_S)."
+        ),
+    )
     notify_webhook_url: SecretStr | None = Field(
         default=None,
         description=(

@@ -11,10 +11,8 @@ shows the comparison.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import acreate_markdown_artifact
@@ -24,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.trajectory import Trajectory
 from config.settings import Settings, load_settings
+from core.scratch import scratch_dir
 from flows import route_library_logs
 from tasks.types import TaskInstance
 from training.evaluation import EvaluationMetrics
@@ -106,9 +105,9 @@ async def evaluation_episodes(
             sandbox_spec={},
             fault_profile={},
         )
-        with tempfile.TemporaryDirectory(prefix="epiflow-eval-") as tmp:
+        with scratch_dir("epiflow-eval-") as tmp:
             model_dir = await asyncio.to_thread(
-                fetch_checkpoint, engine, store, checkpoint_id, Path(tmp) / "model"
+                fetch_checkpoint, engine, store, checkpoint_id, tmp / "model"
             )
             trajectories = await run_model_episodes(
                 model_dir,

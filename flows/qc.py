@@ -115,6 +115,9 @@ class QcGateResult(BaseModel):
     """Episodes the LLM judge could not score (recorded unscored; the rule judge stands)."""
     training: TriggeredTraining | None = None
     """The training this gate started, if any."""
+    training_qc_runs: list[uuid.UUID] = Field(default_factory=list)
+    """The gate runs whose latest verdicts the volume counted, oldest first: the started
+    training's selection (plus `train_with_qc_runs`); empty when no training started."""
 
     def summary(self) -> dict[str, object]:
         """The fields `epiflow qc --json` and the demo print."""
@@ -324,6 +327,8 @@ class TriggerDecision(BaseModel):
     """Whether training was started."""
     volume: float
     """Quality-weighted volume since the last triggered training."""
+    qc_runs: list[uuid.UUID] = Field(default_factory=list)
+    """The gate runs the started training draws on (empty when none started)."""
     training: TriggeredTraining | None = None
     """The training started."""
 
@@ -338,15 +343,18 @@ async def trigger_training(
     options: GateOptions,
 ) -> TriggerDecision:
     """Start the training when the quality-weighted volume crosses the threshold (once per
-    collection run, never on a failed batch, never in mode `none`)."""
+    collection run, never on a failed batch, never in mode `none`), on exactly what the
+    volume counted: every gate run since the last training, up to this one, each episode
+    with its latest verdict."""
     from scoring.quality import should_trigger_training
     from storage.db import make_engine
-    from storage.qc import mark_triggered, run_already_triggered, volume_since_last_trigger
+    from storage.qc import mark_triggered, run_already_triggered, trigger_window
 
     logger = get_run_logger()
     engine = make_engine(settings.database)
     try:
-        volume = await asyncio.to_thread(volume_since_last_trigger, engine)
+        window = await asyncio.to_thread(lambda: trigger_window(engine, until=qc_run_id))
+        volume = window.volume
         already = await asyncio.to_thread(run_already_triggered, engine, loaded.run_id)
         crossed = should_trigger_training(
             volume,
@@ -363,26 +371,30 @@ async def trigger_training(
                 "; this run already triggered one" if already else "",
             )
             return TriggerDecision(fire=False, volume=volume)
-        training = await _start_training(options, qc_run_id)
+        gates = list(window.qc_run_ids) or [qc_run_id]
+        # Marked before it starts: a training that fails is not re-triggered by the next
+        # gate on the same volume (re-run it with `epiflow train --qc-run …`).
         await asyncio.to_thread(mark_triggered, engine, qc_run_id)
     finally:
         engine.dispose()
     logger.info(
-        "trigger-training: volume %.1f ≥ %.1f: training started (%s), flow run %s",
+        "trigger-training: volume %.1f ≥ %.1f from %d episode(s) of %d gate run(s): "
+        "starting the training (%s)",
         volume,
         threshold,
+        window.episodes,
+        len(gates),
         options.trigger,
-        training.flow_run_id,
     )
-    return TriggerDecision(fire=True, volume=volume, training=training)
+    training = await _start_training(options, gates)
+    logger.info("trigger-training: training flow run %s", training.flow_run_id)
+    return TriggerDecision(fire=True, volume=volume, qc_runs=gates, training=training)
 
 
-async def _start_training(options: GateOptions, qc_run_id: uuid.UUID) -> TriggeredTraining:
-    qc_runs: str | list[str] = (
-        [str(qc_run_id), *options.train_with_qc_runs]
-        if options.train_with_qc_runs
-        else str(qc_run_id)
-    )
+async def _start_training(options: GateOptions, gates: list[uuid.UUID]) -> TriggeredTraining:
+    chosen = [str(g) for g in gates]
+    chosen += [q for q in options.train_with_qc_runs if q not in chosen]
+    qc_runs: str | list[str] = chosen if len(chosen) > 1 else chosen[0]
     if options.trigger == "inline":
         from flows.train import train
 
@@ -430,6 +442,13 @@ def gate_markdown(result: QcGateResult, report: GateReport) -> str:
         + f"\n\nQuality-weighted volume since the last training: "
         f"**{result.quality_volume_since_last_training:.1f}** "
         f"(threshold {result.training_threshold:.1f}); training triggered: **{fired}**.\n"
+        + (
+            f"\nThe training draws on {len(result.training_qc_runs)} gate run(s): "
+            + ", ".join(f"`{q}`" for q in result.training_qc_runs)
+            + ".\n"
+            if result.training_qc_runs
+            else ""
+        )
     )
 
 
@@ -508,6 +527,7 @@ async def qc_gate(
         docs_key=docs_key,
         grm_unscored=sum(not j.parsed for j in llm),
         training=decision.training,
+        training_qc_runs=decision.qc_runs,
     )
     await acreate_markdown_artifact(
         markdown=gate_markdown(result, report),

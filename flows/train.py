@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import tempfile
 import threading
 import time
 import uuid
@@ -32,6 +31,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from config.settings import Settings, load_settings
+from core.scratch import scratch_dir
 from flows import route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
 from training.errors import DatasetSelectionError
@@ -398,8 +398,8 @@ async def train(
     training = (
         get_recipe(recipe).training_settings() if recipe else TrainingSettings()
     ).model_copy(update=overrides)
-    with tempfile.TemporaryDirectory(prefix="epiflow-train-") as tmp:
-        work = Path(tmp)
+    # Removed on any exit; a killed training's folder (model copies) is swept by the next.
+    with scratch_dir("epiflow-train-") as work:
         dataset_id = await dataset_snapshot(settings, chosen, dataset, from_run, qc_run, training)
         base = await base_model(
             settings, training, base_checkpoint, work, dataset_id if recipe else None

@@ -40,8 +40,17 @@ def make_engine(settings: DatabaseSettings) -> Engine:
     elif url.get_backend_name() == "postgresql":
         connect_args["connect_timeout"] = settings.connect_timeout_s
         # Sessions in UTC, so text casts and date buckets of timestamptz do not depend on
-        # the server's or the role's time zone.
-        connect_args["options"] = "-c timezone=UTC"
+        # the server's or the role's time zone; statements and lock waits have deadlines.
+        connect_args["options"] = (
+            f"-c timezone=UTC -c statement_timeout={_ms(settings.statement_timeout_s)} "
+            f"-c lock_timeout={_ms(settings.lock_timeout_s)}"
+        )
+        connect_args.update(
+            keepalives=1,
+            keepalives_idle=settings.keepalive_idle_s,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
         kwargs["pool_size"] = 10
         kwargs["max_overflow"] = 10
     try:
@@ -55,6 +64,10 @@ def make_engine(settings: DatabaseSettings) -> Engine:
     if url.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -68,6 +68,9 @@ def _run(engine: Engine, verb: str, revision: str) -> None:
                 conn.commit()
             try:
                 with conn.begin():
+                    if not sqlite:
+                        # A migration may rewrite a large table: no statement deadline.
+                        conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
                     config.attributes["connection"] = conn
                     getattr(command, verb)(config, revision)
                     if sqlite:

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+from xml.etree.ElementTree import ParseError
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,7 +29,7 @@ from storage.errors import (
     ObjectStoreUnavailable,
     StorageError,
 )
-from storage.retry import call_with_retries, describe, is_transient
+from storage.retry import describe, is_transient, retrying
 from storage.settings import ObjectStoreSettings
 
 SETTING = "EPIFLOW_OBJECTS_URL"
@@ -285,9 +286,12 @@ class LocalObjectStore(ObjectStore):
 class S3ObjectStore(ObjectStore):
     """Objects in an S3 bucket through the `minio` SDK (MinIO, or any S3 service).
 
-    Every call retries transient failures (dropped connections, 5xx such as `SlowDown`,
-    non-XML 5xx pages from a load balancer) with exponential backoff and jitter, logging
-    each retry (policy in `storage.retry`); after the last attempt it raises `ObjectStoreUnavailable`.
+    Every call (listing included) retries transient failures (dropped connections, 5xx such
+    as `SlowDown`, non-XML 5xx pages from a load balancer, unparseable answers) with
+    exponential backoff and jitter, logging each retry (policy in `storage.retry`), within
+    the operation's deadline (`deadline_s`; `check_deadline_s` for the startup bucket
+    check); each request waits at most `connect_timeout_s` to connect and `read_timeout_s`
+    for each answer. After the last attempt it raises `ObjectStoreUnavailable`.
     Credentials, a missing bucket and a missing key are never retried: they need a fix.
     Files move streamed (`fput_object`, multipart past 5 MiB; `fget_object`).
     """
@@ -315,22 +319,30 @@ class S3ObjectStore(ObjectStore):
             )
         self.bucket, self.prefix = settings.bucket_and_prefix()
         self.settings = settings
-        self.client = Minio(
-            settings.endpoint,
-            access_key=access_key.get_secret_value() if access_key and has_keys else None,
-            secret_key=secret_key.get_secret_value() if secret_key and has_keys else None,
-            secure=settings.secure,
-            region=settings.region,
-            # Retries live in `_retry` (typed errors, jitter, a log line each); urllib3's own
-            # retries would multiply them and stall an outage for minutes.
-            http_client=urllib3.PoolManager(
-                maxsize=32,
-                timeout=urllib3.Timeout(connect=5.0, read=120.0),
-                retries=urllib3.Retry(total=0, redirect=0),
-                cert_reqs="CERT_REQUIRED",
-                ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-            ),
-        )
+
+        def client(read_timeout_s: float) -> Minio:
+            return Minio(
+                str(settings.endpoint),
+                access_key=access_key.get_secret_value() if access_key and has_keys else None,
+                secret_key=secret_key.get_secret_value() if secret_key and has_keys else None,
+                secure=settings.secure,
+                region=settings.region,
+                # Retries live in `_retry` (typed errors, jitter, a log line each, a
+                # deadline); urllib3's own retries would multiply them and stall an outage.
+                http_client=urllib3.PoolManager(
+                    maxsize=32,
+                    timeout=urllib3.Timeout(
+                        connect=settings.connect_timeout_s, read=read_timeout_s
+                    ),
+                    retries=urllib3.Retry(total=0, redirect=0),
+                    cert_reqs="CERT_REQUIRED",
+                    ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+                ),
+            )
+
+        self.client = client(settings.read_timeout_s)
+        # The startup probe answers fast or not at all: its wait is bounded by its deadline.
+        self.probe_client = client(min(settings.read_timeout_s, settings.check_deadline_s))
 
     @property
     def location(self) -> str:
@@ -341,25 +353,27 @@ class S3ObjectStore(ObjectStore):
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+    def _retry(self, what: str, fn: Callable[[], T], *, deadline_s: float | None = None) -> T:
         """`fn()` under the retry policy; every SDK failure leaves as a `StorageError`."""
         from minio.error import MinioException
         from urllib3.exceptions import HTTPError
 
-        attempts = self.settings.retries + 1
+        deadline = self.settings.deadline_s if deadline_s is None else deadline_s
+        policy = retrying(
+            what,
+            attempts=self.settings.retries + 1,
+            backoff_s=self.settings.backoff_s,
+            backoff_max_s=self.settings.backoff_max_s,
+            deadline_s=deadline,
+        )
         try:
-            return call_with_retries(
-                what,
-                fn,
-                attempts=attempts,
-                backoff_s=self.settings.backoff_s,
-                backoff_max_s=self.settings.backoff_max_s,
-            )
-        except (MinioException, HTTPError, OSError) as e:
+            return policy(fn)
+        except (MinioException, HTTPError, OSError, ParseError) as e:
             if is_transient(e):
+                made = int(policy.statistics.get("attempt_number", 1))
                 raise ObjectStoreUnavailable(
-                    f"{what} failed after {attempts} attempts: {self.location} answered "
-                    f"{describe(e)}",
+                    f"{what} failed after {made} attempt{'s' if made != 1 else ''} "
+                    f"(deadline {deadline:g} s): {self.location} answered {describe(e)}",
                     setting="EPIFLOW_OBJECTS_ENDPOINT",
                 ) from e
             if isinstance(e, MinioException | HTTPError):
@@ -391,7 +405,11 @@ class S3ObjectStore(ObjectStore):
         return ObjectStoreError(f"{what} failed: S3 error {code}")
 
     def check(self) -> None:
-        exists = self._retry("bucket check", lambda: self.client.bucket_exists(self.bucket))
+        exists = self._retry(
+            "bucket check",
+            lambda: self.probe_client.bucket_exists(self.bucket),
+            deadline_s=self.settings.check_deadline_s,
+        )
         if not exists:
             raise BucketMissing(
                 f"the bucket {self.bucket!r} does not exist at {self.settings.endpoint}; create it "

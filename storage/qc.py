@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -112,28 +113,72 @@ def run_already_triggered(engine: Engine, run_id: uuid.UUID) -> bool:
     return bool(found)
 
 
-def volume_since_last_trigger(engine: Engine) -> float:
-    """Quality-weighted volume of episodes gated since the last gate run that triggered training.
+@dataclass(frozen=True)
+class TriggerWindow:
+    """What the volume trigger counted: the gated episodes since the last triggered training."""
 
-    Each episode counts once, with its latest quality score.
+    volume: float
+    """Quality-weighted volume: each episode once, with its latest quality score."""
+    qc_run_ids: tuple[uuid.UUID, ...]
+    """The gate runs holding those latest verdicts, oldest first (the training's selection)."""
+    episodes: int
+    """Distinct episodes counted."""
+
+
+def trigger_window(engine: Engine, *, until: uuid.UUID | None = None) -> TriggerWindow:
+    """The episodes gated after the last gate run that triggered training, up to the end of
+    gate run `until` (inclusive; default: everything stored).
+
+    Each episode counts once, with its latest verdict up to that bound. Gates run with
+    `--trigger none` count like any other. A gate that ends after `until` is left for the
+    next window, so no episode verdict is trained on twice by the trigger.
     """
     with engine.connect() as conn:
         last = conn.execute(
             select(func.max(col(QcRun.ended_at))).where(col(QcRun.triggered_training).is_(True))
         ).scalar_one()
-        latest = (
-            select(col(QcResult.episode_id), func.max(col(QcResult.created_at)).label("at"))
-            .group_by(col(QcResult.episode_id))
-            .subquery()
-        )
-        query = select(func.coalesce(func.sum(col(QcResult.quality_score)), 0.0)).join(
-            latest,
-            (latest.c.episode_id == col(QcResult.episode_id))
-            & (latest.c.at == col(QcResult.created_at)),
+        bound = None
+        if until is not None:
+            bound = conn.execute(
+                select(col(QcRun.ended_at)).where(col(QcRun.id) == until)
+            ).scalar_one_or_none()
+        inner = select(
+            col(QcResult.episode_id), func.max(col(QcResult.created_at)).label("at")
+        ).group_by(col(QcResult.episode_id))
+        if bound is not None:
+            inner = inner.where(col(QcResult.created_at) <= bound)
+        latest = inner.subquery()
+        query = (
+            select(
+                col(QcResult.episode_id),
+                col(QcResult.qc_run_id),
+                col(QcResult.quality_score),
+                col(QcRun.ended_at),
+            )
+            .join(
+                latest,
+                (latest.c.episode_id == col(QcResult.episode_id))
+                & (latest.c.at == col(QcResult.created_at)),
+            )
+            .join(QcRun, col(QcRun.id) == col(QcResult.qc_run_id))
         )
         if last is not None:
             query = query.where(col(QcResult.created_at) > last)
-        return float(conn.execute(query).scalar_one())
+        rows = conn.execute(query).all()
+    chosen: dict[uuid.UUID, tuple[uuid.UUID, float, float]] = {}
+    for episode_id, qc_id, quality, ended in rows:
+        at = ended.timestamp() if ended is not None else 0.0
+        seen = chosen.get(episode_id)
+        if seen is None or (at, str(qc_id)) > (seen[2], str(seen[0])):  # a tie: the later gate
+            chosen[episode_id] = (qc_id, float(quality or 0.0), at)
+    gates: dict[uuid.UUID, float] = {}
+    for qc_id, _quality, gate_at in chosen.values():
+        gates[qc_id] = gate_at
+    return TriggerWindow(
+        volume=sum(q for _g, q, _e in chosen.values()),
+        qc_run_ids=tuple(sorted(gates, key=lambda g: (gates[g], str(g)))),
+        episodes=len(chosen),
+    )
 
 
 def mark_triggered(engine: Engine, qc_run_id: uuid.UUID) -> None:

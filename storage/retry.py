@@ -2,8 +2,10 @@
 
 Transient (retried with exponential backoff and full jitter, one log line per retry):
 connection refused/reset/dropped, timeouts, truncated responses, HTTP 5xx and 429 —
-`SlowDown`, `InternalError`, `ServiceUnavailable` as S3 XML, and the HTML or empty bodies
-a load balancer sends (minio raises `InvalidResponseError` / `ServerError` for those).
+`SlowDown`, `InternalError`, `ServiceUnavailable` as S3 XML, the HTML or empty bodies
+a load balancer sends (minio raises `InvalidResponseError` / `ServerError` for those), and
+answers whose XML does not parse (a body mangled on the way; a listing's `ParseError`).
+Retries stop after the attempts or at the operation's deadline, whichever comes first.
 
 Permanent (raised at once): refused credentials, a missing bucket or key, a bad request,
 TLS certificate errors — another try cannot fix them, a settings change can.
@@ -17,14 +19,17 @@ import http.client
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
+from xml.etree.ElementTree import ParseError
 
 from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
+    stop_before_delay,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 T = TypeVar("T")
 
@@ -82,6 +87,8 @@ def is_transient(error: BaseException) -> bool:
         return not isinstance(error.reason, SSLError)
     if isinstance(error, SSLError):
         return False
+    if isinstance(error, ParseError):
+        return True  # an answer that is not the XML S3 sends: mangled on the way
     # Dropped or refused connections, timeouts, truncated bodies. Other OSErrors (a local
     # file that is missing or unwritable) are not the network's and are not retried.
     return isinstance(error, HTTPError | ConnectionError | TimeoutError | http.client.HTTPException)
@@ -102,12 +109,21 @@ def describe(error: BaseException) -> str:
     return type(error).__name__
 
 
-def retrying(what: str, *, attempts: int, backoff_s: float, backoff_max_s: float) -> Retrying:
+def retrying(
+    what: str,
+    *,
+    attempts: int,
+    backoff_s: float,
+    backoff_max_s: float,
+    deadline_s: float | None = None,
+) -> Retrying:
     """The retry policy for one S3 operation named `what` (e.g. `upload of episodes/…`).
 
     Retry n waits a random time in [0, min(backoff_max_s, backoff_s·2^(n-1))] ("full
     jitter"): workers that failed together do not come back together, which is what an S3
-    that answered `SlowDown` needs. After the last attempt the last error is re-raised.
+    that answered `SlowDown` needs. No retry starts (nor a pause before one) that would
+    begin past `deadline_s` seconds from the first attempt. After the last attempt the last
+    error is re-raised; `statistics["attempt_number"]` says how many were made.
     """
 
     def log_retry(state: RetryCallState) -> None:
@@ -122,18 +138,13 @@ def retrying(what: str, *, attempts: int, backoff_s: float, backoff_max_s: float
             pause,
         )
 
+    stop: stop_base = stop_after_attempt(attempts)
+    if deadline_s is not None:
+        stop = stop | stop_before_delay(deadline_s)
     return Retrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop,
         wait=wait_random_exponential(multiplier=backoff_s, max=backoff_max_s),
         retry=retry_if_exception(is_transient),
         before_sleep=log_retry,
         reraise=True,
     )
-
-
-def call_with_retries(
-    what: str, fn: Callable[[], T], *, attempts: int, backoff_s: float, backoff_max_s: float
-) -> T:
-    """`fn()`, retried on transient failures by `retrying`'s policy."""
-    policy = retrying(what, attempts=attempts, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
-    return policy(fn)

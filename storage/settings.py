@@ -48,7 +48,37 @@ class DatabaseSettings(BaseSettings):
     )
     echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
     connect_timeout_s: int = Field(
-        default=5, gt=0, description="Seconds to wait for a PostgreSQL connection before failing."
+        default=5,
+        gt=0,
+        description=(
+            "Seconds to wait for a PostgreSQL connection before failing "
+            "(env EPIFLOW_DATABASE_CONNECT_TIMEOUT_S)."
+        ),
+    )
+    statement_timeout_s: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "PostgreSQL `statement_timeout`: the server cancels a statement running longer "
+            "(0: none). Migrations run without it (env EPIFLOW_DATABASE_STATEMENT_TIMEOUT_S)."
+        ),
+    )
+    lock_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "PostgreSQL `lock_timeout`: a statement waiting longer for a lock fails "
+            "(0: none) (env EPIFLOW_DATABASE_LOCK_TIMEOUT_S)."
+        ),
+    )
+    keepalive_idle_s: int = Field(
+        default=30,
+        gt=0,
+        description=(
+            "TCP keepalives on PostgreSQL connections: the first probe after this many idle "
+            "seconds, then every 10 s; 3 unanswered probes drop the connection, so a server "
+            "host that vanished is noticed (env EPIFLOW_DATABASE_KEEPALIVE_IDLE_S)."
+        ),
     )
 
     @field_validator("url")
@@ -123,25 +153,58 @@ class ObjectStoreSettings(BaseSettings):
         default=None, description="S3 region; MinIO ignores it (env EPIFLOW_OBJECTS_REGION)."
     )
     retries: int = Field(
-        default=4,
+        default=8,
         ge=0,
         description=(
             "Retries of an S3 call that failed transiently (dropped connection, timeout, "
-            "5xx such as SlowDown/InternalError) before it fails (env EPIFLOW_OBJECTS_RETRIES)."
+            "5xx such as SlowDown/InternalError, an unparseable answer) before it fails, "
+            "within `deadline_s` (env EPIFLOW_OBJECTS_RETRIES)."
         ),
     )
     backoff_s: float = Field(
-        default=0.2,
+        default=0.5,
         gt=0,
         description=(
             "Base retry delay in seconds: retry n waits a random time up to "
-            "backoff_s·2^(n-1) (full jitter) (env EPIFLOW_OBJECTS_BACKOFF_S)."
+            "backoff_s·2^(n-1) (full jitter) (env EPIFLOW_OBJECTS_BACKOFF_S). The defaults "
+            "back off for up to ~70 s in all, as S3 asks of a client it answers `SlowDown`."
         ),
     )
     backoff_max_s: float = Field(
-        default=10.0,
+        default=20.0,
         gt=0,
         description="Longest single retry delay in seconds (env EPIFLOW_OBJECTS_BACKOFF_MAX_S).",
+    )
+    connect_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds one request waits to connect (env EPIFLOW_OBJECTS_CONNECT_TIMEOUT_S).",
+    )
+    read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds one request waits for each part of its answer; an endpoint that "
+            "accepts and never answers fails the attempt after this "
+            "(env EPIFLOW_OBJECTS_READ_TIMEOUT_S)."
+        ),
+    )
+    deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds one operation (an upload, a download, a listing) may spend, retries "
+            "included: no retry starts past it, so an operation ends within "
+            "deadline_s + read_timeout_s (env EPIFLOW_OBJECTS_DEADLINE_S)."
+        ),
+    )
+    check_deadline_s: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Deadline of the startup bucket check, retries included; each of its requests "
+            "waits at most this long for an answer (env EPIFLOW_OBJECTS_CHECK_DEADLINE_S)."
+        ),
     )
 
     @field_validator("url")

@@ -104,12 +104,13 @@ def select_episodes(
     qc_run_id: uuid.UUID | None = None,
     verdicts: Sequence[str] = _USABLE_VERDICTS,
     templates: Sequence[str] | None = None,
+    only_episodes: set[uuid.UUID] | None = None,
 ) -> list[SourceEpisode]:
     """Episodes matching the selection, with their verdicts and full trajectories.
 
     With `qc_run_id`, only episodes that gate run judged with one of `verdicts` are
-    returned (and, without `run_ids`, the runs default to the one it gated). Episodes with
-    no stored trajectory (storage errors) are skipped.
+    returned (and, without `run_ids`, the runs default to the one it gated). `only_episodes`
+    keeps only those ids.
 
     Raises:
         SnapshotError: the QC run does not exist, or a trajectory cannot be read.
@@ -152,7 +153,9 @@ def select_episodes(
         query = query.where(col(Episode.trajectory_key).is_not(None)).order_by(col(Episode.id))
         selected = session.execute(query).all()
     episodes: list[SourceEpisode] = []
-    for _episode_id, key, verdict, quality in selected:
+    for episode_id, key, verdict, quality in selected:
+        if only_episodes is not None and episode_id not in only_episodes:
+            continue
         try:
             trajectory = Trajectory.model_validate_json(store.get(key))
         except ObjectStoreError as e:
@@ -161,6 +164,24 @@ def select_episodes(
             SourceEpisode(trajectory=trajectory, verdict=verdict, quality_score=quality)
         )
     return episodes
+
+
+def latest_gate_of_episodes(
+    engine: Engine, qc_run_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, uuid.UUID]:
+    """For each episode any of these gate runs judged, the one whose verdict is the latest
+    (by the result's time; a tie goes to the gate listed last)."""
+    order = {q: i for i, q in enumerate(qc_run_ids)}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                col(QcResult.episode_id), col(QcResult.qc_run_id), col(QcResult.created_at)
+            ).where(col(QcResult.qc_run_id).in_(list(qc_run_ids)))
+        ).all()
+    latest: dict[uuid.UUID, uuid.UUID] = {}
+    for episode_id, qc_id, _at in sorted(rows, key=lambda r: (r[2], order[r[1]])):
+        latest[episode_id] = qc_id
+    return latest
 
 
 def _parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
@@ -246,8 +267,9 @@ def build_snapshot(
         kind: sft, dpo, kto, grpo, distill or cpt.
         run_ids: collection runs to draw from (default: the QC runs', else every run).
         qc_run_id: gate run whose verdicts and quality scores to use, or several (e.g. an
-            oracle and a noisy collection gated separately): each admits episodes of the
-            run it gated.
+            oracle and a noisy collection gated separately, or every gate the volume
+            trigger counted): each admits episodes of the run it gated; an episode several
+            of them judged appears once, with its latest verdict.
         verdicts: verdicts admitted (with `qc_run_id`).
         templates: restrict to these task templates.
         pair_by: DPO grouping, `task` (same instance) or `template`.
@@ -281,13 +303,20 @@ def build_snapshot(
             templates=templates,
         )
     else:
-        episodes = [
-            e
-            for q in qc_runs
-            for e in select_episodes(
-                engine, store, run_ids=run_ids, qc_run_id=q, verdicts=verdicts, templates=templates
+        episodes = []
+        latest = latest_gate_of_episodes(engine, qc_runs)
+        for q in qc_runs:
+            episodes.extend(
+                select_episodes(
+                    engine,
+                    store,
+                    run_ids=run_ids,
+                    qc_run_id=q,
+                    verdicts=verdicts,
+                    templates=templates,
+                    only_episodes={e for e, gate in latest.items() if gate == q},
+                )
             )
-        ]
     filter_: dict[str, Any] = {
         "run_ids": sorted(str(r) for r in run_ids) if run_ids else None,
         "qc_run_id": str(qc_runs[0]) if len(qc_runs) == 1 else None,

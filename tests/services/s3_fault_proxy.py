@@ -14,6 +14,9 @@ the real S3 server and its answer relayed, or met with a fault:
 - `truncated`    forwarded, then S3's headers and half its body are relayed and the
                  connection is closed (an answer without a body is lost whole)
 - `denied`       403 `AccessDenied` XML, to show what must not be retried
+- `garbled`      forwarded, then S3's status and headers relayed with a body that is not
+                 XML (a listing that cannot be parsed; never schedule it for a download)
+- `hang`         the request is read and never answered (the connection stays open)
 
 `schedule` picks the fault of each request: `every_nth(3, kinds)` faults requests 1, 4,
 7, … cycling through `kinds` (deterministic counts whatever the thread interleaving);
@@ -33,7 +36,7 @@ from collections.abc import Callable, Sequence
 from tests.services.postgres import free_port
 
 FAULTS = ("slowdown", "internal", "unavailable", "html_502", "drop", "lost_answer", "truncated")
-"""The transient faults; `denied` is permanent and only used on purpose."""
+"""The transient faults; `denied`, `garbled` and `hang` are only used on purpose."""
 
 Schedule = Callable[[int], str | None]
 """Request number (0-based, in arrival order) → fault kind, or None to forward."""
@@ -90,6 +93,7 @@ class S3FaultProxy:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._clients: set[socket.socket] = set()
+        self._stopped = threading.Event()
 
     @property
     def endpoint(self) -> str:
@@ -108,6 +112,7 @@ class S3FaultProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def stop(self) -> None:
+        self._stopped.set()
         with self._lock:
             if self._listener is not None:
                 self._listener.close()
@@ -144,6 +149,9 @@ class S3FaultProxy:
                 fault = self._next_fault()
                 if fault == "drop":
                     return
+                if fault == "hang":
+                    self._stopped.wait()
+                    return
                 if fault in _XML_ERRORS:
                     client.sendall(_xml_error(fault, method, target))
                     continue
@@ -160,6 +168,14 @@ class S3FaultProxy:
                 if fault == "truncated":
                     client.sendall(head + answer[: len(answer) // 2] if answer else b"")
                     return
+                if fault == "garbled" and answer:
+                    mangled = b"<ListBucketResult><Contents><Key>" + b"\x00" * len(answer)
+                    head = head.replace(
+                        f"Content-Length: {len(answer)}".encode(),
+                        f"Content-Length: {len(mangled)}".encode(),
+                    )
+                    client.sendall(head + mangled)
+                    continue
                 client.sendall(head + answer)
         except OSError:
             return

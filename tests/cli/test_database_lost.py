@@ -1,0 +1,119 @@
+"""The database lost mid-collection: PostgreSQL (a real throwaway cluster) is reached
+through a loopback proxy that is cut while `epiflow collect` runs. The command ends with
+exit 3 and one line naming the failure and the resume command — no thread traceback, not
+the "bad input" exit 2 — the episodes stored before the loss stay, and re-running the
+key, with the database back, completes the run exactly (no duplicate, no half-written
+episode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
+from sqlmodel import col
+
+from models import Episode
+from storage.db import make_engine
+from storage.settings import DatabaseSettings
+from tests.cli.local import last_line, wait_until
+from tests.services.tcp_proxy import TcpProxy
+
+EPIFLOW = str(Path(sys.executable).parent / "epiflow")
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def test_a_database_lost_mid_run_is_exit_3_and_the_key_resumes(
+    tmp_path: Path, pg_url: str, prefect_api_url: str
+) -> None:
+    direct = make_url(pg_url)
+    proxy = TcpProxy(int(direct.port or 5432))
+    proxy.start()
+    state_dir = Path(tempfile.mkdtemp(prefix="epiflow-dblost-state-"))
+    state_dir.chmod(0o755)  # jails bind-mount from it: world-searchable
+    engine = make_engine(DatabaseSettings(url=pg_url))  # the test's own, not through the proxy
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
+        env.update(
+            EPIFLOW_DATABASE_URL=direct.set(port=proxy.port).render_as_string(hide_password=False),
+            EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"),
+            EPIFLOW_PREFECT_API_URL=prefect_api_url,
+            EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
+        )
+        upgraded = subprocess.run(
+            [EPIFLOW, "db", "upgrade"], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert upgraded.returncode == 0, upgraded.stderr
+        # Injected latency keeps the jails busy long enough to cut the database mid-run.
+        args = [
+            EPIFLOW,
+            "collect",
+            "--tasks",
+            "2",
+            "--rollouts",
+            "2",
+            "--concurrency",
+            "4",
+            "--faults",
+            json.dumps({"latency_p": 0.3}),
+            "--run-key",
+            "lost",
+        ]
+
+        def stored() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(select(func.count()).select_from(Episode)).scalar_one())
+
+        log = tmp_path / "victim.log"
+        with log.open("wb") as sink:
+            victim = subprocess.Popen(
+                args, env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT
+            )
+            try:
+                landed = wait_until(lambda: stored() >= 8 or victim.poll() is not None, 300)
+                assert landed and victim.poll() is None, log.read_text()[-3000:]
+                proxy.stop()  # the database is gone: open connections dropped, new refused
+                code = victim.wait(timeout=300)
+            finally:
+                if victim.poll() is None:
+                    victim.kill()
+                    victim.wait()
+        output = log.read_text()
+        assert code == 3, output[-3000:]
+        assert "Traceback" not in output and "Exception in thread" not in output, output[-3000:]
+        line = last_line(output)
+        assert line.startswith("the database failed mid-run"), output[-3000:]
+        assert "resume with: epiflow collect" in line and "--run-key lost" in line
+        before = stored()
+        planned = 13 * 2 * 2
+        assert 8 <= before < planned
+
+        proxy.start()  # the database answers again
+        rerun = subprocess.run(
+            [*args, "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        result = json.loads(rerun.stdout)
+        assert result["episodes"] == planned and result["by_status"] == {"success": planned}
+        with engine.connect() as conn:
+            ids = list(conn.execute(select(col(Episode.id))).scalars())
+            mismatched = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM episode e WHERE e.n_steps <> "
+                    "(SELECT COUNT(*) FROM step s WHERE s.episode_id = e.id)"
+                )
+            ).scalar_one()
+        assert len(ids) == len(set(ids)) == planned
+        assert mismatched == 0
+    finally:
+        proxy.stop()
+        engine.dispose()
+        shutil.rmtree(state_dir, ignore_errors=True)
