@@ -45,10 +45,13 @@ demo: install
 
 test: install system-deps check pytest
 
-# Serial by default. PYTEST_ARGS="-n 4 --dist loadgroup" runs the suite on pytest-xdist
-# workers (each with its own Prefect home, tests/conftest.py); not yet the default: under a
-# loaded machine the service-start and demo timeouts fail on workers (issue 21 item 5).
-PYTEST_ARGS ?=
+# On two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine),
+# a whole file per worker at a time (--dist loadfile: a file's module-scoped servers and
+# stories stay on one worker), handed out slowest file first (tests/conftest.py ranks them;
+# --no-loadscope-reorder keeps that order) so that no worker is left alone with a long file
+# at the end. Each worker has its own Prefect home, PostgreSQL cluster and S3 server.
+# PYTEST_ARGS= runs it serially; `.venv/bin/pytest tests/x.py` runs one file serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)
