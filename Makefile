@@ -45,13 +45,14 @@ demo: install
 
 test: install system-deps check pytest
 
-# On two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine),
-# a whole file per worker at a time (--dist loadfile: a file's module-scoped servers and
-# stories stay on one worker), handed out slowest file first (tests/conftest.py ranks them;
-# --no-loadscope-reorder keeps that order) so that no worker is left alone with a long file
-# at the end. Each worker has its own Prefect home, PostgreSQL cluster and S3 server.
-# PYTEST_ARGS= runs it serially; `.venv/bin/pytest tests/x.py` runs one file serially.
-PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# Serial by default. PYTEST_ARGS="-n 2 --dist loadfile --no-loadscope-reorder" runs it on
+# two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
+# whole file per worker at a time (a file's module-scoped servers stay on one worker),
+# slowest file first (SLOWEST_FILES in tests/conftest.py; --no-loadscope-reorder keeps that
+# order). Each worker has its own Prefect home and harness, PostgreSQL cluster and S3 server.
+# Not yet the default: a run of it under load 8-13 had failures and setup errors that
+# were not diagnosed (issue 21 item 5).
+PYTEST_ARGS ?=
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -52,9 +52,10 @@ SLOWEST_FILES = (
     "tests/cli/test_concurrent.py",
     "tests/test_lean_install.py",
 )
-"""The files that take longest, longest first (measured with `--durations`): under
-pytest-xdist with `--dist loadfile --no-loadscope-reorder` (`make test`) files are handed
-to the workers in collection order, so these start first and the quick files fill in
+"""The files known to take longest (the demo, real Prefect servers and flows, the Harbor
+image build, CLI subprocess scenarios), roughly longest first: under pytest-xdist with
+`--dist loadfile --no-loadscope-reorder` (the Makefile's comment) files are handed to the
+workers in collection order, so these start first and the quick files fill in
 around them instead of one worker finishing a long file alone at the end. Only the order
 of files changes, never the order of tests within a file. A file missing here is merely
 scheduled later."""
