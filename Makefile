@@ -45,9 +45,13 @@ demo: install
 
 test: install system-deps check pytest
 
-# Serial by default. PYTEST_ARGS="-n 4 --dist loadgroup" runs the suite on pytest-xdist
-# workers (each with its own Prefect home, tests/conftest.py); not yet the default: under a
-# loaded machine the service-start and demo timeouts fail on workers (issue 21 item 5).
+# Serial by default. PYTEST_ARGS="-n 2 --dist loadfile --no-loadscope-reorder" runs it on
+# two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
+# whole file per worker at a time (a file's module-scoped servers stay on one worker),
+# slowest file first (SLOWEST_FILES in tests/conftest.py; --no-loadscope-reorder keeps that
+# order). Each worker has its own Prefect home and harness, PostgreSQL cluster and S3 server.
+# Not yet the default: a run of it under load 8-13 had failures and setup errors that
+# were not diagnosed (issue 21 item 5).
 PYTEST_ARGS ?=
 
 pytest: install

@@ -7,6 +7,7 @@ EPIFLOW_REQUIRE_POSTGRES=1 (set by .ci/run), where they fail.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 # Prefect reads its settings at import: give the whole test session a private home and
@@ -36,6 +37,35 @@ from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 
 KEEP_ENV = ("EPIFLOW_REQUIRE_POSTGRES", "EPIFLOW_PG_BIN", "EPIFLOW_SCREENSHOT_DIR")
 """Variables about the test run itself, not settings of the code under test."""
+
+SLOWEST_FILES = (
+    "tests/cli/test_cli_spine.py",
+    "tests/flows/test_ui.py",
+    "tests/flows/test_recovery.py",
+    "tests/flows/test_scale_out.py",
+    "tests/flows/test_training_loop.py",
+    "tests/flows/test_serve.py",
+    "tests/flows/test_qc_flow.py",
+    "tests/flows/test_collect_flow.py",
+    "tests/suites/test_harbor_tasks.py",
+    "tests/cli/test_interrupts.py",
+    "tests/cli/test_concurrent.py",
+    "tests/test_lean_install.py",
+)
+"""The files known to take longest (the demo, real Prefect servers and flows, the Harbor
+image build, CLI subprocess scenarios), roughly longest first: under pytest-xdist with
+`--dist loadfile --no-loadscope-reorder` (the Makefile's comment) files are handed to the
+workers in collection order, so these start first and the quick files fill in
+around them instead of one worker finishing a long file alone at the end. Only the order
+of files changes, never the order of tests within a file. A file missing here is merely
+scheduled later."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a serial run keeps pytest's order
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)
@@ -94,14 +124,56 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-@pytest.fixture
-def migrated_engine(db_url: str) -> Iterator[Engine]:
-    """An engine on a freshly migrated database (SQLite and PostgreSQL)."""
+@pytest.fixture(scope="session")
+def _migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per session (per xdist worker)."""
     from storage import migrate
     from storage.db import make_engine
 
-    engine = make_engine(DatabaseSettings(url=db_url))
+    path = tmp_path_factory.mktemp("migrated-template") / "head.db"
+    engine = make_engine(DatabaseSettings(url=f"sqlite:///{path}"))
     migrate.upgrade(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _migrated_pg_template(pg_cluster: PostgresCluster) -> str:
+    """A PostgreSQL database migrated to head once per session, that tests clone (no
+    connection to it stays open: CREATE DATABASE … TEMPLATE needs it idle)."""
+    from storage import migrate
+    from storage.db import make_engine
+
+    name = pg_cluster.create_database()
+    engine = make_engine(DatabaseSettings(url=pg_cluster.url(name)))
+    migrate.upgrade(engine)
+    engine.dispose()
+    return name
+
+
+@pytest.fixture
+def migrated_engine(request: pytest.FixtureRequest, db_url: str) -> Iterator[Engine]:
+    """An engine on a fresh database at the head revision (SQLite and PostgreSQL): a copy
+    of the session's migrated template, the same schema `migrate.upgrade` writes (the
+    migrations themselves are tested on empty databases in tests/storage/test_migrations.py)."""
+    from sqlalchemy.engine import make_url
+
+    from storage import migrate
+    from storage.db import make_engine
+
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        assert url.database and not Path(url.database).exists()
+        template: Path = request.getfixturevalue("_migrated_sqlite_template")
+        for suffix in ("", "-wal"):  # a WAL left unmerged is part of the database
+            if template.with_name(template.name + suffix).exists():
+                shutil.copyfile(template.with_name(template.name + suffix), url.database + suffix)
+    else:
+        cluster: PostgresCluster = request.getfixturevalue("pg_cluster")
+        assert url.database
+        cluster.replace_database(url.database, request.getfixturevalue("_migrated_pg_template"))
+    engine = make_engine(DatabaseSettings(url=db_url))
+    assert migrate.current_revision(engine) == migrate.head_revision()
     yield engine
     engine.dispose()
 

@@ -54,10 +54,22 @@ class PostgresCluster:
         pw = self.password if password is None else password
         return f"postgresql+psycopg://{user}:{pw}@{self.host}:{self.port}/{database}"
 
-    def create_database(self) -> str:
+    def create_database(self, template: str | None = None) -> str:
+        """A new database: empty, or a copy of `template` (CREATE DATABASE … TEMPLATE, a
+        file-level copy; nobody may be connected to the template meanwhile)."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        return name
+
+    def replace_database(self, name: str, template: str) -> None:
+        """Drop database `name` and create it again as a copy of `template`."""
+        self.execute(f'DROP DATABASE "{name}"')
+        self.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+
+    def execute(self, sql: str) -> None:
+        """Run one statement as the superuser outside a transaction (database DDL)."""
         import psycopg
 
-        name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(
             host=self.host,
             port=self.port,
@@ -66,8 +78,7 @@ class PostgresCluster:
             dbname="postgres",
             autocommit=True,
         ) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return name
+            conn.execute(sql)
 
 
 @contextmanager
