@@ -311,12 +311,10 @@ def _abandoned(
     """The last line of a stop that was abandoned (a second signal, or past
     EPIFLOW_PREFECT_STOP_TIMEOUT_S): the run marked `interrupted` and its flow run
     Cancelled when they answer in time; what is stored; how to resume."""
-    from storage.runs import close_run
-
     name = signal.Signals(signum).name
 
     def mark() -> bool:
-        close_run(collection.engine, collection.run_id, status="interrupted")
+        collection.end("interrupted")
         return True
 
     marked = _bounded(mark, ABANDON_WRITE_S)

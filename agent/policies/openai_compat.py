@@ -41,8 +41,9 @@ _MISCONFIGURED_STATUS = frozenset({401, 403, 404})
 """Not retried, and not the agent's: a wrong key, URL or model name."""
 
 
-class _NotACompletion(Exception):
-    """Internal: a 2xx body that is not a chat completion (retried like a 5xx)."""
+class _NotACompletion(PolicyResponseError):
+    """Internal: a 2xx body that is not a chat completion (retried like a 5xx; after the
+    retries the policy raises `EndpointResponseError` with its reason)."""
 
 
 def _retry_after(response: httpx.Response) -> float | None:
