@@ -17,6 +17,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._listening = False
 
     @property
     def endpoint(self) -> str:
@@ -27,13 +28,17 @@ class TcpProxy:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen(64)
-        self._listener = listener
+        with self._lock:
+            self._listener, self._listening = listener, True
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def stop(self) -> None:
         """Refuse new connections and drop the open ones (the outage)."""
         with self._lock:
+            self._listening = False
             if self._listener is not None:
+                # A thread blocked in accept() keeps the closed socket listening until
+                # that call returns: a connection it still accepts is dropped below.
                 self._listener.close()
                 self._listener = None
             for conn in self._conns:
@@ -56,6 +61,10 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
+                if not self._listening or self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
                 self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
