@@ -34,6 +34,7 @@ from sqlalchemy import Engine
 from storage.settings import DatabaseSettings, ObjectStoreSettings
 from tests.services.postgres import PostgresCluster, find_pg_bin, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.services.s3_fault_proxy import S3FaultProxy
 
 KEEP_ENV = ("EPIFLOW_REQUIRE_POSTGRES", "EPIFLOW_PG_BIN", "EPIFLOW_SCREENSHOT_DIR")
 """Variables about the test run itself, not settings of the code under test."""
@@ -184,6 +185,16 @@ def s3_server() -> Iterator[S3Server]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def s3_fault_proxy(s3_server: S3Server) -> Iterator[S3FaultProxy]:
+    """A fault proxy in front of the session's S3 server, passing everything until a test
+    sets its schedule or fault."""
+    proxy = S3FaultProxy(s3_server.port)
+    proxy.start()
+    yield proxy
+    proxy.stop()
 
 
 @pytest.fixture

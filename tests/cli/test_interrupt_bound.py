@@ -29,7 +29,6 @@ from tests.cli.local import (
     wait_until,
 )
 from tests.cli.test_interrupts import assert_resumes, start_victim, stored, wait_for_progress
-from tests.services.s3 import S3Server
 from tests.services.s3_fault_proxy import S3FaultProxy, always, never
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -38,11 +37,8 @@ STOP_TIMEOUT_S = 5
 
 
 @pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[S3FaultProxy]:
-    p = S3FaultProxy(s3_server.port)
-    p.start()
-    yield p
-    p.stop()
+def proxy(s3_fault_proxy: S3FaultProxy) -> S3FaultProxy:
+    return s3_fault_proxy
 
 
 @pytest.fixture(scope="module")

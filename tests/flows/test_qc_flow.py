@@ -24,19 +24,6 @@ def collect(
     asyncio.run(collect_in_process(request, engine=engine, store=store))
 
 
-@pytest.fixture
-def gated_env(
-    migrated_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> tuple[Engine, LocalObjectStore]:
-    monkeypatch.setenv(
-        "EPIFLOW_DATABASE_URL", migrated_engine.url.render_as_string(hide_password=False)
-    )
-    monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
-    store = LocalObjectStore(tmp_path / "objects")
-    store.check()
-    return migrated_engine, store
-
-
 def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gated_env) -> None:
     from flows.qc import qc_gate
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
@@ -46,19 +45,6 @@ def scores(engine: Engine, *qc_runs: uuid.UUID) -> dict[str, float]:
             ).all()
             out.update({str(e): float(s or 0.0) for e, s in rows})
     return out
-
-
-@pytest.fixture
-def gated_env(
-    migrated_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> tuple[Engine, LocalObjectStore]:
-    monkeypatch.setenv(
-        "EPIFLOW_DATABASE_URL", migrated_engine.url.render_as_string(hide_password=False)
-    )
-    monkeypatch.setenv("EPIFLOW_OBJECTS_URL", str(tmp_path / "objects"))
-    store = LocalObjectStore(tmp_path / "objects")
-    store.check()
-    return migrated_engine, store
 
 
 def test_the_window_is_what_the_snapshot_trains_on(prefect_harness: None, gated_env) -> None:

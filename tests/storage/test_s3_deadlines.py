@@ -15,7 +15,6 @@ import pytest
 from storage.errors import ObjectStoreUnavailable
 from storage.objects import S3ObjectStore, make_object_store
 from storage.settings import ObjectStoreSettings
-from tests.services.s3 import S3Server
 from tests.services.s3_fault_proxy import S3FaultProxy, always, first_n
 
 pytestmark = pytest.mark.s3
@@ -31,11 +30,8 @@ FAST = {
 
 
 @pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[S3FaultProxy]:
-    p = S3FaultProxy(s3_server.port)
-    p.start()
-    yield p
-    p.stop()
+def proxy(s3_fault_proxy: S3FaultProxy) -> S3FaultProxy:
+    return s3_fault_proxy
 
 
 @pytest.fixture

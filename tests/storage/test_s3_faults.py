@@ -10,7 +10,6 @@ import hashlib
 import logging
 import os
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ import pytest
 from storage.errors import BucketMissing, ObjectNotFound, ObjectStoreUnavailable
 from storage.objects import S3ObjectStore, make_object_store
 from storage.settings import ObjectStoreSettings
-from tests.services.s3 import S3Server
 from tests.services.s3_fault_proxy import FAULTS, S3FaultProxy, always, first_n, never
 
 pytestmark = pytest.mark.s3
@@ -38,11 +36,8 @@ SEEN_AS = {
 
 
 @pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[S3FaultProxy]:
-    p = S3FaultProxy(s3_server.port)
-    p.start()
-    yield p
-    p.stop()
+def proxy(s3_fault_proxy: S3FaultProxy) -> S3FaultProxy:
+    return s3_fault_proxy
 
 
 def through(proxy: S3FaultProxy, settings: ObjectStoreSettings, **update: object) -> S3ObjectStore:
