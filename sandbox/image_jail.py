@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from pathlib import Path
 from sandbox.host import EXECUTOR_SOURCE
 from sandbox.host_setup import EXECUTOR_DIR_IN_JAIL, JAIL_GID, JAIL_UID, HostSetup
 from sandbox.image_spec import ImageMount
-from sandbox.nsjail import MIB, SECCOMP_POLICY, _limit_args
+from sandbox.nsjail import MIB, SECCOMP_POLICY, identity_and_limits
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 
@@ -82,17 +81,7 @@ def image_nsjail_argv(
         "--hostname", "sandbox",
         "--chroot", image.root,
         "--cwd", image.workdir,
-        "--user", f"{JAIL_UID}:{settings.outside_uid}:1",
-        "--group", f"{JAIL_GID}:{settings.outside_gid}:1",
-        "--time_limit", str(max(1, math.ceil(time_limit_s))),
-        "--max_cpus", str(spec.cpus),
-        "--nice_level", "0",
-        "--rlimit_core", "0",
-        "--rlimit_cpu", str(math.ceil(spec.hard_timeout_s * spec.cpus) + 1),
-        "--rlimit_fsize", str(max(spec.workspace_mib, spec.tmpfs_mib)),
-        "--rlimit_nofile", "1024",
-        "--rlimit_stack", "soft",
-        *_limit_args(spec, host, settings),
+        *identity_and_limits(spec, host, settings, time_limit_s=time_limit_s),
         "--bindmount_ro", f"{executor_source(settings)}:{EXECUTOR_IN_IMAGE}",
         "--bindmount", "/dev/null",
         "--bindmount", "/dev/zero",

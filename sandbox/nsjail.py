@@ -104,6 +104,26 @@ def _limit_args(spec: SandboxSpec, host: HostSetup, settings: SandboxSettings) -
     ]  # fmt: skip
 
 
+def identity_and_limits(
+    spec: SandboxSpec, host: HostSetup, settings: SandboxSettings, *, time_limit_s: float
+) -> list[str]:
+    """The arguments every jail shares, toolchain or image: who it runs as, its wall-clock
+    limit, CPUs, rlimits and cgroup limits."""
+    return [
+        "--user", f"{JAIL_UID}:{settings.outside_uid}:1",
+        "--group", f"{JAIL_GID}:{settings.outside_gid}:1",
+        "--time_limit", str(max(1, math.ceil(time_limit_s))),
+        "--max_cpus", str(spec.cpus),
+        "--nice_level", "0",
+        "--rlimit_core", "0",
+        "--rlimit_cpu", str(math.ceil(spec.hard_timeout_s * spec.cpus) + 1),
+        "--rlimit_fsize", str(max(spec.workspace_mib, spec.tmpfs_mib)),
+        "--rlimit_nofile", "1024",
+        "--rlimit_stack", "soft",
+        *_limit_args(spec, host, settings),
+    ]  # fmt: skip
+
+
 def nsjail_argv(
     spec: SandboxSpec,
     host: HostSetup,
@@ -120,17 +140,7 @@ def nsjail_argv(
         "--really_quiet",
         "--hostname", "sandbox",
         "--cwd", "/workspace",
-        "--user", f"{JAIL_UID}:{settings.outside_uid}:1",
-        "--group", f"{JAIL_GID}:{settings.outside_gid}:1",
-        "--time_limit", str(max(1, math.ceil(time_limit_s))),
-        "--max_cpus", str(spec.cpus),
-        "--nice_level", "0",
-        "--rlimit_core", "0",
-        "--rlimit_cpu", str(math.ceil(spec.hard_timeout_s * spec.cpus) + 1),
-        "--rlimit_fsize", str(max(spec.workspace_mib, spec.tmpfs_mib)),
-        "--rlimit_nofile", "1024",
-        "--rlimit_stack", "soft",
-        *_limit_args(spec, host, settings),
+        *identity_and_limits(spec, host, settings, time_limit_s=time_limit_s),
         *_toolchain_mounts(settings),
         "--bindmount_ro", f"{host.etc_dir}:/etc",
         "--bindmount_ro", f"{host.executor}:{host.executor_in_jail}",
