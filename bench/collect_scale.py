@@ -310,8 +310,8 @@ def verify(database_url: str, objects: Path, episodes: int) -> dict[str, Any]:
     from config.settings import load_settings
     from models import Episode, Step, run_id_for
     from storage.db import make_engine
-    from storage.episodes import list_orphans
     from storage.objects import LocalObjectStore
+    from storage.orphans import list_orphans
     from storage.settings import DatabaseSettings
 
     engine = make_engine(DatabaseSettings(url=database_url))

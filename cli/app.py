@@ -170,13 +170,21 @@ def db_current(
 @db_app.command("orphans")
 def db_orphans(
     delete: Annotated[bool, typer.Option(help="Delete the orphaned objects.")] = False,
+    fix: Annotated[
+        bool,
+        typer.Option(
+            help="Mark `crashed` the training runs left `running` by dead processes of this host."
+        ),
+    ] = False,
 ) -> None:
-    """List (or delete) objects in the object store that no row points at."""
+    """List (or delete) objects no row points at, rows whose object is gone, and training
+    runs whose process died (`--fix` marks them crashed)."""
     from cli.terminal import neutralise
     from storage.db import make_engine
-    from storage.episodes import delete_orphans, list_orphans
     from storage.migrate import ensure_current
     from storage.objects import make_object_store
+    from storage.orphans import delete_orphans, list_orphans
+    from training.registry import mark_crashed_training_runs
 
     settings = _settings()
     engine = make_engine(settings.database)
@@ -184,9 +192,18 @@ def db_orphans(
     store = make_object_store(settings.objects)
     store.check()
     report = delete_orphans(engine, store) if delete else list_orphans(engine, store)
+    crashed = mark_crashed_training_runs(engine, dry_run=not fix)
     for key in report.keys:
         typer.echo(neutralise(key))
-    _err().print(f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}")
+    for m in report.missing:
+        typer.echo(f"missing: {m.table} {neutralise(m.row)} -> {neutralise(m.key)}")
+    for run_id in crashed:
+        typer.echo(f"crashed: training_run {run_id}")
+    _err().print(
+        f"{len(report.keys)} orphaned object(s){' deleted' if delete else ''}, "
+        f"{len(report.missing)} row(s) without their object, {len(crashed)} training "
+        f"run(s) of dead processes{' marked crashed' if fix else ' (--fix marks them crashed)'}"
+    )
 
 
 @db_app.command("verify")

@@ -1,55 +1,36 @@
 """Scratch directories that do not outlive their process, even a killed one.
 
 `scratch_dir(prefix)` is a `tempfile.TemporaryDirectory` (removed on any exit Python
-sees: return, error, cancellation, Ctrl-C) that records its owner — host name, pid and
-the process's start time — in `.owner`. A process killed with SIGKILL, or lost with its
+sees: return, error, cancellation, Ctrl-C) that records its owner (`core.owner`: host name, pid and
+the process's start time) in `.owner`. A process killed with SIGKILL, or lost with its
 machine, cannot remove its directory; the next `scratch_dir` of the same prefix on the
 same host removes every sibling whose owner is gone (`sweep_scratch`). Training copies
 models into these directories, so a few killed runs would otherwise fill the disk.
 
-Pure standard library; no epiflow imports.
+Pure standard library and `core.owner` (who the owner is, whether it is gone).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.owner import owner_gone, this_process
+
 OWNER_FILE = ".owner"
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat),
-    which tells a live owner from a later process that reused its pid; None when no
-    such process is running."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _owner_line() -> str:
-    pid = os.getpid()
-    return f"{socket.gethostname()} {pid} {_start_time(pid) or '?'}\n"
 
 
 def _owner_gone(directory: Path) -> bool:
     """True when `directory`'s owner ran on this host and is no longer running. A
     directory without a readable owner (being created, or not ours) is left alone."""
     try:
-        host, pid, started = (directory / OWNER_FILE).read_text().split()
-    except (OSError, ValueError):
+        owner = (directory / OWNER_FILE).read_text()
+    except OSError:
         return False
-    if host != socket.gethostname():
-        return False  # another machine's (a shared /tmp): only it can tell
-    return _start_time(int(pid)) != started
+    return owner_gone(owner)
 
 
 def sweep_scratch(prefix: str, root: Path | None = None) -> list[Path]:
@@ -71,5 +52,5 @@ def scratch_dir(prefix: str, root: Path | None = None) -> Iterator[Path]:
     sweep_scratch(prefix, root)
     with tempfile.TemporaryDirectory(prefix=prefix, dir=root) as tmp:
         path = Path(tmp)
-        (path / OWNER_FILE).write_text(_owner_line())
+        (path / OWNER_FILE).write_text(this_process() + "\n")
         yield path

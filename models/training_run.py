@@ -21,9 +21,19 @@ class TrainingRun(SQLModel, table=True):
     algo: str = doc("sft, dpo, kto or grpo.", index=True)
     base_model: str = doc("Base model path or checkpoint id it started from.")
     config: dict[str, Any] = json_col("Training settings (learning rate, epochs, beta, …).")
-    status: str = doc("running, completed or failed.", default="running", index=True)
+    status: str = doc(
+        "running, completed, failed or crashed (its process died while running: marked by "
+        "the next training on its host or by `epiflow db orphans --fix`).",
+        default="running",
+        index=True,
+    )
     error: str | None = text_col("Why it failed, if it failed.", nullable=True)
     metrics: dict[str, Any] = json_col("Final metrics (loss, tokens/s, steps, …).")
     prefect_flow_run_id: str | None = doc("Prefect flow run that trained it, if any.", default=None)
+    owner: str | None = doc(
+        "Process that ran it: host, pid and process start time (NULL on rows older than "
+        "the column).",
+        default=None,
+    )
     started_at: datetime = time_col("When training started (UTC).", index=True)
     ended_at: datetime | None = time_col("When training ended (UTC).", nullable=True)

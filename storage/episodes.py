@@ -4,7 +4,7 @@ Order matters: an episode's objects (full trajectory JSON, raw stdout/stderr byt
 the SQL text could not hold) are written before its rows commit, so no row ever points
 at a missing object. An episode whose objects cannot be written is recorded as
 `storage_error` with the reason and no object keys. Objects whose rows never committed
-are orphans: `list_orphans` finds them, `delete_orphans` collects them.
+are orphans: `storage.orphans` finds them and collects them.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pydantic import BaseModel
 from sqlalchemy import Engine, select
 from sqlmodel import col
 
 from agent.trajectory import Trajectory
-from models import Artifact, Episode
+from models import Episode
 from storage.errors import ObjectNotFound, ObjectStoreError
 from storage.harbor_rows import write_harbor_rows
 from storage.ingest import (
@@ -134,29 +133,3 @@ def load_trajectory(engine: Engine, store: ObjectStore, episode_id: uuid.UUID) -
         ObjectNotFound: no such episode, or it has no stored trajectory (a storage error).
     """
     return Trajectory.model_validate_json(trajectory_bytes(engine, store, episode_id))
-
-
-class OrphanReport(BaseModel):
-    """Objects with no `artifact` row pointing at them."""
-
-    keys: list[str]
-    """Orphaned keys."""
-
-
-def list_orphans(engine: Engine, store: ObjectStore, prefix: str = "episodes/") -> OrphanReport:
-    """Objects under `prefix` that no `artifact` row points at (left by failed batches)."""
-    with engine.connect() as conn:
-        known = set(
-            conn.execute(
-                select(col(Artifact.key)).where(col(Artifact.key).startswith(prefix))
-            ).scalars()
-        )
-    return OrphanReport(keys=[k for k in store.list(prefix) if k not in known])
-
-
-def delete_orphans(engine: Engine, store: ObjectStore, prefix: str = "episodes/") -> OrphanReport:
-    """Delete what `list_orphans` finds; returns what was deleted."""
-    report = list_orphans(engine, store, prefix)
-    for key in report.keys:
-        store.delete(key)
-    return report

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, select, update
 from sqlmodel import Session, col
 
 from agent.trajectory import utcnow
+from core.owner import owner_gone, this_process
 from models import Checkpoint, Policy, TrainingRun
 from storage.errors import ObjectStoreError
 from storage.objects import ObjectStore
@@ -31,6 +32,7 @@ __all__ = [
     "finish_training_run",
     "get_checkpoint",
     "load_training_config",
+    "mark_crashed_training_runs",
     "previous_checkpoint",
     "record_evaluation",
     "register_base_model",
@@ -126,7 +128,10 @@ def start_training_run(
     config: dict[str, Any],
     prefect_flow_run_id: str | None = None,
 ) -> uuid.UUID:
-    """A `training_run` row in status `running`; returns its id."""
+    """A `training_run` row in status `running`, owned by this process; returns its id.
+    First marks the running rows of this host's dead trainings `crashed`
+    (`mark_crashed_training_runs`)."""
+    mark_crashed_training_runs(engine)
     run_id = uuid.uuid4()
     with Session(engine) as session:
         session.add(
@@ -139,10 +144,40 @@ def start_training_run(
                 status="running",
                 metrics={},
                 prefect_flow_run_id=prefect_flow_run_id,
+                owner=this_process(),
             )
         )
         session.commit()
     return run_id
+
+
+def mark_crashed_training_runs(engine: Engine, *, dry_run: bool = False) -> list[uuid.UUID]:
+    """Mark `crashed` every `running` training run whose owner process ran on this host and
+    is gone (killed with SIGKILL, out of memory: nothing could close its row); returns
+    their ids (`dry_run`: only finds them). Another host's rows, and rows without an
+    owner, are left alone."""
+    with engine.connect() as conn:
+        running = conn.execute(
+            select(col(TrainingRun.id), col(TrainingRun.owner)).where(
+                col(TrainingRun.status) == "running", col(TrainingRun.owner).is_not(None)
+            )
+        ).all()
+    dead = [(run_id, owner) for run_id, owner in running if owner_gone(owner)]
+    if not dead or dry_run:
+        return [run_id for run_id, _ in dead]
+    now = utcnow()
+    with engine.begin() as conn:
+        for run_id, owner in dead:
+            conn.execute(
+                update(TrainingRun)
+                .where(col(TrainingRun.id) == run_id, col(TrainingRun.status) == "running")
+                .values(
+                    status="crashed",
+                    error=f"its process ({owner}) ended without closing the run",
+                    ended_at=now,
+                )
+            )
+    return [run_id for run_id, _ in dead]
 
 
 def _end_run(

@@ -22,8 +22,8 @@ from sqlmodel import col
 
 from models import Episode, Step
 from storage.db import make_engine
-from storage.episodes import list_orphans
 from storage.objects import LocalObjectStore
+from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")

@@ -15,8 +15,8 @@ from sqlmodel import col
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
 from models import Artifact, Episode, Step
-from storage.episodes import list_orphans
 from storage.objects import make_object_store
+from storage.orphans import list_orphans
 from storage.settings import ObjectStoreSettings
 from tests.services.s3 import S3Server
 from tests.services.s3_fault_proxy import FAULTS, S3FaultProxy, every_nth

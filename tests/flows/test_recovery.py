@@ -33,8 +33,8 @@ from sqlalchemy import text
 from config.automations import NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
 from storage import migrate
 from storage.db import make_engine
-from storage.episodes import list_orphans
 from storage.objects import LocalObjectStore
+from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
 from tests.services.prefect_api import Api, wait_for
 from tests.services.prefect_server import PrefectServer

@@ -24,8 +24,8 @@ from sqlalchemy import text
 
 from storage import migrate
 from storage.db import make_engine
-from storage.episodes import list_orphans
 from storage.objects import make_object_store
+from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings, ObjectStoreSettings
 from tests.services.prefect_api import Api, wait_for
 from tests.services.prefect_server import BIN, PrefectServer

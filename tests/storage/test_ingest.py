@@ -12,10 +12,11 @@ from sqlmodel import col
 
 from agent.trajectory import Trajectory
 from models import Artifact, Episode, Step
-from storage.episodes import list_orphans, load_trajectory, persist_episodes
+from storage.episodes import load_trajectory, persist_episodes
 from storage.errors import IngestError, ObjectStoreError
 from storage.ingest import EpisodeBundle, ingest_episodes, rows_for
 from storage.objects import LocalObjectStore, ObjectInfo, ObjectStore
+from storage.orphans import list_orphans
 from storage.rows import STEP_COLUMNS, EpisodeRows, mark_storage_error, prepare_rows, step_row
 from tests.storage.builders import make_trajectory
 
