@@ -32,7 +32,7 @@ import pytest
 from sqlalchemy import Engine
 
 from storage.settings import DatabaseSettings, ObjectStoreSettings
-from tests.services.postgres import PostgresCluster, find_pg_bin, running_cluster
+from tests.services.postgres import PostgresCluster, pg_bin_or_skip, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 from tests.services.s3_fault_proxy import S3FaultProxy
 
@@ -93,16 +93,7 @@ def _stop_local_prefect_server() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PostgresCluster]:
-    bin_dir = find_pg_bin()
-    if bin_dir is None or not (bin_dir / "initdb").exists():
-        reason = (
-            "PostgreSQL binaries (initdb, pg_ctl) not found: install the `postgresql` package "
-            "or set EPIFLOW_PG_BIN; PostgreSQL tests are NOT running"
-        )
-        if os.environ.get("EPIFLOW_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason + " (EPIFLOW_REQUIRE_POSTGRES=1)")
-        pytest.skip(reason)
-    with running_cluster(bin_dir) as cluster:
+    with running_cluster(pg_bin_or_skip()) as cluster:
         yield cluster
 
 

@@ -40,6 +40,23 @@ def find_pg_bin() -> Path | None:
     return Path(candidates[0]).parent if candidates else None
 
 
+def pg_bin_or_skip() -> Path:
+    """The PostgreSQL binaries; skips the test loudly when they are missing (fails it under
+    EPIFLOW_REQUIRE_POSTGRES=1)."""
+    import pytest
+
+    bin_dir = find_pg_bin()
+    if bin_dir is None or not (bin_dir / "initdb").exists():
+        reason = (
+            "PostgreSQL binaries (initdb, pg_ctl) not found: install the `postgresql` package "
+            "or set EPIFLOW_PG_BIN; PostgreSQL tests are NOT running"
+        )
+        if os.environ.get("EPIFLOW_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason + " (EPIFLOW_REQUIRE_POSTGRES=1)")
+        pytest.skip(reason)
+    return bin_dir
+
+
 @dataclass
 class PostgresCluster:
     """A running cluster; `url(db)` gives a SQLAlchemy URL as the superuser."""
@@ -47,6 +64,13 @@ class PostgresCluster:
     host: str
     port: int
     password: str
+    data_dir: Path | None = None
+    """The cluster's data directory (its `postmaster.pid` names the server process)."""
+
+    def postmaster_pid(self) -> int:
+        """The server's main process (its backends and workers are its children)."""
+        assert self.data_dir is not None, "a cluster started by running_cluster"
+        return int((self.data_dir / "postmaster.pid").read_text().split()[0])
 
     def url(
         self, database: str = "postgres", *, user: str = "postgres", password: str | None = None
@@ -137,7 +161,9 @@ def running_cluster(bin_dir: Path) -> Iterator[PostgresCluster]:
             capture_output=True,
             user=user,
         )
-        yield PostgresCluster(host="127.0.0.1", port=port, password=SUPERUSER_PASSWORD)
+        yield PostgresCluster(
+            host="127.0.0.1", port=port, password=SUPERUSER_PASSWORD, data_dir=data
+        )
     finally:
         if data.exists():
             subprocess.run(
