@@ -84,19 +84,30 @@ def train(
     if algo not in ("sft", "dpo", "kto", "grpo"):
         raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
     _prefect()
+    from cli.interrupts import Interrupted, run_interruptibly
     from flows.train import train as train_flow
     from training.trainers import Algo
 
-    result = asyncio.run(
-        train_flow(
-            algo=Algo(algo),
-            dataset=dataset,
-            from_run=from_run,
-            qc_run=None if not qc_run else qc_run[0] if len(qc_run) == 1 else qc_run,
-            base_checkpoint=base_checkpoint,
-            max_steps=max_steps,
+    # Ctrl-C / SIGTERM cancel the flow: training stops at its next log event, its
+    # `training_run` is closed failed and its work folder (model copies) removed.
+    try:
+        result = run_interruptibly(
+            lambda: train_flow(
+                algo=Algo(algo),
+                dataset=dataset,
+                from_run=from_run,
+                qc_run=None if not qc_run else qc_run[0] if len(qc_run) == 1 else qc_run,
+                base_checkpoint=base_checkpoint,
+                max_steps=max_steps,
+            )
         )
-    )
+    except Interrupted as stop:
+        typer.echo(
+            f"{stop}: training stopped, its training_run marked failed and its work folder "
+            "removed; run the command again to train",
+            err=True,
+        )
+        raise typer.Exit(stop.exit_code) from stop
     _print(
         result,
         (

@@ -16,8 +16,9 @@ import concurrent.futures
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
@@ -34,11 +35,13 @@ from config.settings import Settings, load_settings
 from core.scratch import scratch_dir
 from flows import route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
-from training.errors import DatasetSelectionError
+from training.errors import DatasetSelectionError, TrainingStopped
 from training.pipeline import TrainedModel
 from training.recipes import get_recipe
 from training.settings import TrainingSettings
 from training.trainers import Algo
+
+T = TypeVar("T")
 
 LOSS_TABLE_EVERY_S = 15.0
 """How often the loss table artifact gets a new version while training runs, seconds."""
@@ -144,6 +147,21 @@ async def dataset_snapshot(
 
 
 @task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
+    """`fn()` in a worker thread that writes into the flow's work folder. A cancelled
+    await would leave the thread running, writing into a folder the flow is about to
+    remove (and could create again): on cancellation, `stop` is set (a thread that checks
+    it ends early) and the thread is waited for before the cancellation goes on."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        if stop is not None:
+            stop.set()
+        await asyncio.wait([work])
+        raise
+
+
 async def base_model(
     settings: Settings,
     training: TrainingSettings,
@@ -165,13 +183,13 @@ async def base_model(
     try:
         store = make_object_store(settings.objects)
         if for_dataset is not None:
-            base = await asyncio.to_thread(
+            base = await _in_work_thread(
                 lambda: prepare_base_for_snapshot(
                     engine, store, dataset_id=for_dataset, work_dir=work, settings=training
                 )
             )
         else:
-            base = await asyncio.to_thread(ensure_base_model, engine, store, training, work)
+            base = await _in_work_thread(lambda: ensure_base_model(engine, store, training, work))
     finally:
         engine.dispose()
     get_run_logger().info("base-model: checkpoint %s", base)
@@ -193,8 +211,12 @@ class _TrainingMonitor:
         self._last_table = time.monotonic()
         self._lock = threading.Lock()
         self._pending: list[concurrent.futures.Future[Any]] = []
+        self.stop = threading.Event()
+        """Set when the flow is cancelled: the training thread stops at its next log event."""
 
     def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
+        if self.stop.is_set():
+            raise TrainingStopped(f"training stopped at step {step}: its flow was cancelled")
         with self._lock:
             self.step, self.max_steps = step, max_steps
             if "loss" in logs:
@@ -267,7 +289,7 @@ async def train_task(
     engine = make_engine(settings.database)
     try:
         store = make_object_store(settings.objects)
-        trained = await asyncio.to_thread(
+        trained = await _in_work_thread(
             lambda: train_model(
                 engine,
                 store,
@@ -279,7 +301,8 @@ async def train_task(
                 rewards=settings.rewards,
                 prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
                 on_metrics=monitor.on_metrics,
-            )
+            ),
+            stop=monitor.stop,
         )
     finally:
         engine.dispose()

@@ -5,6 +5,7 @@ TrainingError
 │   └── EmptySnapshot      the selection matched no usable episode
 ├── BaseModelError         the local tokenizer / model cannot be built
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
+│   └── TrainingStopped    its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)
 ├── RegistryError          checkpoint / training-run bookkeeping failed
 │   └── CheckpointNotFound no checkpoint (or no files) under that id
 ├── DatasetSelectionError  the train parameters select nothing to train on
@@ -35,6 +36,10 @@ class BaseModelError(TrainingError):
 
 class TrainerError(TrainingError):
     """A trainer failed: unusable dataset, invalid configuration or a runtime error."""
+
+
+class TrainingStopped(TrainerError):
+    """Training was stopped because its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)."""
 
 
 class RegistryError(TrainingError):
