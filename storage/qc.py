@@ -57,7 +57,9 @@ def write_qc_run(
     started_at: datetime,
     qc_run_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
-    """One transaction: the `qc_run`, a `qc_result` per episode, every judgement."""
+    """One transaction: the `qc_run`, a `qc_result` per episode, every judgement. Written
+    only at the gate's end, so a killed gate leaves no row (only its data docs objects,
+    which `storage.orphans` finds)."""
     qc_run_id = qc_run_id or uuid.uuid4()
     counts = report.counts
     now = utcnow()

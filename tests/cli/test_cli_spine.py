@@ -114,6 +114,18 @@ def test_invalid_url_does_not_echo_it(tmp_path: Path) -> None:
     assert line.startswith("error: EPIFLOW_DATABASE_URL") and "s3cr3t" not in line
 
 
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("postgresql+nodriver://u:p@h/db", "unknown driver 'nodriver'"),
+        ("mysql://u:p@h/db", "supports postgresql"),
+    ],
+)
+def test_an_unsupported_database_url_is_one_line(tmp_path: Path, url: str, needle: str) -> None:
+    line = one_error_line(run(["db", "current"], tmp_path, EPIFLOW_DATABASE_URL=url))
+    assert "EPIFLOW_DATABASE_URL" in line and needle in line, line
+
+
 def test_schema_older_than_code(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     line = one_error_line(run(["db", "orphans"], tmp_path, EPIFLOW_DATABASE_URL=url))
