@@ -162,7 +162,7 @@ def mark_crashed_training_runs(engine: Engine, *, dry_run: bool = False) -> list
                 col(TrainingRun.status) == "running", col(TrainingRun.owner).is_not(None)
             )
         ).all()
-    dead = [(run_id, owner) for run_id, owner in running if owner_gone(owner)]
+    dead = [(run_id, owner) for run_id, owner in running if owner and owner_gone(owner)]
     if not dead or dry_run:
         return [run_id for run_id, _ in dead]
     now = utcnow()
