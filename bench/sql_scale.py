@@ -68,6 +68,7 @@ def params(ids: ScaleIds) -> dict[str, Any]:
         "episode_id": ids.episode_id,
         "qc_run_id": ids.qc_run_id,
         "lineage_episode_id": ids.lineage_episode_id,
+        "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
     }
 
 
