@@ -47,6 +47,7 @@ VIEWS = [
     "quality_by_template",
     "training_lineage",
     "reproducibility_by_suite",
+    "episode_tree",
 ]
 EXTRA = {
     "episode_summary_by_verdict": "SELECT qc_verdict, count(*) FROM episode_summary GROUP BY 1",
