@@ -31,6 +31,9 @@ from storage.sanitize import clean_json, clean_text
 
 __all__ = ["LinkReport", "embedded_episode_ids", "record_links"]
 
+_DOCUMENTS: Table = AtifDocument.__table__  # type: ignore[attr-defined]
+_LINKS: Table = EpisodeLink.__table__  # type: ignore[attr-defined]
+
 
 class LinkReport(BaseModel):
     """What `record_links` did."""
@@ -118,7 +121,7 @@ def record_links(engine: Engine, documents: Sequence[DocumentLinks]) -> LinkRepo
                 return report
             _insert_new(
                 conn,
-                AtifDocument.__table__,  # type: ignore[arg-type]
+                _DOCUMENTS,
                 [
                     {
                         "episode_id": eid,
@@ -132,7 +135,7 @@ def record_links(engine: Engine, documents: Sequence[DocumentLinks]) -> LinkRepo
                     for eid, d in fresh.items()
                 ],
             )
-            known = [_identity(r) for r in conn.execute(select(AtifDocument.__table__))]  # type: ignore[call-overload]
+            known = [_identity(r) for r in conn.execute(select(_DOCUMENTS))]
             links: list[dict[str, Any]] = []
             for eid, d in fresh.items():
                 for ref in d.refs:
@@ -140,7 +143,7 @@ def record_links(engine: Engine, documents: Sequence[DocumentLinks]) -> LinkRepo
                     report.resolved += child is not None
                     report.unresolved += child is None
                     links.append(_link_row(eid, ref, child))
-            _insert_new(conn, EpisodeLink.__table__, links)  # type: ignore[arg-type]
+            _insert_new(conn, _LINKS, links)
             report.resolved += _resolve_open(conn, known, set(fresh))
             report.documents = len(fresh)
     except DBAPIError as e:
@@ -155,7 +158,7 @@ def _resolve_open(conn: Connection, known: list[DocumentIdentity], fresh: set[uu
     """Resolve the open references of documents recorded earlier against every document
     known now; returns how many were resolved."""
     by_id = {k.episode_id: k for k in known}
-    table = EpisodeLink.__table__  # type: ignore[attr-defined]
+    table = _LINKS
     resolved = 0
     for row in conn.execute(select(table).where(table.c.child_episode_id.is_(None))).all():
         referrer = by_id.get(row.parent_episode_id)
