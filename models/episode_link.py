@@ -56,7 +56,7 @@ class AtifDocument(SQLModel, table=True):
         "The episode whose document embeds this one (`subagent_trajectories`, v1.7); NULL "
         "for a document of its own. An export of the run writes it inside that document only.",
         "episode.id",
-        ondelete="CASCADE",
+        ondelete="SET NULL",
     )
 
 

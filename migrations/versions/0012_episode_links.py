@@ -104,7 +104,7 @@ def upgrade() -> None:
     sa.Column('source_name', sqlmodel.sql.sqltypes.AutoString(), nullable=True, comment='Name of the file it was imported from (what `trajectory_path` and `continued_trajectory_ref` resolve by); NULL when not imported from a file.'),
     sa.Column('source_dir', sqlmodel.sql.sqltypes.AutoString(), nullable=True, comment='Absolute folder of that file on the machine that imported it.'),
     sa.Column('embedded_in', sa.Uuid(), nullable=True, comment="The episode whose document embeds this one (`subagent_trajectories`, v1.7); NULL for a document of its own. An export of the run writes it inside that document only."),
-    sa.ForeignKeyConstraint(['embedded_in'], ['episode.id'], name=op.f('fk_atif_document_embedded_in_episode'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['embedded_in'], ['episode.id'], name=op.f('fk_atif_document_embedded_in_episode'), ondelete='SET NULL'),
     sa.ForeignKeyConstraint(['episode_id'], ['episode.id'], name=op.f('fk_atif_document_episode_id_episode'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('episode_id', name=op.f('pk_atif_document'))
     )
