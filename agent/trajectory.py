@@ -132,6 +132,10 @@ class AtifRemainder(BaseModel):
     """Pointers to what epiflow's rendering writes and the document did not have."""
 
 
+def _copied(remainder: AtifRemainder | None) -> bool:
+    return remainder is not None and remainder.values.get("/is_copied_context") is True
+
+
 class AgentIdentity(BaseModel):
     """The agent system that produced an imported episode (ATIF `agent`)."""
 
@@ -159,6 +163,12 @@ class ContextStep(BaseModel):
     """Its text."""
     atif_remainder: AtifRemainder | None = None
     """The ATIF step's other fields (timestamp, observation, extra, …), see `AtifRemainder`."""
+
+    @property
+    def is_copied_context(self) -> bool:
+        """The ATIF step was marked `is_copied_context` (v1.5): copied from an earlier
+        trajectory for context, never a training target."""
+        return _copied(self.atif_remainder)
 
 
 class Step(BaseModel):
@@ -278,6 +288,14 @@ class Step(BaseModel):
     model_config = ConfigDict(
         populate_by_name=True, ser_json_bytes="base64", val_json_bytes="base64"
     )
+
+    @property
+    def is_copied_context(self) -> bool:
+        """The imported ATIF step was marked `is_copied_context` (v1.5): copied from an
+        earlier trajectory (after context summarisation) for context. It was trained on
+        there, so the dataset builders never make it a training target here; the one
+        definition (`step.is_copied_context` in SQL is written from it)."""
+        return _copied(self.atif_remainder)
 
     @property
     def tool_failed(self) -> bool:

@@ -47,6 +47,7 @@ VIEWS = [
     "quality_by_template",
     "training_lineage",
     "reproducibility_by_suite",
+    "episode_tree",
 ]
 EXTRA = {
     "episode_summary_by_verdict": "SELECT qc_verdict, count(*) FROM episode_summary GROUP BY 1",
@@ -68,6 +69,7 @@ def params(ids: ScaleIds) -> dict[str, Any]:
         "episode_id": ids.episode_id,
         "qc_run_id": ids.qc_run_id,
         "lineage_episode_id": ids.lineage_episode_id,
+        "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
     }
 
 

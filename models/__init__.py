@@ -9,6 +9,7 @@ from models.collection_run import CollectionRun, run_id_for
 from models.dataset import Dataset
 from models.dataset_episode import DatasetEpisode
 from models.episode import Episode
+from models.episode_link import AtifDocument, EpisodeLink
 from models.harbor import HarborEpisode, HarborTest
 from models.judgement import Judgement
 from models.policy import Policy
@@ -21,11 +22,13 @@ from models.training_run import TrainingRun
 
 __all__ = [
     "Artifact",
+    "AtifDocument",
     "Checkpoint",
     "CollectionRun",
     "Dataset",
     "DatasetEpisode",
     "Episode",
+    "EpisodeLink",
     "HarborEpisode",
     "HarborTest",
     "Judgement",

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Index, literal_column, text
+from sqlalchemy import ColumnElement, Index, false, literal_column, text
 from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
@@ -151,6 +151,13 @@ class Step(SQLModel, table=True):
     )
     immediate_reward: float = doc("Per-step shaping reward.", default=0.0)
     discounted_return: float = doc("Discounted return from this step to the end.", default=0.0)
+    is_copied_context: bool = doc(
+        "True for an imported ATIF step marked `is_copied_context` (v1.5): copied from an "
+        "earlier trajectory for context; never a training target, and not counted in "
+        "`episode_tree`'s tokens and cost (the earlier trajectory paid for it).",
+        default=False,
+        sa_column_kwargs={"server_default": false()},
+    )
 
 
 def tool_failed_sql(table: str = "step") -> str:

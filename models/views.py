@@ -9,6 +9,8 @@ test `tests/storage/test_view_plans.py` checks every view column has one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlmodel import SQLModel
 
 from models.checkpoint import Checkpoint
@@ -16,6 +18,7 @@ from models.collection_run import CollectionRun
 from models.dataset import Dataset
 from models.dataset_episode import DatasetEpisode
 from models.episode import Episode
+from models.episode_link import AtifDocument
 from models.qc_result import QcResult
 from models.qc_run import QcRun
 from models.step import Step
@@ -120,12 +123,43 @@ VIEW_COLUMNS: dict[str, dict[str, Source]] = {
         "reproducibility_rate": "identical_episodes / replays.",
         "step_reproducibility": "Identical steps over all replayed steps.",
     },
+    "episode_tree": {
+        "root_episode_id": "The tree's root: an imported ATIF episode no other episode links to "
+        "(a trajectory that is neither a sub-agent nor a continuation of another).",
+        "episode_id": "The episode at this node of the tree.",
+        "parent_episode_id": "The episode that links to this one; NULL for the root.",
+        "link_kind": "How the parent links to it: `subagent` or `continuation`; `root` for "
+        "the root.",
+        "depth": "Links from the root (0 for the root).",
+        "path": "The links from the root, e.g. `root/continuation.0/subagent.1` (kind.ordinal "
+        "of each link); a node's descendants are the rows whose path starts with its path "
+        "and `/`.",
+        "session_id": (AtifDocument, "session_id"),
+        "root_session_id": "The root's ATIF `session_id`: filter on it to get a session's tree.",
+        "agent_name": (Episode, "agent_name"),
+        "n_steps": "Agent steps of the episode (copied ones included).",
+        "copied_steps": "Its agent steps marked `is_copied_context`: copied from an earlier "
+        "trajectory, left out of the tokens and cost here.",
+        "prompt_tokens": "Prompt tokens of its own steps (copied context left out); NULL when "
+        "none reported them.",
+        "completion_tokens": "Completion tokens of its own steps (copied context left out); "
+        "NULL when none reported them.",
+        "cost_usd": "Cost in USD of its own steps (copied context left out); NULL when none "
+        "reported one.",
+        "subtree_prompt_tokens": "prompt_tokens of the episode and every episode below it "
+        "(sub-agents and continuations, at any depth).",
+        "subtree_completion_tokens": "completion_tokens of the episode and every episode below it.",
+        "subtree_cost_usd": "cost_usd of the episode and every episode below it: the root's is "
+        "the whole tree's cost, sub-agents included.",
+    },
 }
 """view → column → where its comment comes from, in the view's column order."""
 
 
-def view_comments() -> dict[str, dict[str, str]]:
-    """view → column → comment text."""
+def view_comments(views: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+    """view → column → comment text, of `views` (default: every view). A migration names
+    the views it wrote (a later migration's view does not exist yet when it runs)."""
+    wanted = set(VIEW_COLUMNS if views is None else views)
     return {
         view: {
             column: source
@@ -134,4 +168,5 @@ def view_comments() -> dict[str, dict[str, str]]:
             for column, source in columns.items()
         }
         for view, columns in VIEW_COLUMNS.items()
+        if view in wanted
     }

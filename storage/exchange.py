@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 from sqlmodel import col
 
 from agent.atif_convert import ATIF_IMPORT_RUN_KEY
+from agent.atif_links import DocumentLinks, document_links, embedded_documents, with_embedded
 from agent.export import from_atif, from_openai_messages, to_atif, to_openai_messages
 from agent.harbor_traces import HARBOR_TRACES_RUN_KEY, from_harbor_traces
 from agent.trajectory import Trajectory
@@ -27,6 +28,7 @@ from models import CollectionRun, run_id_for
 from storage.documents import read_documents
 from storage.episodes import persist_episodes
 from storage.errors import ImportFormatError
+from storage.links import embedded_episode_ids, record_links
 from storage.objects import ObjectStore
 from storage.run_reads import STEP_FRAME_FORMAT, resolve_run, run_step_frame, run_trajectories
 from storage.runs import close_run, open_run
@@ -56,6 +58,9 @@ def export_run(
         frame.write_parquet(output, metadata={"epiflow_step_frame_format": STEP_FRAME_FORMAT})
         return frame["episode_id"].n_unique() if frame.height else 0
     trajectories = run_trajectories(engine, store, run_id)
+    if fmt == "atif":  # an embedded sub-agent is written inside its parent's document
+        inside = embedded_episode_ids(engine, [t.episode_id for t in trajectories])
+        trajectories = [t for t in trajectories if t.episode_id not in inside]
     lines = []
     for t in trajectories:
         doc = (
@@ -87,6 +92,12 @@ class ImportReport(BaseModel):
     """Step rows written."""
     run_keys: list[str] = Field(default_factory=list)
     """The runs the episodes belong to."""
+    links_resolved: int = 0
+    """Sub-agent and continuation references this import resolved (`episode_link`): the
+    new documents' own, and earlier ones the new documents answered."""
+    links_unresolved: int = 0
+    """References of the new documents naming a document not imported yet (resolved when
+    it is)."""
 
     def summary(self) -> str:
         runs = ", ".join(self.run_keys)
@@ -94,6 +105,11 @@ class ImportReport(BaseModel):
             f"{self.file}: {self.documents} document(s); {len(self.inserted)} episode(s) and "
             f"{self.steps} step(s) imported into run {runs}"
         )
+        if self.links_resolved or self.links_unresolved:
+            text += (
+                f"; {self.links_resolved} sub-agent/continuation link(s) resolved, "
+                f"{self.links_unresolved} naming a file not imported yet"
+            )
         if self.skipped_existing:
             text += f"; {len(self.skipped_existing)} already imported, unchanged: " + ", ".join(
                 str(e) for e in self.skipped_existing
@@ -123,20 +139,48 @@ def _convert(doc: Any, fmt: str, run_key: str | None) -> Trajectory:
     return from_openai_messages(messages, run_key=run_key or OPENAI_IMPORT_RUN_KEY)
 
 
+def _atif_episodes(
+    doc: Any, t: Trajectory, source: Path, *, embedded_in: uuid.UUID | None = None
+) -> tuple[list[Trajectory], list[DocumentLinks]]:
+    """The embedded sub-agents of an ATIF document (at any depth) as episodes of their own,
+    and the links of the document and of each of them (`agent.atif_links`)."""
+    trajectories: list[Trajectory] = []
+    links: list[DocumentLinks] = []
+    children: list[DocumentLinks] = []
+    for child_doc in embedded_documents(doc):
+        child = from_atif(child_doc, run_key=t.run_key)
+        more, child_links = _atif_episodes(child_doc, child, source, embedded_in=t.episode_id)
+        trajectories += [child, *more]
+        children.append(child_links[0])
+        links += child_links
+    own = document_links(doc, episode_id=t.episode_id, source=str(source), embedded_in=embedded_in)
+    return trajectories, [with_embedded(own, children), *links]
+
+
 def parse_file(path: Path, fmt: str, *, run_key: str | None = None) -> list[Trajectory]:
-    """Every document of `path` as a trajectory; nothing is written.
+    """Every document of `path` as a trajectory (an ATIF document's embedded sub-agents
+    after it, each as its own); nothing is written.
 
     Raises:
         ImportFormatError: the file is hostile, empty or not JSON, or a document is not
             valid `fmt` (the message names the document and the field path).
     """
+    return _parse(path, fmt, run_key=run_key)[0]
+
+
+def _parse(
+    path: Path, fmt: str, *, run_key: str | None
+) -> tuple[list[Trajectory], list[DocumentLinks]]:
+    """`parse_file`, with the links of the foreign ATIF documents (episodes epiflow ran
+    link nothing)."""
     trajectories: list[Trajectory] = []
+    links: list[DocumentLinks] = []
     documents = read_documents(path)
     if fmt == "harbor-traces":
         # The file is one list of rows (or JSON lines of them); a trial is several rows.
         rows = documents[0] if len(documents) == 1 and isinstance(documents[0], list) else documents
         try:
-            return [t for _, t in from_harbor_traces(rows, run_key=run_key)]
+            return [t for _, t in from_harbor_traces(rows, run_key=run_key)], []
         except ValueError as e:
             raise ImportFormatError(
                 f"{path}: not valid harbor-traces: {e}", setting=str(path)
@@ -144,7 +188,12 @@ def parse_file(path: Path, fmt: str, *, run_key: str | None = None) -> list[Traj
     for n, doc in enumerate(documents, start=1):
         where = f"{path}: document {n}"
         try:
-            trajectories.append(_convert(doc, fmt, run_key))
+            t = _convert(doc, fmt, run_key)
+            trajectories.append(t)
+            if fmt == "atif" and t.agent is not None:
+                embedded, doc_links = _atif_episodes(doc, t, path)
+                trajectories += embedded
+                links += doc_links
         except ValidationError as e:
             lines = _error_lines(e)
             more = f" (and {len(lines) - 1} more error(s), listed below)" if len(lines) > 1 else ""
@@ -158,7 +207,7 @@ def parse_file(path: Path, fmt: str, *, run_key: str | None = None) -> list[Traj
             raise ImportFormatError(
                 f"{where} is not valid {fmt}: {first}", setting=str(path)
             ) from e
-    return trajectories
+    return trajectories, links
 
 
 def _open_import_runs(
@@ -201,10 +250,11 @@ def import_file(
         ImportFormatError: the file or a document is not valid (nothing was written).
         IngestError: the database write failed (the import run is marked `failed`).
     """
-    trajectories = parse_file(path, fmt, run_key=run_key)
+    trajectories, documents = _parse(path, fmt, run_key=run_key)
     opened = _open_import_runs(engine, trajectories, fmt=fmt, path=path)
     try:
         ingest = persist_episodes(engine, store, trajectories)
+        links = record_links(engine, documents)
     except Exception:
         for run_id in opened:
             close_run(engine, run_id, status="failed")
@@ -218,6 +268,8 @@ def import_file(
         skipped_existing=ingest.skipped_existing,
         steps=ingest.steps,
         run_keys=list(dict.fromkeys(t.run_key for t in trajectories)),
+        links_resolved=links.resolved,
+        links_unresolved=links.unresolved,
     )
 
 

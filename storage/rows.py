@@ -170,7 +170,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     "timed_out", "error_type", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
     "stdout_key", "stderr_key", "duration_ms", "cpu_ms", "max_rss_kib", "files_changed",
     "injected_fault_kind", "injected_fault", "soft_timeout_warning", "immediate_reward",
-    "discounted_return",
+    "discounted_return", "is_copied_context",
 )  # fmt: skip
 
 
@@ -237,6 +237,7 @@ def step_values(
         s.soft_timeout_warning,
         s.immediate_reward,
         s.return_,  # discounted_return
+        s.is_copied_context,
     )
 
 

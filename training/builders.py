@@ -21,6 +21,13 @@ not parse: TRL's assistant-only loss trains every assistant turn of a chat, so s
 is cut before its first unparsed turn (what the model did after it is left out), and an
 episode with no parsed turn before it gives no row. `BuiltRows.manifest` counts what was
 cut; the snapshot keeps the counts (`dataset.manifest`).
+
+Steps marked `is_copied_context` (ATIF v1.5: copied from an earlier trajectory after
+context summarisation, and trained on there) are never a training target: a whole chat is
+cut before its first copied turn (`copied_context_turns_cut`), a KTO row never has one as
+its completion (`copied_context_turns_left_out`; copied turns stay in the prompts of later
+turns), a DPO pair never diverges at one (`copied_context_pairs_left_out`), and CPT text
+leaves them out (`copied_context_steps_left_out`). GRPO rows hold the task prompt only.
 """
 
 from __future__ import annotations
@@ -158,11 +165,16 @@ class _Manifest:
         self.counts: dict[str, int] = defaultdict(int)
 
     def trained_chat(self, traj: Trajectory, messages: list[Message]) -> list[Message]:
-        """`messages` cut before the first assistant turn whose step did not parse.
+        """`messages` cut before the first assistant turn whose step did not parse or is
+        copied context (`Step.is_copied_context`: trained on in the trajectory it was
+        copied from; a whole-chat row trains every assistant turn it holds, so it cannot
+        hold one).
 
         `episode_messages` has one assistant turn per step, in order, so the n-th
-        assistant message is step n. Turns after the cut (the unparsed one included) are
-        counted as `unparsed_turns_cut` and the episode as `episodes_cut`.
+        assistant message is step n. An unparsed turn is counted as `unparsed_turns_cut`
+        and the turns after it as `turns_after_unparsed_cut`; a cut at copied context
+        counts the copied turns left out as `copied_context_turns_cut` and the others as
+        `turns_after_copied_context_cut`; the episode counts in `episodes_cut`.
         """
         assistant_seen = 0
         for i, message in enumerate(messages):
@@ -172,16 +184,26 @@ class _Manifest:
                 break
             step = traj.steps[assistant_seen]
             assistant_seen += 1
-            if not _parsed(step.parse_kind):
+            if step.is_copied_context or not _parsed(step.parse_kind):
                 left_out = sum(m["role"] == "assistant" for m in messages[i:])
-                self.counts["unparsed_turns_cut"] += 1
-                self.counts["turns_after_unparsed_cut"] += left_out - 1
+                if step.is_copied_context:
+                    rest = traj.steps[assistant_seen - 1 : assistant_seen - 1 + left_out]
+                    copied = sum(s.is_copied_context for s in rest)
+                    self.counts["copied_context_turns_cut"] += copied
+                    self.counts["turns_after_copied_context_cut"] += left_out - copied
+                else:
+                    self.counts["unparsed_turns_cut"] += 1
+                    self.counts["turns_after_unparsed_cut"] += left_out - 1
                 self.counts["episodes_cut"] += 1
                 kept = messages[:i]
                 while kept and kept[-1]["role"] != "assistant":
                     kept.pop()
                 if not kept:
-                    self.counts["episodes_without_parsed_turn"] += 1
+                    self.counts[
+                        "episodes_without_turn_before_copied_context"
+                        if step.is_copied_context
+                        else "episodes_without_parsed_turn"
+                    ] += 1
                 return kept
         return messages
 
@@ -240,6 +262,13 @@ def _divergence(
     return None
 
 
+def _turn_is_copied(traj: Trajectory, history: Sequence[Message]) -> bool:
+    """The assistant turn after `history` (`episode_messages` order: the n-th assistant
+    message is step n) is copied context (`Step.is_copied_context`)."""
+    n = sum(m["role"] == "assistant" for m in history)
+    return n < len(traj.steps) and traj.steps[n].is_copied_context
+
+
 def dpo_rows(
     episodes: Iterable[SourceEpisode],
     *,
@@ -267,6 +296,7 @@ def dpo_rows(
         groups[key(ep.trajectory)].append(ep)
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
+    left_out: dict[str, int] = defaultdict(int)
     for group_key in sorted(groups):
         members = sorted(groups[group_key], key=lambda e: str(e.episode_id))
         wins = [e for e in members if e.succeeded]
@@ -281,6 +311,11 @@ def dpo_rows(
                 if split is None:
                     continue
                 prompt, chosen, rejected = split
+                if _turn_is_copied(win.trajectory, prompt) or _turn_is_copied(
+                    loss.trajectory, prompt
+                ):
+                    left_out["copied_context_pairs_left_out"] += 1
+                    continue
                 rows.append(
                     {
                         "prompt": prompt,
@@ -295,7 +330,7 @@ def dpo_rows(
                 lineage.add(win.episode_id, "chosen", 1.0)
                 lineage.add(loss.episode_id, "rejected", 1.0)
                 made += 1
-    return BuiltRows(rows=rows, lineage=lineage.entries())
+    return BuiltRows(rows=rows, lineage=lineage.entries(), manifest=dict(left_out))
 
 
 def kto_rows(
@@ -309,6 +344,7 @@ def kto_rows(
     """
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
+    left_out: dict[str, int] = defaultdict(int)
     for ep in episodes:
         if ep.verdict == "discard" or (
             ep.trajectory.status in INFRASTRUCTURE_STATUSES
@@ -321,6 +357,9 @@ def kto_rows(
             if message["role"] != "assistant":
                 continue
             step = next(steps)
+            if step.is_copied_context:  # history of later turns, never a completion
+                left_out["copied_context_turns_left_out"] += 1
+                continue
             parsed = _parsed(step.parse_kind)
             label = ep.succeeded and parsed
             rows.append(
@@ -335,7 +374,7 @@ def kto_rows(
                 }
             )
             lineage.add(ep.episode_id, "desirable" if label else "undesirable", ep.weight)
-    return BuiltRows(rows=rows, lineage=lineage.entries())
+    return BuiltRows(rows=rows, lineage=lineage.entries(), manifest=dict(left_out))
 
 
 def grpo_rows(
@@ -413,9 +452,13 @@ def cpt_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
     """Every non-discarded episode as plain text, failures and observations included."""
     rows: list[dict[str, Any]] = []
     lineage = _Lineage()
+    left_out: dict[str, int] = defaultdict(int)
     for ep in episodes:
         if ep.verdict == "discard" or not ep.trajectory.steps:
             continue
+        left_out["copied_context_steps_left_out"] += sum(
+            s.is_copied_context for s in ep.trajectory.steps
+        )
         rows.append(
             {
                 "text": plain_text(ep.trajectory),
@@ -426,7 +469,9 @@ def cpt_rows(episodes: Iterable[SourceEpisode]) -> BuiltRows:
             }
         )
         lineage.add(ep.episode_id, "example", 1.0)
-    return BuiltRows(rows=rows, lineage=lineage.entries())
+    return BuiltRows(
+        rows=rows, lineage=lineage.entries(), manifest={k: v for k, v in left_out.items() if v}
+    )
 
 
 def build_rows(

@@ -98,10 +98,13 @@ def plain_text(traj: Trajectory) -> str:
 
     Failures, tool errors and observations stay in (seed 003 §1: the model should read what
     agentic work looks like, mistakes included); the system prompt is left out because it
-    is identical in every document.
+    is identical in every document. Steps copied from an earlier trajectory for context
+    (`Step.is_copied_context`) are left out: that trajectory's text holds them.
     """
     parts = [f"Task: {traj.prompt}"]
     for step in traj.steps:
+        if step.is_copied_context:
+            continue
         parts.append(step.raw_output)
         if step.observation is not None:
             parts.append(step.observation)

@@ -113,6 +113,15 @@ _KIND = (
     "`stderr` (a step's raw output, kept when the row's text is truncated or not clean "
     "UTF-8). Gate docs, datasets and checkpoints live in the store without artifact rows.",
 )
+VIEWS = (
+    "episode_summary",
+    "tool_failure_rates",
+    "quality_by_suite",
+    "quality_by_template",
+    "training_lineage",
+    "reproducibility_by_suite",
+)
+"""The views that exist at this revision (the ones its comments are for)."""
 _TOOL_CALLS = sa.text("parse_kind = 'tool_call' AND tool IS NOT NULL")
 _INCLUDED = ['episode_id', 'injected_fault_kind', 'timed_out', 'error_type', 'signal', 'exit_code']
 
@@ -132,7 +141,7 @@ def upgrade() -> None:
     _views(EPISODE_SUMMARY, TRAINING_LINEAGE)
     if _postgres():
         _artifact_kind(_KIND[1], _KIND[0])
-        for view, columns in view_comments().items():
+        for view, columns in view_comments(VIEWS).items():
             for column, comment in columns.items():
                 quoted = comment.replace("'", "''")
                 op.execute(f"COMMENT ON COLUMN {view}.{column} IS '{quoted}'")

@@ -323,7 +323,7 @@ def test_a_v18_file_imports_into_sql_and_exports_back(
     store = LocalObjectStore(tmp_path / "objects")
     store.check()
     report = import_file(migrated_engine, store, path, "atif")
-    assert len(report.inserted) == 1
+    assert len(report.inserted) == 3  # the parent and its two embedded sub-agents
     assert import_file(migrated_engine, store, path, "atif").inserted == []
     out = tmp_path / "out.jsonl"
     assert export_run(migrated_engine, store, "import:atif", "atif", out) == 1

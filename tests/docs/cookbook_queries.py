@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sql-cookbook.md"
-BLOCK = re.compile(r"<!-- query: (?P<name>\w+) -->\n```sql\n(?P<sql>.*?)\n```\n", re.S)
+BLOCK = re.compile(
+    r"<!-- query: (?P<name>\w+)(?: \((?P<data>\w+)\))? -->\n```sql\n(?P<sql>.*?)\n```\n", re.S
+)
 PARAM = re.compile(r"(?<![:\w]):(?P<name>[a-z_]\w*)")
 FORBIDDEN = ("::", " ILIKE ", "FILTER (", "PERCENTILE_", "DISTINCT ON", "->>", "NOW()")
 
@@ -18,6 +20,9 @@ class CookbookQuery:
     name: str
     sql: str
     columns: list[str]
+    data: str = "collection"
+    """What the query needs in the database: `collection` (the cookbook test's collection,
+    gate, snapshots and training) or `imports` (Harbor's linked ATIF files imported)."""
 
     @property
     def params(self) -> set[str]:
@@ -32,5 +37,5 @@ def load_queries() -> list[CookbookQuery]:
         tail = doc[m.end() : matches[i + 1].start() if i + 1 < len(matches) else len(doc)]
         listed = re.search(r"^Columns: (.+)$", tail, re.M)
         columns = re.findall(r"`(\w+)`", listed.group(1)) if listed else []
-        queries.append(CookbookQuery(m["name"], m["sql"], columns))
+        queries.append(CookbookQuery(m["name"], m["sql"], columns, m["data"] or "collection"))
     return queries
