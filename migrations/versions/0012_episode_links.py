@@ -1,7 +1,7 @@
 """episode links: ATIF sessions, sub-agents, continuations, copied context, the tree view
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02 04:50:00.000000
 
 `atif_document`: the ATIF identity of an imported episode (`session_id`, `trajectory_id`,
@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql
 from models.views import view_comments
 
 revision: str = '0012'
-down_revision: str | None = '0010'
+down_revision: str | None = '0011'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
