@@ -11,6 +11,11 @@ from sqlmodel import SQLModel
 
 from models.columns import doc, fk, json_col, text_col, time_col
 
+_TIMED_CALLS = (
+    "parse_kind = 'tool_call' AND tool IS NOT NULL AND duration_ms IS NOT NULL "
+    "AND injected_fault_kind IS NULL"
+)
+
 
 class Step(SQLModel, table=True):
     """A step. Raw model text and the parsed call are stored separately (seed 000 §3.2)."""
@@ -35,6 +40,23 @@ class Step(SQLModel, table=True):
                 "signal",
                 "exit_code",
             ],
+        ),
+        # The steps the noisy policy perturbed (a few percent): the cookbook's
+        # perturbation question reads these instead of the whole table.
+        Index(
+            "ix_step_perturbations",
+            "episode_id",
+            postgresql_where=text("policy_perturbation IS NOT NULL"),
+            sqlite_where=text("policy_perturbation IS NOT NULL"),
+            postgresql_include=["policy_perturbation"],
+        ),
+        # Exactly the calls the cookbook's slowest-tools question ranks, in rank order.
+        Index(
+            "ix_step_tool_durations",
+            "tool",
+            "duration_ms",
+            postgresql_where=text(_TIMED_CALLS),
+            sqlite_where=text(_TIMED_CALLS),
         ),
     )
 

@@ -18,6 +18,7 @@ from sqlmodel import col
 
 from agent.trajectory import Trajectory
 from models import Episode
+from models.artifact import ArtifactKind
 from storage.errors import ObjectNotFound, ObjectStoreError
 from storage.harbor_rows import write_harbor_rows
 from storage.ingest import (
@@ -44,8 +45,9 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
     the whole truth: truncated, or not clean UTF-8 / containing NULs."""
     refs: list[ArtifactRef] = []
     prefix = episode_prefix(t)
+    streams: tuple[ArtifactKind, ...] = ("stdout", "stderr")
     for s in t.steps:
-        for stream in ("stdout", "stderr"):
+        for stream in streams:
             raw: bytes | None = getattr(s, f"{stream}_bytes")
             if raw is None:
                 continue

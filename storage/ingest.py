@@ -29,6 +29,7 @@ from sqlmodel import col
 
 from agent.trajectory import Trajectory
 from models import Artifact, CollectionRun, Episode, Policy, Step, Task
+from models.artifact import ArtifactKind
 from storage.errors import IngestError
 from storage.objects import ObjectInfo
 from storage.rows import (
@@ -52,8 +53,8 @@ class ArtifactRef(BaseModel):
 
     info: ObjectInfo
     """What was written."""
-    kind: str
-    """trajectory, stdout, stderr, …"""
+    kind: ArtifactKind
+    """What the object is (`models.artifact.ArtifactKind`)."""
     step_index: int | None = None
     """The step whose output it is, for stdout/stderr objects."""
 
