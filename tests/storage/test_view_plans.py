@@ -135,6 +135,7 @@ def cookbook_params(ids: ScaleIds, sql: str) -> dict[str, Any]:
         "episode_id": ids.episode_id,
         "qc_run_id": ids.qc_run_id,
         "lineage_episode_id": ids.lineage_episode_id,
+        "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
     }
     return {k: v for k, v in values.items() if f":{k}" in sql}
 
