@@ -35,20 +35,20 @@ from prefect.artifacts import (
     aupdate_progress_artifact,
 )
 from prefect.cache_policies import NONE
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import FlowRunContext
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled
 
 from collection.errors import CollectError
 from collection.lifecycle import Collection, RunEnding, open_collection, plan_request, run_ending
 from collection.plan import Plan, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import PersistedGroup, run_episodes
+from config.retries import fail_once, retry_unless_deterministic
 from config.settings import Settings, load_settings
 from flows import artifact_key, route_library_logs
-from flows.failures import fail_once, retry_unless_deterministic
 from flows.qc import GateOptions, QcGateResult, qc_gate
 from reports.run_summary import summary_markdown, summary_table
 

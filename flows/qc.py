@@ -271,8 +271,7 @@ async def publish_data_docs(
 ) -> str | None:
     """Upload the GX data docs and link them (a link artifact); returns the object key of
     their index (None when none)."""
-    from flows.links import object_url
-    from storage.objects import make_object_store
+    from storage.objects import make_object_store, object_url
 
     if report.data_docs_index is None:
         get_run_logger().info("publish-data-docs: no data docs built: skipped")

@@ -1,4 +1,4 @@
-"""Deterministic failures end a flow run once (`flows.failures`), through Prefect's real test
+"""Deterministic failures end a flow run once (`config.retries`), through Prefect's real test
 harness: a request with an unknown template fails on its first attempt although the flow
 has retries; a failure that may be an outage (a deployment that does not answer) is
 retried. The attempts are counted on the flow run (`run_count`, its state history), never
@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine
 
 from collection.errors import CollectError, RequestError
+from config.retries import is_deterministic, quiet_deterministic_tracebacks
 from core.errors import EpiflowError
-from flows.failures import is_deterministic, quiet_deterministic_tracebacks
 from storage.objects import LocalObjectStore
 
 
@@ -39,9 +39,13 @@ def _nightly(request: dict[str, Any], **parameters: Any) -> Any:
 
     flow = nightly_collect_episodes.with_options(retry_delay_seconds=0)
     assert flow.retries == 2
-    return asyncio.run(
-        flow(request=CollectRequest.model_validate(request), return_state=True, **parameters)
-    )
+
+    async def run() -> Any:
+        return await flow(
+            request=CollectRequest.model_validate(request), return_state=True, **parameters
+        )
+
+    return asyncio.run(run())
 
 
 def test_an_unknown_template_fails_once(

@@ -226,7 +226,7 @@ def test_form_run_with_an_unknown_template_fails_once_then_notifies(served: Serv
 
     posted = wait_for(
         "the webhook to be told",
-        lambda: _notifications_for(served.webhook, final["name"], "Failed"),
+        lambda: _notifications_for(served.webhook, final["name"], "Failed") or None,
         180,
     )
     assert len(posted) == 1
@@ -259,7 +259,7 @@ def test_failed_nightly_run_that_may_pass_is_retried_then_notified(served: Serve
     assert final["name"] == f"builtin-scripted-oracle-{uuid.UUID(run['id']).hex[:8]}"
     posted = wait_for(
         "the webhook to be told",
-        lambda: _notifications_for(served.webhook, final["name"], "Failed"),
+        lambda: _notifications_for(served.webhook, final["name"], "Failed") or None,
         180,
     )
     assert len(posted) == 1
@@ -315,16 +315,13 @@ def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
         assert stored() < PLANNED, "the run finished before it could be cancelled"
     finally:
         engine.dispose()
+
     # Its last records may still be on their way to the API.
-    logs = wait_for(
-        "the resume hint in the run's log",
-        lambda: (
-            (found := _logs(api, run_id))
-            and any("Resume:" in e["message"] for e in found)
-            and found
-        ),
-        120,
-    )
+    def with_hint() -> list[dict[str, Any]] | None:
+        found = _logs(api, run_id)
+        return found if any("Resume:" in e["message"] for e in found) else None
+
+    logs = wait_for("the resume hint in the run's log", with_hint, 120)
     assert not [e for e in logs if "Crash detected" in e["message"]], logs
     hint = next(e["message"] for e in logs if "Resume:" in e["message"])
     assert key in hint and f"of {PLANNED} episodes stored" in hint
@@ -356,7 +353,7 @@ def test_late_nightly_run_notifies(served: Served) -> None:
         wait_for("Prefect to mark it Late", lambda: "Late" in api.states(run["id"]), 180)
         posted = wait_for(
             lambda: f"the late notification ({_automation_trail(api)})",
-            lambda: _notifications_for(served.webhook, "late-night", "late"),
+            lambda: _notifications_for(served.webhook, "late-night", "late") or None,
             LATE_AFTER_S + 240,
             every=2,
         )
@@ -470,7 +467,7 @@ def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -
         # The crash was announced too.
         wait_for(
             "the crash notification",
-            lambda: _notifications_for(served.webhook, key, "Crashed"),
+            lambda: _notifications_for(served.webhook, key, "Crashed") or None,
             180,
         )
     finally:

@@ -1,4 +1,4 @@
-"""Deterministic failures end a flow run once: no retry, one line, no traceback.
+"""Which failures Prefect retries: a deterministic one ends a flow run once, in one line.
 
 An error whose class is not `retryable` (`core.errors`: an unknown suite, template or
 policy, a malformed spec, an invalid setting) fails the same way on every attempt, so:
