@@ -216,7 +216,16 @@ def test_form_run_with_an_unknown_template_fails_once_then_notifies(served: Serv
     assert final["empirical_policy"]["retries"] == 0  # the remaining retries were dropped
     assert "AwaitingRetry" not in served.api.states(run["id"])
     assert "csv_to_jsn" in final["state"]["message"]
-    logs = _logs(served.api, run["id"])
+
+    def ended_log() -> list[dict[str, Any]] | None:
+        # Records reach the API in batches, after the state: wait for the last one.
+        found = _logs(served.api, run["id"])
+        done = [
+            e for e in found if e["task_run_id"] is None and "Finished in state" in e["message"]
+        ]
+        return found if done else None
+
+    logs = wait_for("the failed run's log", ended_log, 120)
     assert not [entry for entry in logs if "Traceback" in entry["message"]], logs
     errors = [entry["message"] for entry in logs if entry["level"] >= 40]
     assert errors and all("\n" not in line for line in errors), errors
