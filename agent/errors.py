@@ -117,3 +117,5 @@ class EndpointResponseError(EndpointError, PolicyResponseError):
 
 class PolicySpecError(AgentError, ValueError):
     """A policy spec string (`scripted:oracle`, `openai:…`, `hf:…`) is invalid."""
+
+    retryable = False

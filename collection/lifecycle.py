@@ -40,7 +40,7 @@ from agent.outage import EndpointOutage
 from agent.policies import make_policy
 from agent.policies.base import Policy
 from agent.trajectory import success_rate
-from collection.errors import CollectError
+from collection.errors import CollectError, RequestError
 from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
 from collection.request import CollectRequest, CollectResult
 from config.settings import Settings
@@ -71,12 +71,12 @@ def make_run_policy(spec: str, settings: Settings) -> Policy:
     """The policy a run uses (one instance shared by all its episodes).
 
     Raises:
-        CollectError: the spec is malformed or names an unknown policy.
+        RequestError: the spec is malformed or names an unknown policy.
     """
     try:
         return make_policy(spec, settings=settings.policy)
     except PolicySpecError as e:
-        raise CollectError(f"--policy: {e}", setting="--policy") from e
+        raise RequestError(f"--policy: {e}", setting="--policy") from e
 
 
 def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
@@ -414,7 +414,7 @@ def open_collection(
     and shard return the lent collection, untouched by this context's exit.
 
     Raises:
-        CollectError: the suite, a template or the policy spec is invalid.
+        RequestError: the suite, a template or the policy spec is invalid.
         SandboxUnavailable: (`preflight`) no jail can start with these sandbox settings.
         StorageError: the database or object store cannot be used or written, or the run
             key (or shard) is being collected right now (`RunKeyBusy`).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.trajectory import episode_id_for
-from collection.errors import CollectError
+from collection.errors import CollectError, RequestError
 from collection.request import CollectRequest
 from sandbox.faults import FaultProfile
 from suites.errors import SuiteError
@@ -72,7 +72,8 @@ def plan_collection(
     """Resolve `request` (which must carry a run key) into its plan for `shard`.
 
     Raises:
-        CollectError: the suite or a template does not exist, or the request has no run key.
+        RequestError: the suite or a template does not exist.
+        CollectError: the request has no run key.
     """
     if request.run_key is None:
         raise CollectError("the request has no run key", setting="--run-key")
@@ -82,7 +83,7 @@ def plan_collection(
         pick = suite.heldout_instances if request.heldout else suite.instances
         tasks = pick(request.tasks, seed=request.seed, templates=request.templates)
     except SuiteError as e:
-        raise CollectError(f"--suite {request.suite!r}: {e}", setting="--suite") from e
+        raise RequestError(f"--suite {request.suite!r}: {e}", setting="--suite") from e
     pairs = [(task, rollout) for task in tasks for rollout in range(request.rollouts)]
     episodes = [
         PlannedEpisode(

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from collection.errors import CollectError
+from collection.errors import RequestError
 from sandbox.faults import FaultProfile
 from sandbox.spec import SandboxSpec
 
@@ -157,7 +157,7 @@ class CollectRequest(BaseModel):
         """A request from CLI or flow options.
 
         Raises:
-            CollectError: an option is invalid; the message lists every one with its reason.
+            RequestError: an option is invalid; the message lists every one with its reason.
         """
         try:
             return cls.model_validate(options)
@@ -169,7 +169,7 @@ class CollectRequest(BaseModel):
                 )
                 for err in e.errors()
             ]
-            raise CollectError(
+            raise RequestError(
                 "; ".join(f"{option}: {message}" for option, message in problems),
                 setting=problems[0][0],
             ) from e

@@ -18,9 +18,14 @@ How a crashed run is seen and recovered:
    stored episodes are skipped, only the missing ones run. Its run-key lock died with the
    crashed process, so nothing blocks it. A run started more often than its retries allow
    ends Failed instead (`flows.collect`), so a run that crashes every time stops.
-5. `NOTIFY` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` that ends
-   Failed or Crashed is announced with a JSON POST to the webhook, through the
-   `epiflow-notify` Custom Webhook block.
+5. `NOTIFY` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` (the nightly
+   deployments, and the train and evaluate deployments and the evaluation a training
+   runs) that ends Failed or Crashed is announced with a JSON POST to the webhook,
+   through the `epiflow-notify` Custom Webhook block.
+6. `LATE` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` that Prefect
+   marked Late (still Scheduled 15 s after its time) and that has not started
+   `late_after_s` later is announced too: nothing serves its deployment (`epiflow serve`
+   or the pool's worker is down), so the night would otherwise pass in silence.
 
 A failed (not crashed) nightly attempt is retried by Prefect itself (the flow's retries),
 in the same process and again on the same key.
@@ -38,12 +43,14 @@ from config.settings import PrefectSettings
 RECOVER_TAG = "epiflow-recover"
 """Flow runs with this tag are scheduled again when they crash (the nightly deployments)."""
 NOTIFY_TAG = "epiflow-notify"
-"""Flow runs with this tag that end Failed or Crashed are announced to the webhook."""
+"""Flow runs with this tag that end Failed or Crashed, or start late, are announced to
+the webhook."""
 
 ZOMBIE = "epiflow: crashed when silent"
 STUCK_CANCEL = "epiflow: cancelled when unconfirmed"
 RECOVER = "epiflow: start crashed nightly runs again"
 NOTIFY = "epiflow: notify failed nightly runs"
+LATE = "epiflow: notify late nightly runs"
 NOTIFY_BLOCK = "epiflow-notify"
 """Name of the Custom Webhook block the notification automation posts through."""
 
@@ -51,6 +58,8 @@ _FINAL = ("Completed", "Failed", "Cancelled", "Crashed")
 # States in which a live flow run stops sending heartbeats: the end, a cancellation in
 # progress, a retry's wait, a pause.
 _QUIET = (*_FINAL, "Cancelling", "AwaitingRetry", "Paused", "Suspended")
+# States of a flow run that is no longer waiting to start.
+_STARTED = (*_FINAL, "Pending", "Running", "Cancelling")
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,41 @@ def automations(settings: PrefectSettings, notify_block: UUID | None) -> list[An
                 ],
             )
         )
+        wanted.append(
+            AutomationCore(
+                name=LATE,
+                description=(
+                    f"A flow run tagged {NOTIFY_TAG} marked Late that has not started "
+                    f"{settings.late_after_s:g} s later: post to the webhook."
+                ),
+                trigger=EventTrigger(
+                    after={"prefect.flow-run.Late"},
+                    expect=_flow_run_events(*_STARTED),
+                    match=every_flow_run,
+                    match_related={"prefect.resource.id": f"prefect.tag.{NOTIFY_TAG}"},
+                    for_each={"prefect.resource.id"},
+                    posture=Posture.Proactive,
+                    threshold=1,
+                    within=timedelta(seconds=settings.late_after_s),
+                ),
+                actions=[
+                    SendNotification(
+                        block_document_id=notify_block,
+                        subject=(
+                            "epiflow: flow run {{ event.resource['prefect.resource.name'] }} "
+                            "is late"
+                        ),
+                        body=(
+                            "Flow run {{ event.resource['prefect.resource.name'] }} "
+                            "({{ flow_run.id }}) of deployment {{ deployment.name }}, "
+                            "scheduled for {{ flow_run.expected_start_time }}, has not "
+                            f"started {settings.late_after_s:g} s after it was marked Late: "
+                            "is `epiflow serve` (or the work pool's worker) running?"
+                        ),
+                    )
+                ],
+            )
+        )
     return wanted
 
 
@@ -235,7 +279,8 @@ async def ensure_automations(settings: PrefectSettings) -> SetupReport:
                 await client.create_automation(automation)
                 report.created.append(automation.name)
         if block is None:
-            for stale in await client.read_automations_by_name(NOTIFY):
-                await client.delete_automation(stale.id)
-                report.deleted.append(NOTIFY)
+            for name in (NOTIFY, LATE):
+                for stale in await client.read_automations_by_name(name):
+                    await client.delete_automation(stale.id)
+                    report.deleted.append(name)
     return report

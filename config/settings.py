@@ -36,6 +36,8 @@ from training.settings import TrainingSettings
 class ConfigError(EpiflowError):
     """A setting is invalid; the message names the environment variable to fix."""
 
+    retryable = False
+
 
 class PrefectSettings(BaseSettings):
     """How epiflow reaches Prefect."""
@@ -107,11 +109,21 @@ class PrefectSettings(BaseSettings):
             "(env EPIFLOW_PREFECT_STOP_TIMEOUT_S)."
         ),
     )
+    late_after_s: float = Field(
+        default=1800.0,
+        ge=60,
+        description=(
+            "A nightly run (any flow run tagged epiflow-notify) still Scheduled this many "
+            "seconds after Prefect marked it Late (15 s past its scheduled time) is announced "
+            "to the notify webhook: nothing is serving its deployment (env "
+            "EPIFLOW_PREFECT_LATE_AFTER_S; applied by `epiflow prefect setup`)."
+        ),
+    )
     notify_webhook_url: SecretStr | None = Field(
         default=None,
         description=(
             "Webhook that gets a JSON POST (`text`, `subject`, `body`) when a nightly run "
-            "fails or crashes, e.g. a Slack incoming webhook; unset: no notification (env "
+            "fails, crashes or is late, or a training or evaluation fails, e.g. a Slack incoming webhook; unset: no notification (env "
             "EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL; applied by `epiflow prefect setup`). A "
             "secret: such URLs carry tokens."
         ),

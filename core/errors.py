@@ -16,9 +16,18 @@ Each package keeps its own tree under its root (see its `errors.py`); callers ca
 exit code 2 (`cli.app.main`), so a package never needs registering there. Failures that
 are data (a failed tool call, an unparseable judge answer, a verifier that scored 0) are
 not errors at all: they are recorded on the step or episode.
+
+Retries: an error whose class sets `retryable = False` is in the input itself (an
+unknown suite, template or policy, a malformed spec, an invalid setting): running the
+same thing again fails the same way. Prefect flows fail such a run once, with the error's
+one line and no traceback, and neither a task's nor the flow run's retries run it again
+(`config.retries`). Every other error may be an outage and is retried where retries are
+declared.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class EpiflowError(Exception):
@@ -28,6 +37,9 @@ class EpiflowError(Exception):
     (`EPIFLOW_DATABASE_URL`), a CLI option (`--faults`) or an input (`suite.yaml`). Messages
     never contain secrets (URLs are redacted before they get here).
     """
+
+    retryable: ClassVar[bool] = True
+    """Whether running the same thing again may succeed (False: the input is wrong)."""
 
     def __init__(self, message: str = "", *, setting: str | None = None) -> None:
         super().__init__(message)

@@ -5,14 +5,14 @@ bytecode dumps while `datasets` hashes a dataset, progress bars) stays on the wo
 console and out of the run's log. The run's log gets one INFO line per stage from the
 flow itself, plus what epiflow's own module loggers (`logging.getLogger(__name__)` in
 `collection`, `scoring`, `training`, …) report — retries, skipped work, stops — through
-`route_library_logs`.
+`route_library_logs`, which also keeps deterministic errors (`config.retries`) to one line.
 """
 
 from __future__ import annotations
 
 import logging
 
-__all__ = ["LIBRARY_LOGGERS", "route_library_logs"]
+__all__ = ["LIBRARY_LOGGERS", "artifact_key", "route_library_logs"]
 
 LIBRARY_LOGGERS = (
     "agent",
@@ -29,12 +29,22 @@ LIBRARY_LOGGERS = (
 _routed = False
 
 
+def artifact_key(prefix: str, name: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from `prefix` and `name`:
+    every flow keys its artifacts by what it ran on (a run key, a dataset, a checkpoint), so
+    running it again adds a version under the same key instead of a new key."""
+    return prefix + "-" + "".join(c if c.isalnum() else "-" for c in name.lower())[:60]
+
+
 def route_library_logs() -> None:
     """Send INFO+ records of epiflow's module loggers to the Prefect run they happen in
     (once per process; records outside a flow or task run are left to the usual handlers)."""
     global _routed
     if _routed:
         return
+    from config.retries import quiet_deterministic_tracebacks
+
+    quiet_deterministic_tracebacks()
     from prefect.context import FlowRunContext, TaskRunContext
     from prefect.logging.handlers import APILogHandler
 

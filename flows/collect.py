@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
@@ -34,17 +35,20 @@ from prefect.artifacts import (
     aupdate_progress_artifact,
 )
 from prefect.cache_policies import NONE
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
+from prefect.states import Cancelled
 
 from collection.errors import CollectError
 from collection.lifecycle import Collection, RunEnding, open_collection, plan_request, run_ending
 from collection.plan import Plan, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import PersistedGroup, run_episodes
+from config.retries import fail_once, retry_unless_deterministic
 from config.settings import Settings, load_settings
-from flows import route_library_logs
+from flows import artifact_key, route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
 from reports.run_summary import summary_markdown, summary_table
 
@@ -60,14 +64,14 @@ class CollectFlowResult(CollectResult):
     """The gate's result (with `gate`), else None."""
 
 
-def artifact_key(prefix: str, name: str) -> str:
-    """A Prefect artifact key (lowercase letters, digits, dashes) from `prefix` and `name`."""
-    return prefix + "-" + "".join(c if c.isalnum() else "-" for c in name.lower())[:60]
-
-
-def _progress_line(done: int, planned: int, by_status: Counter[str], started: float) -> str:
+def _progress_line(
+    done: int, planned: int, earlier: int, by_status: Counter[str], started: float
+) -> str:
+    """`done / planned episodes (…)`; the counts add up to `done`: episodes stored before
+    this attempt (`earlier`, a resumed run) apart from this attempt's, by status."""
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none yet"
-    return f"{done} / {planned} episodes ({statuses}); {time.monotonic() - started:.0f} s elapsed"
+    counts = f"{earlier} stored earlier; this attempt: {statuses}" if earlier else statuses
+    return f"{done} / {planned} episodes ({counts}); {time.monotonic() - started:.0f} s elapsed"
 
 
 @task(name="plan-collection", cache_policy=NONE, retries=0)
@@ -102,22 +106,29 @@ async def open_run_task(collection: Collection) -> None:
 
 # Idempotent: episode ids are deterministic and `remaining` skips what is stored, so a
 # retry runs only what the failed attempt did not persist.
-@task(name="run-episodes", cache_policy=NONE, retries=1, retry_delay_seconds=5)
-async def run_episodes_task(collection: Collection) -> int:
+@task(
+    name="run-episodes",
+    cache_policy=NONE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_deterministic,
+)
+async def run_episodes_task(collection: Collection) -> int | State[Any]:
     """Run what is not stored yet as one stream; persist groups as they finish; keep a
-    progress artifact (episodes done / planned, by status) current. Returns episodes run."""
+    progress artifact (episodes done / planned, by status) current. Returns episodes run,
+    or a Cancelled state when the run was cancelled."""
     logger = get_run_logger()
     started = time.monotonic()
     todo = await asyncio.to_thread(collection.remaining)
     planned = len(collection.plan.episodes)
-    done = planned - len(todo)
+    done = earlier = planned - len(todo)
     if done:
         logger.info("%d of %d episodes already stored: skipped (resumed run)", done, planned)
     by_status: Counter[str] = Counter()
     progress = await acreate_progress_artifact(
         progress=100.0 * done / planned if planned else 100.0,
         key=artifact_key("collect-progress", collection.plan.run_key),
-        description=_progress_line(done, planned, by_status, started),
+        description=_progress_line(done, planned, earlier, by_status, started),
     )
 
     async def on_persisted(group: PersistedGroup) -> None:
@@ -129,12 +140,19 @@ async def run_episodes_task(collection: Collection) -> int:
             await aupdate_progress_artifact(
                 progress,
                 progress=100.0 * done / planned,
-                description=_progress_line(done, planned, by_status, started),
+                description=_progress_line(done, planned, earlier, by_status, started),
             )
         except Exception as e:  # progress is for the eyes; the collection goes on
             logger.warning("progress artifact not updated: %r", e)
 
-    report = await run_episodes(collection, todo, on_persisted=on_persisted)
+    try:
+        report = await run_episodes(collection, todo, on_persisted=on_persisted)
+    except asyncio.CancelledError:
+        # A cancel (from the UI, or a stopping worker) is no crash: the finished episodes
+        # are stored (`run_episodes` flushed them), the task run ends Cancelled, and the
+        # caller carries the cancellation on (`collect_here`).
+        logger.info("run-episodes: cancelled with %d of %d episodes stored", done, planned)
+        return Cancelled(message=f"cancelled with {done} of {planned} episodes stored")
     logger.info(
         "run-episodes: %d episodes run, %d steps written in %.1f s; %s",
         len(report.inserted),
@@ -149,7 +167,13 @@ def _flow_run_id() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-@task(name="finish-run", cache_policy=NONE, retries=2, retry_delay_seconds=2)
+@task(
+    name="finish-run",
+    cache_policy=NONE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_deterministic,
+)
 async def finish_run_task(
     collection: Collection, ending: RunEnding, started: float
 ) -> CollectResult:
@@ -171,13 +195,17 @@ async def collect_here(collection: Collection) -> CollectResult:
     try:
         await open_run_task(collection)
         await run_episodes_task(collection)
+        _raise_if_cancelled()  # the task ended Cancelled: the flow run is being cancelled
         ending = "completed"
     except BaseException as e:
-        ending = run_ending(e)
+        # A worker's SIGTERM arrives as Prefect's TerminationSignal: a stop, as in the CLI.
+        ending = "interrupted" if isinstance(e, TerminationSignal) else run_ending(e)
         raise
     finally:
         # Also on failure or cancellation: no run stays `running` once its flow ended.
         result = await asyncio.shield(finish_run_task(collection, ending, started))
+        if ending == "interrupted":
+            get_run_logger().warning(resume_hint(result))
     get_run_logger().info(
         "run %s %s: %d / %d episodes stored, success rate %.2f",
         result.run_key,
@@ -187,6 +215,21 @@ async def collect_here(collection: Collection) -> CollectResult:
         result.success_rate,
     )
     return result
+
+
+def _raise_if_cancelled() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def resume_hint(result: CollectResult) -> str:
+    """The log line of an interrupted run: what is stored and how to resume it."""
+    return (
+        f"run {result.run_key} interrupted with {result.episodes} of {result.planned} "
+        f"episodes stored. Resume: retry this flow run (it keeps run key {result.run_key}), "
+        f"or start a run with request.run_key = {result.run_key}; only the missing episodes run"
+    )
 
 
 def run_key_for(request: CollectRequest) -> str:
@@ -216,6 +259,43 @@ def _flow_run_name() -> str:
         return "collect"
     request = raw if isinstance(raw, CollectRequest) else CollectRequest.model_validate(raw)
     return run_key_for(request)
+
+
+async def close_killed_attempts(run: FlowRun | None) -> int:
+    """Task runs that an earlier attempt of this flow run left Running or Pending (its
+    process was killed) are set Crashed, so a finished flow run shows nothing running.
+    Returns how many. Call before this attempt's first task."""
+    if run is None or run.run_count <= 1:
+        return 0
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    async with get_client() as client:
+        stale = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+            task_run_filter=TaskRunFilter(
+                state=TaskRunFilterState(
+                    type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
+                )
+            ),
+        )
+        for task_run in stale:
+            await client.set_task_run_state(
+                task_run.id,
+                Crashed(
+                    message="an earlier attempt of its flow run was killed; a later one resumes"
+                ),
+                force=True,
+            )
+    return len(stale)
 
 
 def _check_attempts(run: FlowRun | None, retries: int) -> None:
@@ -269,20 +349,24 @@ async def collect_episodes(
         gate_options: How the gate judges and when it trains (threshold, trigger, steps).
     """
     route_library_logs()
-    context = FlowRunContext.get()
-    if context is not None and context.flow_run is not None:
-        # The flow run's own policy wins (set when it was created); else the flow's retries.
-        policy = context.flow_run.empirical_policy.retries
-        flow_retries = context.flow.retries if context.flow is not None else 0
-        _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
-    settings = load_settings()
-    request = request.keyed(run_key_for(request))
-    async with open_collection(request, settings, planner=plan_task) as collection:
-        if shards > 1 and shard_deployment:
-            result = await fan_out(collection, shards=shards, deployment=shard_deployment)
-        else:
-            result = await collect_here(collection)
-        await publish_summary(collection)
+    # A deterministic error (unknown suite, template or policy) fails this attempt once.
+    async with fail_once():
+        context = FlowRunContext.get()
+        if context is not None and context.flow_run is not None:
+            # The flow run's own policy wins (set when it was created); else the flow's.
+            policy = context.flow_run.empirical_policy.retries
+            flow_retries = context.flow.retries if context.flow is not None else 0
+            _check_attempts(context.flow_run, policy if policy is not None else flow_retries or 0)
+            if closed := await close_killed_attempts(context.flow_run):
+                get_run_logger().info("%d task run(s) of a killed attempt set Crashed", closed)
+        settings = load_settings()
+        request = request.keyed(run_key_for(request))
+        async with open_collection(request, settings, planner=plan_task) as collection:
+            if shards > 1 and shard_deployment:
+                result = await fan_out(collection, shards=shards, deployment=shard_deployment)
+            else:
+                result = await collect_here(collection)
+            await publish_summary(collection)
     qc = await qc_gate(run=result.run_key, **gate_options.flow_parameters()) if gate else None
     return CollectFlowResult(**result.model_dump(), qc=qc)
 

@@ -80,6 +80,8 @@ class DeploymentSpec:
     """Default parameters, for a target."""
     cron: str | None = None
     """Schedule (UTC), if any."""
+    concurrency_limit: int | None = None
+    """Flow runs of the deployment at once (more wait for a slot); None: no limit."""
 
     def deployment_name(self, target: Target) -> str:
         return self.name + target.suffix
@@ -114,6 +116,8 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         tags=("epiflow", "collect", RECOVER_TAG, NOTIFY_TAG),
         parameters=_nightly_parameters,
         cron=NIGHTLY_CRON,
+        # One night at a time: a late or recovered night never runs beside the next.
+        concurrency_limit=1,
     ),
     DeploymentSpec(
         name="shard",
@@ -132,13 +136,13 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         name="train",
         entrypoint="flows.train.train",
         description="Dataset snapshot, TRL trainer, checkpoint.",
-        tags=("epiflow", "train"),
+        tags=("epiflow", "train", NOTIFY_TAG),
     ),
     DeploymentSpec(
         name="evaluate",
         entrypoint="flows.evaluate.evaluate",
         description="A checkpoint as a policy on held-out tasks in the sandbox.",
-        tags=("epiflow", "evaluate"),
+        tags=("epiflow", "evaluate", NOTIFY_TAG),
     ),
 )
 """The deployments, once."""
@@ -163,6 +167,7 @@ def runner_deployments() -> list[Any]:
             parameters=spec.parameters(target),
             description=spec.description,
             tags=list(spec.tags),
+            concurrency_limit=spec.concurrency_limit,
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
         # The flow object's own path (`with_options` copies keep their function's name).
@@ -191,6 +196,8 @@ def pool_deployments() -> list[dict[str, Any]]:
                 else [],
                 "work_pool": {"name": target.work_pool, "work_queue_name": "default"},
             }
+            if spec.concurrency_limit is not None:
+                entry["concurrency_limit"] = spec.concurrency_limit
             entries.append(entry)
     return entries
 

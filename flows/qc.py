@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import polars as pl
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import acreate_markdown_artifact
+from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +29,7 @@ from agent.trajectory import Trajectory, utcnow
 from config.settings import Settings, load_settings
 from expectations.report import GateReport
 from expectations.settings import QcConfig
-from flows import route_library_logs
+from flows import artifact_key, route_library_logs
 from flows.evaluate import EvaluationOptions
 from flows.train import TrainFlowResult, flow_run_link
 from scoring.rubric import Judgement
@@ -269,8 +269,9 @@ async def gx_suites(
 async def publish_data_docs(
     settings: Settings, report: GateReport, run_key: str, qc_run_id: uuid.UUID, docs_dir: Path
 ) -> str | None:
-    """Upload the GX data docs; returns the object key of their index (None when none)."""
-    from storage.objects import make_object_store
+    """Upload the GX data docs and link them (a link artifact); returns the object key of
+    their index (None when none)."""
+    from storage.objects import make_object_store, object_url
 
     if report.data_docs_index is None:
         get_run_logger().info("publish-data-docs: no data docs built: skipped")
@@ -280,6 +281,12 @@ async def publish_data_docs(
     await asyncio.to_thread(store.put_tree, prefix, docs_dir)
     key = f"{prefix}/{report.data_docs_index.relative_to(docs_dir).as_posix()}"
     get_run_logger().info("publish-data-docs: %s", key)
+    await acreate_link_artifact(
+        link=object_url(store, key),
+        link_text="Great Expectations data docs",
+        key=artifact_key("qc-docs", run_key),
+        description=f"Data docs of the QC gate of run {run_key} (object {key})",
+    )
     return key
 
 
@@ -531,7 +538,7 @@ async def qc_gate(
     )
     await acreate_markdown_artifact(
         markdown=gate_markdown(result, report),
-        key=f"qc-{str(qc_run_id)[:8]}",
+        key=artifact_key("qc", loaded.run_key),
         description="QC gate",
     )
     return result

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, tags, task
 from prefect.artifacts import (
     acreate_markdown_artifact,
     acreate_progress_artifact,
@@ -31,9 +31,10 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from config.automations import NOTIFY_TAG
 from config.settings import Settings, load_settings
 from core.scratch import scratch_dir
-from flows import route_library_logs
+from flows import artifact_key, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
 from training.errors import DatasetSelectionError, TrainingStopped
 from training.pipeline import TrainedModel
@@ -282,10 +283,11 @@ async def train_task(
     from training.pipeline import train_model
 
     logger = get_run_logger()
+    key = artifact_key("train", str(dataset_id))  # one key per dataset snapshot
     progress = await acreate_progress_artifact(
-        progress=0.0, key="train-progress", description="starting"
+        progress=0.0, key=key + "-progress", description="starting"
     )
-    monitor = _TrainingMonitor(asyncio.get_running_loop(), progress, key="train-loss")
+    monitor = _TrainingMonitor(asyncio.get_running_loop(), progress, key=key + "-loss")
     engine = make_engine(settings.database)
     try:
         store = make_object_store(settings.objects)
@@ -446,17 +448,19 @@ async def train(
     if evaluation.instances > 0:
         from flows.evaluate import evaluate
 
-        result.evaluation = await evaluate(
-            checkpoint=str(checkpoint_id),
-            instances=evaluation.instances,
-            suite=evaluation.suite,
-            templates=evaluation.templates,
-            max_steps=evaluation.max_steps,
-            max_new_tokens=evaluation.max_new_tokens,
-        )
+        # Tagged like the evaluate deployment's runs: a failed evaluation is announced.
+        with tags(NOTIFY_TAG):
+            result.evaluation = await evaluate(
+                checkpoint=str(checkpoint_id),
+                instances=evaluation.instances,
+                suite=evaluation.suite,
+                templates=evaluation.templates,
+                max_steps=evaluation.max_steps,
+                max_new_tokens=evaluation.max_new_tokens,
+            )
     await acreate_markdown_artifact(
         markdown=training_markdown(result),
-        key=f"train-{str(trained.training_run_id)[:8]}",
+        key=artifact_key("train", str(dataset_id)),
         description="Training run",
     )
     return result

@@ -509,3 +509,16 @@ def make_object_store(settings: ObjectStoreSettings) -> ObjectStore:
     if settings.is_s3:
         return S3ObjectStore(settings)
     return LocalObjectStore(settings.local_root())
+
+
+def object_url(store: ObjectStore, key: str) -> str:
+    """The object's address, for links (the Prefect UI's link artifacts): `file://…` in a
+    local store, the bucket's HTTP(S) path (`http://endpoint/bucket/prefix/key`) in an S3
+    store; opening it needs the store's access (the same machine, or S3 credentials)."""
+    if isinstance(store, S3ObjectStore):
+        scheme = "https" if store.settings.secure else "http"
+        host = store.settings.endpoint or "s3.amazonaws.com"
+        return f"{scheme}://{host}/{store.bucket}/{store._full(key)}"
+    if isinstance(store, LocalObjectStore):
+        return store._path(key).resolve().as_uri()
+    return f"{store.location}/{key}"

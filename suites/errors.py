@@ -22,7 +22,9 @@ from core.errors import EpiflowError
 
 
 class SuiteError(EpiflowError):
-    """Base class of every suite failure."""
+    """Base class of every suite failure (each is in the suite or its name: not retried)."""
+
+    retryable = False
 
 
 class SuiteNotFound(SuiteError):

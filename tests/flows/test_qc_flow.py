@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -41,6 +42,18 @@ def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gate
     assert first.downweight > 0  # the noisy policy's perturbations cost weight
     assert first.mean_quality is not None and 0.0 < first.mean_quality <= 1.0
     assert first.docs_key and store.exists(first.docs_key)
+    # The data docs as a link artifact and the report, keyed by the run key (stable).
+    from prefect.client.orchestration import get_client
+
+    async def artifacts() -> dict[str, tuple[str, Any]]:
+        async with get_client() as client:
+            return {a.key or "": (a.type or "", a.data) for a in await client.read_artifacts()}
+
+    found = asyncio.run(artifacts())
+    # (Prefect stores a link artifact as a markdown link.)
+    url = (store.root / first.docs_key).resolve().as_uri()
+    assert found["qc-docs-qc-noisy"] == ("markdown", f"[Great Expectations data docs]({url})")
+    assert found["qc-qc-noisy"][0] == "markdown"
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT verdict, quality_score FROM qc_result")).all()
         judged = conn.execute(

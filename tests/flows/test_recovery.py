@@ -24,13 +24,14 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from config.automations import NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
+from config.automations import LATE, NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
@@ -45,6 +46,7 @@ pytestmark = pytest.mark.slow
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 HEARTBEAT_S = 30
 ZOMBIE_AFTER_S = 75
+LATE_AFTER_S = 60  # the setting's minimum
 TEMPLATES = ["csv_to_json", "dir_tree"]
 PLANNED = 8  # 2 templates x 2 tasks x 2 rollouts
 
@@ -116,6 +118,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
         EPIFLOW_PREFECT_HEARTBEAT_S=str(HEARTBEAT_S),
         EPIFLOW_PREFECT_ZOMBIE_AFTER_S=str(ZOMBIE_AFTER_S),
+        EPIFLOW_PREFECT_LATE_AFTER_S=str(LATE_AFTER_S),
         EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL=webhook.url,
     )
     state = Served(server, Api(server.api_url), webhook, env, workdir, db_url, workdir / "objects")
@@ -162,8 +165,8 @@ def _notifications_for(webhook: WebhookServer, name: str, state: str) -> list[di
 
 def test_serve_sets_up_the_automations(served: Served) -> None:
     names = {a["name"] for a in served.api.post("/automations/filter", {})}
-    assert {ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY} <= names
-    # Idempotent: a second setup updates the same four, creates none.
+    assert {ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY, LATE} <= names
+    # Idempotent: a second setup updates the same five, creates none.
     again = subprocess.run(
         [EPIFLOW, "prefect", "setup"],
         env=served.env,
@@ -176,19 +179,83 @@ def test_serve_sets_up_the_automations(served: Served) -> None:
     assert "created" not in again.stdout and "updated" in again.stdout, again.stdout
     automations = served.api.post("/automations/filter", {})
     assert sorted(a["name"] for a in automations if a["name"].startswith("epiflow:")) == sorted(
-        [ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY]
+        [ZOMBIE, STUCK_CANCEL, RECOVER, NOTIFY, LATE]
     )
     zombie = next(a for a in automations if a["name"] == ZOMBIE)
     assert zombie["trigger"]["posture"] == "Proactive"
     assert zombie["trigger"]["within"] == ZOMBIE_AFTER_S
 
 
-def test_failed_nightly_run_is_retried_then_notified(served: Served) -> None:
+def _logs(api: Api, run_id: str) -> list[dict[str, Any]]:
+    return list(
+        api.post(
+            "/logs/filter",
+            {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200},
+        )
+    )
+
+
+def _task_runs(api: Api, run_id: str) -> list[dict[str, Any]]:
+    return list(api.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}}))
+
+
+def test_form_run_with_an_unknown_template_fails_once_then_notifies(served: Served) -> None:
+    """What the run form sends for a typo'd template: the nightly deployment (two retries,
+    ten minutes apart) fails it on its first attempt, in one line per record, no traceback."""
+    nightly = served.api.deployment("collect-episodes", "nightly-collect")
+    # One night at a time (the deployment's concurrency limit).
+    assert (nightly.get("global_concurrency_limit") or {}).get("limit") == 1, nightly
+    run = served.api.post(
+        f"/deployments/{nightly['id']}/create_flow_run",
+        {"parameters": {"request": {"templates": ["csv_to_jsn"]}, "gate": False}},
+    )
+    final = _wait_final(served.api, run["id"], 600)
+    assert final["state_type"] == "FAILED", final["state"]
+    # The attempts, not the clock: one run, no retry scheduled (a retry would wait 600 s).
+    assert final["run_count"] == 1
+    assert final["empirical_policy"]["retries"] == 0  # the remaining retries were dropped
+    assert "AwaitingRetry" not in served.api.states(run["id"])
+    assert "csv_to_jsn" in final["state"]["message"]
+
+    def ended_log() -> list[dict[str, Any]] | None:
+        # Records reach the API in batches, after the state: wait for the last one.
+        found = _logs(served.api, run["id"])
+        done = [
+            e for e in found if e["task_run_id"] is None and "Finished in state" in e["message"]
+        ]
+        return found if done else None
+
+    logs = wait_for("the failed run's log", ended_log, 120)
+    assert not [entry for entry in logs if "Traceback" in entry["message"]], logs
+    errors = [entry["message"] for entry in logs if entry["level"] >= 40]
+    assert errors and all("\n" not in line for line in errors), errors
+    assert any("csv_to_jsn" in line and "not retried" in line for line in errors), errors
+    [plan] = [t for t in _task_runs(served.api, run["id"]) if t["name"].startswith("plan-")]
+    assert plan["state_type"] == "FAILED" and plan["run_count"] == 1
+
+    posted = wait_for(
+        "the webhook to be told",
+        lambda: _notifications_for(served.webhook, final["name"], "Failed") or None,
+        180,
+    )
+    assert len(posted) == 1
+    assert "csv_to_jsn" in posted[0]["body"] and "nightly-collect" in posted[0]["body"]
+    assert posted[0]["text"].startswith(posted[0]["subject"])
+
+
+def test_failed_nightly_run_that_may_pass_is_retried_then_notified(served: Served) -> None:
+    """A failure that is no input error (here a shard deployment that does not exist) may
+    pass on the next attempt: it is retried, on the same flow run, then announced."""
     nightly = served.api.deployment("collect-episodes", "nightly-collect")
     run = served.api.post(
         f"/deployments/{nightly['id']}/create_flow_run",
         {
-            "parameters": {"request": {"suite": "no-such-suite"}, "gate": False},
+            "parameters": {
+                "request": {"templates": TEMPLATES[:1]},
+                "shards": 2,
+                "shard_deployment": "collect-shard/no-such-deployment",
+                "gate": False,
+            },
             # One quick retry instead of the nightly's two ten minutes apart.
             "empirical_policy": {"retries": 1, "retry_delay": 1},
         },
@@ -198,16 +265,113 @@ def test_failed_nightly_run_is_retried_then_notified(served: Served) -> None:
     assert final["run_count"] == 2  # the retry ran, on the same flow run
     assert "AwaitingRetry" in served.api.states(run["id"])
     # Named after its run key: a manual run's key is its flow run's own.
-    assert final["name"] == f"no-such-suite-scripted-oracle-{uuid.UUID(run['id']).hex[:8]}"
-
+    assert final["name"] == f"builtin-scripted-oracle-{uuid.UUID(run['id']).hex[:8]}"
     posted = wait_for(
         "the webhook to be told",
-        lambda: _notifications_for(served.webhook, final["name"], "Failed"),
+        lambda: _notifications_for(served.webhook, final["name"], "Failed") or None,
         180,
     )
     assert len(posted) == 1
-    assert "no-such-suite" in posted[0]["body"] and "nightly-collect" in posted[0]["body"]
-    assert posted[0]["text"].startswith(posted[0]["subject"])
+
+
+def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
+    """The UI's Cancel (the flow run set Cancelling): the run row is `interrupted` (as the
+    CLI stores it), the log says how to resume, no task run crashed or stays running."""
+    api = served.api
+    nightly = api.deployment("collect-episodes", "nightly-collect")
+    request = {
+        "policy": "scripted:oracle",
+        "tasks": 2,
+        "rollouts": 2,
+        "concurrency": 1,
+        "templates": TEMPLATES,
+        "batch_size": 1,
+        "faults": {"latency_p": 1.0, "latency_ms": [1000, 1000]},
+    }
+    run = api.post(
+        f"/deployments/{nightly['id']}/create_flow_run",
+        {"parameters": {"request": request, "gate": False}},
+    )
+    run_id = run["id"]
+    key = f"builtin-scripted-oracle-{uuid.UUID(run_id).hex[:8]}"
+    engine = make_engine(DatabaseSettings(url=served.db_url))
+
+    def stored() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT COUNT(*) FROM episode e JOIN collection_run r ON r.id = e.run_id "
+                        "WHERE r.run_key = :k"
+                    ),
+                    {"k": key},
+                ).scalar_one()
+            )
+
+    try:
+        wait_for("an episode stored", lambda: stored() >= 1, 600, every=0.5)
+        api.post(
+            f"/flow_runs/{run_id}/set_state",
+            {"state": {"type": "CANCELLING", "message": "cancelled from the UI"}, "force": True},
+        )
+        final = _wait_final(api, run_id, 600)
+        assert final["state_type"] == "CANCELLED", final["state"]
+        with engine.connect() as conn:
+            status = conn.execute(
+                text("SELECT status FROM collection_run WHERE run_key = :k"), {"k": key}
+            ).scalar_one()
+        assert status == "interrupted"
+        assert stored() < PLANNED, "the run finished before it could be cancelled"
+    finally:
+        engine.dispose()
+
+    # Its last records may still be on their way to the API.
+    def with_hint() -> list[dict[str, Any]] | None:
+        found = _logs(api, run_id)
+        return found if any("Resume:" in e["message"] for e in found) else None
+
+    logs = wait_for("the resume hint in the run's log", with_hint, 120)
+    assert not [e for e in logs if "Crash detected" in e["message"]], logs
+    hint = next(e["message"] for e in logs if "Resume:" in e["message"])
+    assert key in hint and f"of {PLANNED} episodes stored" in hint
+    states = {t["name"].rsplit("-", 1)[0]: t["state_type"] for t in _task_runs(api, run_id)}
+    assert states["run-episodes"] == "CANCELLED", states
+    assert not {"RUNNING", "PENDING", "CRASHED"} & set(states.values()), states
+
+
+def test_late_nightly_run_notifies(served: Served) -> None:
+    """Nothing serves the deployment (`serve` is down) and a night's run stays Scheduled:
+    the late automation tells the webhook, EPIFLOW_PREFECT_LATE_AFTER_S after Prefect
+    marked it Late."""
+    api = served.api
+    nightly = api.deployment("collect-episodes", "nightly-collect")
+    served.stop_serve()
+    try:
+        scheduled = datetime.now(UTC) - timedelta(minutes=1)
+        run = api.post(
+            f"/deployments/{nightly['id']}/create_flow_run",
+            {
+                "name": "late-night",
+                "parameters": {"request": {"templates": TEMPLATES[:1]}, "gate": False},
+                "state": {
+                    "type": "SCHEDULED",
+                    "state_details": {"scheduled_time": scheduled.isoformat()},
+                },
+            },
+        )
+        wait_for("Prefect to mark it Late", lambda: "Late" in api.states(run["id"]), 180)
+        posted = wait_for(
+            lambda: f"the late notification ({_automation_trail(api)})",
+            lambda: _notifications_for(served.webhook, "late-night", "late") or None,
+            LATE_AFTER_S + 240,
+            every=2,
+        )
+        assert len(posted) == 1
+        assert "nightly-collect" in posted[0]["body"] and "serve" in posted[0]["body"]
+        assert api.flow_run(run["id"])["state_type"] == "SCHEDULED"  # it never started
+        api.call("DELETE", f"/flow_runs/{run['id']}")
+    finally:
+        served.start_serve()
 
 
 def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -> None:
@@ -302,12 +466,17 @@ def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -
         assert tuple(episodes[:2]) == (PLANNED, PLANNED)  # none lost, none twice
         assert episodes[2] == steps
         assert status == "completed"
+        # The killed attempt's task runs were closed when the recovered attempt started.
+        left = [
+            t["name"] for t in _task_runs(api, run_id) if t["state_type"] in ("RUNNING", "PENDING")
+        ]
+        assert not left, left
         assert list_orphans(engine, LocalObjectStore(served.objects)).keys == []
 
         # The crash was announced too.
         wait_for(
             "the crash notification",
-            lambda: _notifications_for(served.webhook, key, "Crashed"),
+            lambda: _notifications_for(served.webhook, key, "Crashed") or None,
             180,
         )
     finally:
