@@ -49,7 +49,11 @@ class Step(SQLModel, table=True):
     history_hash: str = doc(
         "sha256 of the chat history sent to the policy before this step.", index=True
     )
-    started_at: datetime = time_col("When the policy request was made (UTC).")
+    started_at: datetime | None = time_col(
+        "When the policy request was made (UTC); NULL for an imported step whose file gave "
+        "no timestamp.",
+        nullable=True,
+    )
     raw_output: str = text_col("The model's text exactly as returned (NULs stripped, capped).")
     raw_output_truncated: bool = doc(
         "True when the model's answer exceeded the output cap.", default=False
