@@ -497,9 +497,10 @@ def _derive(
             step.completion_token_ids = metrics.completion_token_ids
             step.logprobs = metrics.logprobs
         if atif_step.observation is not None:
-            step.observation = _inline(
-                "\n".join(content_text(r.content) for r in atif_step.observation.results)
-            )
+            whole = "\n".join(content_text(r.content) for r in atif_step.observation.results)
+            step.observation = _inline(whole)
+            if step.observation is not whole:  # cut: the whole goes to an object of its own
+                step.observation_whole = whole
         history.append("assistant", step.raw_output)
         if step.observation is not None:
             history.append("user", step.observation)

@@ -268,6 +268,8 @@ class Step(BaseModel):
     """Raw stdout bytes, kept in memory only until storage writes them as an object."""
     stderr_bytes: bytes | None = Field(default=None, exclude=True)
     """Raw stderr bytes, kept in memory only until storage writes them as an object."""
+    observation_whole: str | None = Field(default=None, exclude=True)
+    """The whole observation of an imported step whose `observation` is cut, kept in memory only until storage writes it as an object."""
     duration_ms: float | None = None
     """Wall time of the tool call inside the sandbox, milliseconds."""
     resources: ResourceUsage | None = None

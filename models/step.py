@@ -138,6 +138,11 @@ class Step(SQLModel, table=True):
     stderr_key: str | None = doc(
         "Object-store key of the raw stderr bytes, when kept.", default=None
     )
+    observation_key: str | None = doc(
+        "Object-store key of the whole observation (UTF-8 text) when `observation` holds it "
+        "cut (an imported step past the inline cap); NULL otherwise.",
+        default=None,
+    )
     duration_ms: float | None = doc("Wall time of the tool call in the sandbox, ms.", default=None)
     cpu_ms: float | None = doc("CPU time (user + system) of the tool call, ms.", default=None)
     max_rss_kib: int | None = doc("Peak resident memory of the tool call, KiB.", default=None)

@@ -47,7 +47,8 @@ def episode_prefix(t: Trajectory) -> str:
 
 def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
     """Upload what the rows will point at. Raw outputs are kept when the row's text is not
-    the whole truth: truncated, or not clean UTF-8 / containing NULs."""
+    the whole truth: truncated, or not clean UTF-8 / containing NULs; so is an imported
+    observation that the row holds cut (`Step.observation_whole`)."""
     refs: list[ArtifactRef] = []
     prefix = episode_prefix(t)
     for s in t.steps:
@@ -59,6 +60,13 @@ def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:
             if truncated or lossy or getattr(s, f"{stream}_truncated"):
                 info = store.put(f"{prefix}/steps/{s.index:04d}.{stream}", raw)
                 refs.append(ArtifactRef(info=info, kind=stream, step_index=s.index))
+        if s.observation_whole is not None:  # an imported observation past the inline cap
+            info = store.put(
+                f"{prefix}/steps/{s.index:04d}.observation",
+                s.observation_whole.encode("utf-8", "surrogatepass"),
+                content_type="text/plain; charset=utf-8",
+            )
+            refs.append(ArtifactRef(info=info, kind="observation", step_index=s.index))
     ctrf = (t.verifier_details or {}).get("harbor", {}).get("ctrf")
     if isinstance(ctrf, str):  # a Harbor verifier's CTRF report (tasks/harbor_verify.py)
         info = store.put(

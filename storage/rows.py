@@ -176,7 +176,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     "timed_out", "error_type", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
     "stdout_key", "stderr_key", "duration_ms", "cpu_ms", "max_rss_kib", "files_changed",
     "injected_fault_kind", "injected_fault", "soft_timeout_warning", "immediate_reward",
-    "discounted_return",
+    "discounted_return", "observation_key",
 )  # fmt: skip
 
 
@@ -243,6 +243,7 @@ def step_values(
         s.soft_timeout_warning,
         s.immediate_reward,
         s.return_,  # discounted_return
+        keys.get("observation"),  # observation_key
     )
 
 
@@ -305,9 +306,15 @@ def prepare_rows(t: Trajectory, *, json_text: bool) -> EpisodeRows:
 
 
 def with_output_keys(values: tuple[Any, ...], keys: Mapping[str, str]) -> tuple[Any, ...]:
-    """Step values with the step's object keys (`stdout`/`stderr` → key) put in."""
+    """Step values with the step's object keys (`stdout`/`stderr`/`observation` → key) put in."""
     at = STDOUT_KEY_AT
-    return (*values[:at], keys.get("stdout"), keys.get("stderr"), *values[at + 2 :])
+    return (
+        *values[:at],
+        keys.get("stdout"),
+        keys.get("stderr"),
+        *values[at + 2 : -1],
+        keys.get("observation"),  # observation_key, the last column
+    )
 
 
 def step_row(

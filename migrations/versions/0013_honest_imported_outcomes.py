@@ -8,6 +8,8 @@ Create Date: 2026-12-02 04:50:00.000000
 file recorded no outcome: unknown, not `aborted`); only the comments change, and only
 PostgreSQL stores comments. `episode.started_at` and `step.started_at` become nullable: an
 imported file with no timestamps leaves them NULL instead of the import time.
+`step.observation_key`: the object holding an imported observation whole when the row's
+`observation` is cut at the inline cap (as `stdout_key` does for stdout).
 
 Existing rows are left as they are: an old import's `aborted` cannot be told from a real
 abort, and its invented times from real ones (re-import the file into a new run key).
@@ -107,9 +109,20 @@ def _started_at(nullable: bool) -> None:
         op.execute('PRAGMA legacy_alter_table=OFF')
 
 
+_OBSERVATION_KEY = (
+    "Object-store key of the whole observation (UTF-8 text) when `observation` holds it "
+    "cut (an imported step past the inline cap); NULL otherwise."
+)
+
+
 def upgrade() -> None:
     _comments(new=True)
     _started_at(nullable=True)
+    # Plain ALTER TABLE (SQLite >= 3.35 adds and drops columns in place).
+    op.add_column(
+        'step',
+        sa.Column('observation_key', sqlmodel.sql.sqltypes.AutoString(), nullable=True, comment=_OBSERVATION_KEY),
+    )
 
 
 def downgrade() -> None:
@@ -122,5 +135,6 @@ def downgrade() -> None:
                 f"{missing} {table} row(s) have no started_at (imported without times); "
                 "delete those imports before downgrading below 0013"
             )
+    op.drop_column('step', 'observation_key')
     _started_at(nullable=False)
     _comments(new=False)

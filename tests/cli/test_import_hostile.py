@@ -254,8 +254,11 @@ def test_a_100_mb_file_of_one_string_imports_within_the_memory_bound(
     # ≤ 3× the file + the constant, with 32 MiB of allocator slack.
     assert kib * 1024 <= 3 * size + small_kib * 1024 + 32 * _MIB, (kib, small_kib, size)
     with sqlite3.connect(tmp_path / "cli.db") as conn:
-        (observation,) = conn.execute(
-            "SELECT observation FROM step WHERE observation IS NOT NULL ORDER BY "
-            "LENGTH(observation) DESC"
+        observation, key = conn.execute(
+            "SELECT observation, observation_key FROM step WHERE observation IS NOT NULL "
+            "ORDER BY LENGTH(observation) DESC"
         ).fetchone()
-    assert len(observation) < 70_000  # capped in SQL; the whole is in the object
+        stored = conn.execute("SELECT size FROM artifact WHERE key = ?", (key,)).fetchone()
+    assert len(observation) < 70_000  # capped in SQL; the whole is an object, like stdout
+    whole = (tmp_path / "objects" / key).stat().st_size
+    assert stored == (whole,) and 100 * _MIB < whole < size

@@ -239,3 +239,35 @@ def test_the_trajectory_object_is_written_in_pieces_with_the_same_bytes(
     loaded = load_trajectory(migrated_engine, store, t.episode_id)
     assert loaded.model_dump(mode="json") == t.model_dump(mode="json")  # raw bytes stay out
     assert (hashlib.sha256(body).hexdigest(), len(body)) == (sha, size)
+
+
+def test_an_observation_past_the_inline_cap_is_an_object_of_its_own(
+    migrated_engine: Engine, tmp_path: Path
+) -> None:
+    from agent.atif_convert import OBSERVATION_INLINE_CAP
+
+    store = _store(tmp_path)
+    document = load(atif_file(ATIF_NAMES[0]))
+    whole = "é line\n" * (OBSERVATION_INLINE_CAP // 4)
+    document["steps"][4]["observation"]["results"][0]["content"] = whole
+    path = tmp_path / "long-observation.json"
+    path.write_text(json.dumps(document))
+    (episode_id,) = import_file(migrated_engine, store, path, "atif").inserted
+    with migrated_engine.connect() as conn:
+        observation, key = conn.execute(
+            select(col(Step.observation), col(Step.observation_key)).where(
+                col(Step.episode_id) == episode_id, col(Step.observation_key).is_not(None)
+            )
+        ).one()
+        sha, size = conn.execute(
+            select(col(Artifact.sha256), col(Artifact.size)).where(col(Artifact.key) == key)
+        ).one()
+    body = store.get(key)
+    assert body.decode() == whole and key.endswith(".observation")
+    assert (hashlib.sha256(body).hexdigest(), len(body)) == (sha, size)
+    assert observation.startswith(whole[:OBSERVATION_INLINE_CAP]) and len(observation) < len(whole)
+    # The stored trajectory still exports the document back as it was.
+    from agent.export import to_atif
+
+    exported = to_atif(load_trajectory(migrated_engine, store, episode_id))
+    assert exported["steps"][4]["observation"] == document["steps"][4]["observation"]
