@@ -262,6 +262,7 @@ def test_an_observation_past_the_inline_cap_is_an_object_of_its_own(
         sha, size = conn.execute(
             select(col(Artifact.sha256), col(Artifact.size)).where(col(Artifact.key) == key)
         ).one()
+    assert key is not None and observation is not None
     body = store.get(key)
     assert body.decode() == whole and key.endswith(".observation")
     assert (hashlib.sha256(body).hexdigest(), len(body)) == (sha, size)
