@@ -261,4 +261,4 @@ def test_a_100_mb_file_of_one_string_imports_within_the_memory_bound(
         stored = conn.execute("SELECT size FROM artifact WHERE key = ?", (key,)).fetchone()
     assert len(observation) < 70_000  # capped in SQL; the whole is an object, like stdout
     whole = (tmp_path / "objects" / key).stat().st_size
-    assert stored == (whole,) and 100 * _MIB < whole < size
+    assert stored == (whole,) and 90 * _MIB < whole < size  # the escapes decoded
