@@ -600,6 +600,8 @@ def from_atif(
         {**step, **(delta or {})} for step, delta in zip(dumped["steps"], agent_deltas, strict=True)
     ]
     traj = Trajectory.model_validate({**dumped, **meta, "steps": steps})
+    for step, whole in zip(traj.steps, derived.steps, strict=True):
+        step.observation_whole = whole.observation_whole  # in memory only: not in a dump
     if run_key is not None and run_key != traj.run_key:
         traj = traj.model_copy(update={"run_key": run_key, "episode_id": derived.episode_id})
     return traj
