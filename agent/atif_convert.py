@@ -45,10 +45,11 @@ from agent.trajectory import (
     AgentIdentity,
     AtifRemainder,
     ContextStep,
+    EpisodeStatus,
+    FailureCategory,
     ParseKind,
     Step,
     Trajectory,
-    utcnow,
 )
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
 
@@ -105,6 +106,9 @@ def _diff(raw: Any, rendered: Any, path: str, values: dict[str, Any], missing: l
     elif isinstance(raw, list) and isinstance(rendered, list) and len(raw) == len(rendered):
         for i, (a, b) in enumerate(zip(raw, rendered, strict=True)):
             _diff(a, b, f"{path}/{i}", values, missing)
+    elif isinstance(raw, str) and isinstance(rendered, str):
+        if raw != rendered:  # two strings: no JSON spelling needed (nor its copies)
+            values[path] = raw
     elif _canonical(raw) != _canonical(rendered):
         values[path] = copy.deepcopy(raw)
 
@@ -212,11 +216,10 @@ def _metrics(step: Step) -> dict[str, Any] | None:
 
 
 def _render_agent_step(traj: Trajectory, step: Step, step_id: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "step_id": step_id,
-        "timestamp": _iso(step.started_at),
-        "source": "agent",
-    }
+    out: dict[str, Any] = {"step_id": step_id}
+    if step.started_at is not None:
+        out["timestamp"] = _iso(step.started_at)
+    out["source"] = "agent"
     model = traj.policy if traj.agent is None else traj.agent.model_name
     if model is not None:
         out["model_name"] = model
@@ -280,9 +283,9 @@ def _core(traj: Trajectory, *, system_prompt: str | None = None) -> dict[str, An
         prompt = (
             system_prompt if system_prompt is not None else render_system_prompt(_tools_of(traj))
         )
-        moment = _iso(traj.started_at)
-        steps.append({"step_id": 1, "timestamp": moment, "source": "system", "message": prompt})
-        steps.append({"step_id": 2, "timestamp": moment, "source": "user", "message": traj.prompt})
+        moment = {} if traj.started_at is None else {"timestamp": _iso(traj.started_at)}
+        steps.append({"step_id": 1, **moment, "source": "system", "message": prompt})
+        steps.append({"step_id": 2, **moment, "source": "user", "message": traj.prompt})
         for step in traj.steps:
             steps.append(_render_agent_step(traj, step, len(steps) + 1))
     else:
@@ -370,9 +373,44 @@ def _pop_epiflow(obj: dict[str, Any]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_HASH_CHUNK = 1 << 20
+"""Characters of one string hashed at a time (`_hash_canonical`)."""
+
+
+def _hash_canonical(h: Any, value: Any) -> None:
+    """Feed `h` the bytes of `_canonical(value)` without building that text: containers
+    piece by piece, a long string in chunks (JSON escapes one character at a time, so the
+    chunks' escapes joined are the whole string's). The same digest as hashing the whole
+    text (episode ids on disk depend on it), at a cost that does not grow with the file."""
+    if isinstance(value, dict):
+        h.update(b"{")
+        for i, key in enumerate(sorted(value)):
+            if i:
+                h.update(b",")
+            h.update(_canonical(key).encode("utf-8", "surrogatepass") + b":")
+            _hash_canonical(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, list):
+        h.update(b"[")
+        for i, item in enumerate(value):
+            if i:
+                h.update(b",")
+            _hash_canonical(h, item)
+        h.update(b"]")
+    elif isinstance(value, str) and len(value) > _HASH_CHUNK:
+        h.update(b'"')
+        for start in range(0, len(value), _HASH_CHUNK):
+            piece = _canonical(value[start : start + _HASH_CHUNK])
+            h.update(piece[1:-1].encode("utf-8", "surrogatepass"))
+        h.update(b'"')
+    else:
+        h.update(_canonical(value).encode("utf-8", "surrogatepass"))
+
+
 def _content_id(run_key: str, document: Mapping[str, Any]) -> uuid.UUID:
-    digest = hashlib.sha256(_canonical(document).encode("utf-8", "surrogatepass")).hexdigest()
-    return uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1fatif\x1f{digest}")
+    h = hashlib.sha256()
+    _hash_canonical(h, document)
+    return uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1fatif\x1f{h.hexdigest()}")
 
 
 def _policy_of(agent: AgentIdentity) -> str:
@@ -416,7 +454,7 @@ def _derive(
     """A `Trajectory` from an ATIF document's core (epiflow's `extra` entries already
     removed), with remainders so that rendering it gives the document back.
 
-    `started`: when the episode started if no step has a timestamp (default: now)."""
+    `started`: when the episode started if no step has a timestamp (default: unknown, None)."""
     doc = AtifTrajectory.model_validate(document)
     agent = AgentIdentity.model_validate(doc.agent.model_dump(exclude_none=True))
     history = _History()
@@ -459,9 +497,10 @@ def _derive(
             step.completion_token_ids = metrics.completion_token_ids
             step.logprobs = metrics.logprobs
         if atif_step.observation is not None:
-            step.observation = _inline(
-                "\n".join(content_text(r.content) for r in atif_step.observation.results)
-            )
+            whole = "\n".join(content_text(r.content) for r in atif_step.observation.results)
+            step.observation = _inline(whole)
+            if step.observation is not whole:  # cut: the whole goes to an object of its own
+                step.observation_whole = whole
         history.append("assistant", step.raw_output)
         if step.observation is not None:
             history.append("user", step.observation)
@@ -470,13 +509,12 @@ def _derive(
     if steps and steps[-1].parse_kind == ParseKind.NONE and not steps[-1].observation:
         # A foreign agent's last plain message is its answer.
         steps[-1].parse_kind, steps[-1].final_answer = ParseKind.FINAL, steps[-1].raw_output
+    # Times come from the document only: none there, none here (never the import time).
     times = [t for t in (_parse_time(s.timestamp) for s in doc.steps) if t is not None]
     if times:
         started = times[0]
-    elif started is None:
-        started = utcnow()
     for step, atif_step in zip(steps, (s for s in doc.steps if s.source == "agent"), strict=True):
-        step.started_at = _parse_time(atif_step.timestamp) or started
+        step.started_at = _parse_time(atif_step.timestamp)
     text = prompt or ""
     key = run_key if run_key is not None else ATIF_IMPORT_RUN_KEY
     traj = Trajectory(
@@ -498,6 +536,10 @@ def _derive(
         steps=steps,
         started_at=started,
         ended_at=times[-1] if len(times) > 1 else None,
+        # ATIF records no outcome: unknown, not a default (an epiflow export's own outcome
+        # comes back from its `extra.epiflow`).
+        status=EpisodeStatus.IMPORTED,
+        failure_category=FailureCategory.IMPORTED,
         final_answer=next(
             (s.final_answer for s in reversed(steps) if s.final_answer is not None), None
         ),
@@ -558,6 +600,8 @@ def from_atif(
         {**step, **(delta or {})} for step, delta in zip(dumped["steps"], agent_deltas, strict=True)
     ]
     traj = Trajectory.model_validate({**dumped, **meta, "steps": steps})
+    for step, whole in zip(traj.steps, derived.steps, strict=True):
+        step.observation_whole = whole.observation_whole  # in memory only: not in a dump
     if run_key is not None and run_key != traj.run_key:
         traj = traj.model_copy(update={"run_key": run_key, "episode_id": derived.episode_id})
     return traj

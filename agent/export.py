@@ -27,6 +27,8 @@ from agent.recording import observation_messages
 from agent.trajectory import (
     EPISODE_NAMESPACE,
     ContextStep,
+    EpisodeStatus,
+    FailureCategory,
     ParseKind,
     Step,
     Trajectory,
@@ -207,6 +209,8 @@ def from_openai_messages(
             if role == "user" and not prompt:
                 prompt = content
         history.append(message)
+    for step in steps:
+        step.started_at = None  # chat messages carry no times; none is invented
     digest = history_hash([dict(m) for m in history[:2]])
     tid = task_id if task_id is not None else f"imported-{digest[:16]}"
     whole = history_hash(history)
@@ -222,6 +226,10 @@ def from_openai_messages(
         tool_versions={name: spec.version for name, spec in specs.items()},
         context_steps=context,
         steps=steps,
+        # Chat messages record neither times nor an outcome: both unknown, never a default.
+        started_at=None,
+        status=EpisodeStatus.IMPORTED,
+        failure_category=FailureCategory.IMPORTED,
         final_answer=next(
             (s.final_answer for s in reversed(steps) if s.final_answer is not None), None
         ),

@@ -25,6 +25,8 @@ from sandbox.types import FileChange, InjectedFault, ResourceUsage
 
 __all__ = [
     "INFRASTRUCTURE_STATUSES",
+    "OUTCOMELESS_STATUSES",
+    "UNKNOWN_OUTCOME_STATUSES",
     "AgentIdentity",
     "AtifRemainder",
     "ContextStep",
@@ -75,6 +77,9 @@ class EpisodeStatus(StrEnum):
     STORAGE_ERROR = "storage_error"
     ENDPOINT_ERROR = "endpoint_error"
     ABORTED = "aborted"
+    IMPORTED = "imported"
+    """An imported trajectory whose file recorded no outcome: unknown, neither a success nor
+    a failure (never a default outcome)."""
 
 
 INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(
@@ -84,11 +89,22 @@ INFRASTRUCTURE_STATUSES: frozenset[EpisodeStatus] = frozenset(
 no reward, stay out of success rates and training, QC discards them, and re-running the run
 key redoes them. The one definition; everything that treats infrastructure apart reads it."""
 
+OUTCOMELESS_STATUSES: frozenset[EpisodeStatus] = frozenset(
+    {EpisodeStatus.ABORTED, EpisodeStatus.IMPORTED}
+)
+"""Outcomes that say nothing about whether the agent solved its task: an episode cut off
+(`aborted`), or imported from a file that recorded no outcome (`imported`). Preference and
+outcome-labelled training rows (DPO, KTO) and QC leave them out."""
+
+UNKNOWN_OUTCOME_STATUSES: frozenset[EpisodeStatus] = frozenset({EpisodeStatus.IMPORTED})
+"""Outcomes nobody recorded: success rates leave them out of the denominator, as they do
+infrastructure outcomes."""
+
 
 def success_rate(by_status: Mapping[str, int]) -> float:
     """Successes over the episodes that say something about the agent (infrastructure
-    outcomes left out); 0.0 when there are none."""
-    infra = {str(s) for s in INFRASTRUCTURE_STATUSES}
+    outcomes and unknown imported outcomes left out); 0.0 when there are none."""
+    infra = {str(s) for s in INFRASTRUCTURE_STATUSES | UNKNOWN_OUTCOME_STATUSES}
     judged = sum(n for status, n in by_status.items() if status not in infra)
     return by_status.get(EpisodeStatus.SUCCESS.value, 0) / judged if judged else 0.0
 
@@ -106,6 +122,8 @@ class FailureCategory(StrEnum):
     STORAGE_ERROR = "storage_error"
     ENDPOINT_ERROR = "endpoint_error"
     ABORTED = "aborted"
+    IMPORTED = "imported"
+    """The imported file recorded no outcome (with `EpisodeStatus.IMPORTED`)."""
 
 
 class ParseKind(StrEnum):
@@ -178,8 +196,8 @@ class Step(BaseModel):
     """0-based position of the step in the episode."""
     history_hash: str
     """sha256 of the chat history sent to the policy for this step (before the request)."""
-    started_at: datetime = Field(default_factory=utcnow)
-    """When the request to the policy was made (UTC)."""
+    started_at: datetime | None = Field(default_factory=utcnow)
+    """When the request to the policy was made (UTC); None for an imported step whose file gave no timestamp."""
 
     # after the response
     raw_output: str = ""
@@ -260,6 +278,8 @@ class Step(BaseModel):
     """Raw stdout bytes, kept in memory only until storage writes them as an object."""
     stderr_bytes: bytes | None = Field(default=None, exclude=True)
     """Raw stderr bytes, kept in memory only until storage writes them as an object."""
+    observation_whole: str | None = Field(default=None, exclude=True)
+    """The whole observation of an imported step whose `observation` is cut, kept in memory only until storage writes it as an object."""
     duration_ms: float | None = None
     """Wall time of the tool call inside the sandbox, milliseconds."""
     resources: ResourceUsage | None = None
@@ -359,14 +379,14 @@ class Trajectory(BaseModel):
     """The fault-injection profile (probabilities and ranges) in force; empty when off."""
     fault_seed: int | None = None
     """Seed of the fault injector, so a replay injects the same faults."""
-    started_at: datetime = Field(default_factory=utcnow)
-    """When the episode started (UTC)."""
+    started_at: datetime | None = Field(default_factory=utcnow)
+    """When the episode started (UTC); None for an imported episode whose file has no timestamp (never the import time)."""
     ended_at: datetime | None = None
     """When the episode ended (UTC)."""
     status: EpisodeStatus = EpisodeStatus.ABORTED
-    """How the episode ended."""
+    """How the episode ended (`imported`: an imported file recorded no outcome)."""
     failure_category: FailureCategory = FailureCategory.ABORTED
-    """Why the episode ended (`success` when it succeeded)."""
+    """Why the episode ended (`success` when it succeeded, `imported` when unknown)."""
     failure_reason: str | None = None
     """Human-readable detail for a failure (error message, verifier reason)."""
     verifier_score: float | None = None
@@ -394,7 +414,7 @@ class Trajectory(BaseModel):
 
     @property
     def duration_ms(self) -> float | None:
-        if self.ended_at is None:
+        if self.ended_at is None or self.started_at is None:
             return None
         return (self.ended_at - self.started_at).total_seconds() * 1000.0
 

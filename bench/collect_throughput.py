@@ -151,9 +151,10 @@ def warm_server(api_url: str) -> None:
 def episodes_window(trajectories: list[Trajectory]) -> float:
     """Seconds from the first episode's start to the last episode's end."""
     ends = [t.ended_at for t in trajectories if t.ended_at is not None]
-    if not ends:
+    starts = [t.started_at for t in trajectories if t.started_at is not None]
+    if not ends or not starts:
         return 0.0
-    return (max(ends) - min(t.started_at for t in trajectories)).total_seconds()
+    return (max(ends) - min(starts)).total_seconds()
 
 
 def main() -> None:

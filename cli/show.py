@@ -19,10 +19,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agent.trajectory import ParseKind, Step, Trajectory
+from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
 from cli.terminal import neutralise
 
-_STATUS_STYLE = {"success": "green", "failed": "yellow"}
+_STATUS_STYLE = {"success": "green", "failed": "yellow", "imported": "dim"}
 
 LINE_CLIP = 400
 """Characters of one line shown by default; the rest is replaced by a marker."""
@@ -77,7 +77,13 @@ def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None 
         status.append(": " + fit_text(t.failure_reason, max_chars=max_chars, width=width))
     head.add_row("status", status)
     head.add_row("verifier", _safe(f"{t.verifier_score} {t.verifier_reason or ''}"))
-    head.add_row("reward", Text(f"final {t.final_reward}, total {t.total_reward}"))
+    scored = t.status != EpisodeStatus.IMPORTED
+    if scored:
+        head.add_row("reward", Text(f"final {t.final_reward}, total {t.total_reward}"))
+    else:
+        head.add_row("reward", Text("not recorded (imported, no outcome in the file)"))
+    if t.started_at is None:
+        head.add_row("times", Text("not recorded"))
     head.add_row("faults", _safe(str(t.fault_profile or "off")))
     console.print(Panel(head, title="epiflow episode", expand=False))
     if t.agent is None:
@@ -91,10 +97,10 @@ def render_trajectory(t: Trajectory, console: Console, *, max_chars: int | None 
             console.rule(_safe(f"{source} (imported)"))
             console.print(fit(message))
         if index < len(t.steps):
-            _step(t.steps[index], console, fit)
+            _step(t.steps[index], console, fit, scored=scored)
 
 
-def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
+def _step(s: Step, console: Console, fit: Callable[[str], Text], *, scored: bool) -> None:
     meta = [f"step {s.index}", str(s.parse_kind)]
     if s.generation_latency_ms is not None:
         meta.append(f"gen {s.generation_latency_ms:.0f} ms")
@@ -104,7 +110,8 @@ def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
         meta.append(f"fault {s.injected_fault.kind}")
     if s.policy_perturbation:
         meta.append(f"perturbation {s.policy_perturbation}")
-    meta.append(f"reward {s.immediate_reward:+.3f}, return {s.return_:+.3f}")
+    if scored:  # an imported episode with no recorded outcome was never scored
+        meta.append(f"reward {s.immediate_reward:+.3f}, return {s.return_:+.3f}")
     console.rule(_safe(" · ".join(meta)))
     if s.reasoning_content is not None:
         console.print(Text("reasoning", style="bold blue"))
@@ -117,7 +124,7 @@ def _step(s: Step, console: Console, fit: Callable[[str], Text]) -> None:
             + (" (timed out)" if s.timed_out else "")
             + (f" (signal {s.signal})" if s.signal is not None else "")
             if s.tool_failed
-            else ("ok" if s.exit_code is not None else "ok (no exit code recorded)")
+            else ("ok" if s.exit_code is not None else "outcome not recorded")
         )
         line = Text("call ", style="bold")
         line.append_text(fit(f"{s.call_id} {s.tool}({s.args}) → {outcome}"))

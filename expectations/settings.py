@@ -34,8 +34,9 @@ class GateSettings(BaseSettings):
     env_error_statuses: frozenset[str] = frozenset(str(s) for s in INFRASTRUCTURE_STATUSES)
     """Episode statuses that mean the infrastructure failed: the sandbox, the object store or
     the model endpoint (→ discard, counted in the batch rate)."""
-    incomplete_statuses: frozenset[str] = frozenset({"policy_error", "aborted"})
-    """Episode statuses with no outcome to learn from (→ discard, not counted as env errors)."""
+    incomplete_statuses: frozenset[str] = frozenset({"policy_error", "aborted", "imported"})
+    """Episode statuses with no outcome to learn from (→ discard, not counted as env errors);
+    `imported`: an imported file that recorded no outcome."""
     env_error_types: frozenset[str] = frozenset(
         {
             "sandbox_error",

@@ -45,17 +45,22 @@ class Episode(SQLModel, table=True):
         default=None,
         sa_type=BigInteger,
     )
-    started_at: datetime = time_col("When the episode started (UTC).", index=True)
+    started_at: datetime | None = time_col(
+        "When the episode started (UTC); NULL for an imported episode whose file has no "
+        "timestamp (never the import time).",
+        nullable=True,
+        index=True,
+    )
     ended_at: datetime | None = time_col("When the episode ended (UTC).", nullable=True)
     duration_ms: float | None = doc("Wall time of the whole episode, milliseconds.", default=None)
     status: str = doc(
         "How it ended: success, failed, timeout, env_error, policy_error, storage_error, "
-        "endpoint_error, aborted.",
+        "endpoint_error, aborted, imported (an imported file recorded no outcome: unknown).",
         index=True,
     )
     failure_category: str = doc(
         "Why it ended: success, verifier_failed, max_steps, timeout, parse_failures, env_error, "
-        "policy_error, storage_error, endpoint_error, aborted.",
+        "policy_error, storage_error, endpoint_error, aborted, imported (unknown).",
         index=True,
     )
     failure_reason: str | None = text_col(
@@ -107,5 +112,5 @@ class Episode(SQLModel, table=True):
     trajectory_key: str | None = doc("Object-store key of the full trajectory JSON.", default=None)
     created_at: datetime = time_col(
         "When the episode's record was complete: its ended_at, else started_at (UTC); "
-        "not when the row was written (an import keeps the episode's own times)."
+        "when the row was written only for an imported file that has no times."
     )

@@ -71,7 +71,11 @@ class Step(SQLModel, table=True):
     history_hash: str = doc(
         "sha256 of the chat history sent to the policy before this step.", index=True
     )
-    started_at: datetime = time_col("When the policy request was made (UTC).")
+    started_at: datetime | None = time_col(
+        "When the policy request was made (UTC); NULL for an imported step whose file gave "
+        "no timestamp.",
+        nullable=True,
+    )
     raw_output: str = text_col("The model's text exactly as returned (NULs stripped, capped).")
     raw_output_truncated: bool = doc(
         "True when the model's answer exceeded the output cap.", default=False
@@ -155,6 +159,11 @@ class Step(SQLModel, table=True):
     )
     stderr_key: str | None = doc(
         "Object-store key of the raw stderr bytes, when kept.", default=None
+    )
+    observation_key: str | None = doc(
+        "Object-store key of the whole observation (UTF-8 text) when `observation` holds it "
+        "cut (an imported step past the inline cap); NULL otherwise.",
+        default=None,
     )
     duration_ms: float | None = doc("Wall time of the tool call in the sandbox, ms.", default=None)
     cpu_ms: float | None = doc("CPU time (user + system) of the tool call, ms.", default=None)

@@ -11,7 +11,7 @@ import re
 from html import escape
 from typing import Any
 
-from agent.trajectory import ParseKind, Step, Trajectory
+from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
 from reports.model import DeductionInfo, EpisodeEntry, JudgementInfo, QcVerdictInfo
 from reports.svg import status_color
 
@@ -83,7 +83,11 @@ def render_episode(
     if t is not None:
         cites = _citations(entry.judgements)
         body.append(f"<h4>Steps ({len(t.steps)})</h4>")
-        body.extend(_step(s, anchor, cites.get(s.index, []), max_chars=max_chars) for s in t.steps)
+        scored = t.status != EpisodeStatus.IMPORTED  # an unknown imported outcome: never scored
+        body.extend(
+            _step(s, anchor, cites.get(s.index, []), max_chars=max_chars, scored=scored)
+            for s in t.steps
+        )
         last_final = next(
             (s.final_answer for s in reversed(t.steps) if s.parse_kind == ParseKind.FINAL), None
         )
@@ -216,7 +220,12 @@ def _citations(judgements: list[JudgementInfo]) -> dict[int, list[tuple[str, Ded
 
 
 def _step(
-    s: Step, anchor: str, cites: list[tuple[str, DeductionInfo]], *, max_chars: int | None
+    s: Step,
+    anchor: str,
+    cites: list[tuple[str, DeductionInfo]],
+    *,
+    max_chars: int | None,
+    scored: bool = True,
 ) -> str:
     head = [f"<b>step {s.index}</b>", badge(str(s.parse_kind), f"parse-{s.parse_kind}")]
     if s.policy_perturbation:
@@ -231,9 +240,10 @@ def _step(
         head.append(f'<span class="muted">gen {s.generation_latency_ms:.0f} ms</span>')
     if s.duration_ms is not None:
         head.append(f'<span class="muted">tool {s.duration_ms:.0f} ms</span>')
-    head.append(
-        f'<span class="reward">reward {s.immediate_reward:+.3f} · return {s.return_:+.3f}</span>'
-    )
+    if scored:
+        head.append(
+            f'<span class="reward">reward {s.immediate_reward:+.3f} · return {s.return_:+.3f}</span>'
+        )
     parts = [f'<div class="step-head">{" ".join(head)}</div>']
     for judge, d in cites:
         parts.append(

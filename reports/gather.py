@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory, utcnow
+from agent.trajectory import INFRASTRUCTURE_STATUSES, UNKNOWN_OUTCOME_STATUSES, Trajectory, utcnow
 from models import Judgement as JudgementRow
 from models import QcRun
 from reports.model import (
@@ -99,9 +99,9 @@ def gather_report(
         )
     mix = Counter((e.status, e.failure_category) for e in episodes)
     per_template: dict[str, list[bool]] = {}
-    infra = {str(s) for s in INFRASTRUCTURE_STATUSES}
+    infra = {str(s) for s in INFRASTRUCTURE_STATUSES | UNKNOWN_OUTCOME_STATUSES}
     for e in episodes:
-        if e.status not in infra:  # says nothing about the agent
+        if e.status not in infra:  # says nothing about the agent (or nobody recorded it)
             per_template.setdefault(e.template, []).append(e.status == "success")
     return RunReport(
         run=run_info,

@@ -22,6 +22,7 @@ STATUS_COLORS = {
     "storage_error": "#495057",
     "endpoint_error": "#1c7ed6",
     "aborted": "#868e96",
+    "imported": "#adb5bd",
 }
 """Fill colour per episode status (the same in charts, badges and tables)."""
 

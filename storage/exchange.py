@@ -29,6 +29,7 @@ from storage.documents import read_documents
 from storage.episodes import persist_episodes
 from storage.errors import ImportFormatError
 from storage.links import embedded_episode_ids, record_links
+from storage.ingest import existing_episode_ids
 from storage.objects import ObjectStore
 from storage.run_reads import STEP_FRAME_FORMAT, resolve_run, run_step_frame, run_trajectories
 from storage.runs import close_run, open_run
@@ -251,7 +252,12 @@ def import_file(
         IngestError: the database write failed (the import run is marked `failed`).
     """
     trajectories, documents = _parse(path, fmt, run_key=run_key)
-    opened = _open_import_runs(engine, trajectories, fmt=fmt, path=path)
+    with engine.connect() as conn:
+        present = existing_episode_ids(conn, (t.episode_id for t in trajectories))
+    # A run gets opened and closed (its status and ended_at rewritten) only when this
+    # import adds to it: importing a file again changes no row at all.
+    fresh = [t for t in trajectories if t.episode_id not in present]
+    opened = _open_import_runs(engine, fresh, fmt=fmt, path=path)
     try:
         ingest = persist_episodes(engine, store, trajectories)
         links = record_links(engine, documents)

@@ -39,6 +39,7 @@ from storage.rows import (
     episode_row,
     policy_row,
     prepare_rows,
+    recorded_at,
     run_id_of,
     run_row,
     step_values,
@@ -208,6 +209,7 @@ def _artifact_rows(bundles: Sequence[EpisodeBundle]) -> Iterator[dict[str, Any]]
     for b in bundles:
         t = b.trajectory
         run_id = run_id_of(t.run_key)
+        created = recorded_at(t)
         for a in b.artifacts:
             yield {
                 "key": a.info.key,
@@ -217,7 +219,7 @@ def _artifact_rows(bundles: Sequence[EpisodeBundle]) -> Iterator[dict[str, Any]]
                 "size": a.info.size,
                 "sha256": a.info.sha256,
                 "content_type": a.info.content_type,
-                "created_at": t.ended_at or t.started_at,
+                "created_at": created,
             }
 
 

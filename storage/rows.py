@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.atif_convert import AGENT_NAME, AGENT_VERSION
-from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
+from agent.trajectory import EpisodeStatus, ParseKind, Trajectory, utcnow
 from agent.trajectory import Step as StepData
 from models import run_id_for
 from storage.sanitize import clean_json, clean_text
@@ -39,6 +39,12 @@ def reported_total(values: Iterable[int | float | None]) -> Any:
     return sum(reported) if reported else None
 
 
+def recorded_at(t: Trajectory) -> datetime:
+    """When `t`'s record was complete, for the `created_at` columns: its end, else its
+    start, else (an imported file with no times) when its rows are built."""
+    return t.ended_at or t.started_at or utcnow()
+
+
 def task_row(t: Trajectory) -> dict[str, Any]:
     return {
         "id": t.task_id,
@@ -49,7 +55,7 @@ def task_row(t: Trajectory) -> dict[str, Any]:
         "seed": t.instance_seed,
         "difficulty": t.difficulty,
         "prompt": clean_text(t.prompt),
-        "created_at": t.started_at,
+        "created_at": t.started_at or recorded_at(t),
     }
 
 
@@ -66,7 +72,7 @@ def policy_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, A
         "kind": policy_kind(t.policy),
         "config": json(config),
         "checkpoint_id": None,
-        "created_at": t.started_at,
+        "created_at": t.started_at or recorded_at(t),
     }
 
 
@@ -108,7 +114,7 @@ def run_row(t: Trajectory, *, json: JsonFinisher = clean_json) -> dict[str, Any]
         parameters={},
         sandbox_spec={},
         fault_profile=t.fault_profile,
-        started_at=t.started_at,
+        started_at=t.started_at or recorded_at(t),
         json=json,
     )
 
@@ -155,7 +161,7 @@ def episode_row(
         "agent_name": clean_text(t.agent.name) if t.agent is not None else AGENT_NAME,
         "agent_version": clean_text(t.agent.version) if t.agent is not None else AGENT_VERSION,
         "trajectory_key": trajectory_key,
-        "created_at": t.ended_at or t.started_at,
+        "created_at": recorded_at(t),
     }
 
 
@@ -170,7 +176,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     "timed_out", "error_type", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
     "stdout_key", "stderr_key", "duration_ms", "cpu_ms", "max_rss_kib", "files_changed",
     "injected_fault_kind", "injected_fault", "soft_timeout_warning", "immediate_reward",
-    "discounted_return", "is_copied_context",
+    "discounted_return", "is_copied_context", "observation_key",
 )  # fmt: skip
 
 
@@ -238,6 +244,7 @@ def step_values(
         s.immediate_reward,
         s.return_,  # discounted_return
         s.is_copied_context,
+        keys.get("observation"),  # observation_key
     )
 
 
@@ -300,9 +307,15 @@ def prepare_rows(t: Trajectory, *, json_text: bool) -> EpisodeRows:
 
 
 def with_output_keys(values: tuple[Any, ...], keys: Mapping[str, str]) -> tuple[Any, ...]:
-    """Step values with the step's object keys (`stdout`/`stderr` → key) put in."""
+    """Step values with the step's object keys (`stdout`/`stderr`/`observation` → key) put in."""
     at = STDOUT_KEY_AT
-    return (*values[:at], keys.get("stdout"), keys.get("stderr"), *values[at + 2 :])
+    return (
+        *values[:at],
+        keys.get("stdout"),
+        keys.get("stderr"),
+        *values[at + 2 : -1],
+        keys.get("observation"),  # observation_key, the last column
+    )
 
 
 def step_row(

@@ -10,8 +10,8 @@ SQL that feeds them lives in storage. Expected columns:
     verifier_score  float, optional verifier score in [0, 1] (null when it did not run)
 
 Episodes that say nothing about the policy's skill (the infrastructure outcomes
-`env_error`, `storage_error`, `endpoint_error`, and `policy_error`, `aborted`) are left out
-of the rates.
+`env_error`, `storage_error`, `endpoint_error`, and `policy_error`, `aborted`, and the
+unknown outcome `imported`) are left out of the rates.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.trajectory import INFRASTRUCTURE_STATUSES
+from agent.trajectory import INFRASTRUCTURE_STATUSES, OUTCOMELESS_STATUSES
 
 UNINFORMATIVE_STATUSES = frozenset(
-    {str(s) for s in INFRASTRUCTURE_STATUSES} | {"policy_error", "aborted"}
+    {str(s) for s in INFRASTRUCTURE_STATUSES | OUTCOMELESS_STATUSES} | {"policy_error"}
 )
 """Statuses excluded from success rates: the environment or plumbing failed, not the policy."""
 

@@ -42,7 +42,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.prompt import PromptStyle
-from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, ParseKind, Trajectory
+from agent.trajectory import (
+    INFRASTRUCTURE_STATUSES,
+    OUTCOMELESS_STATUSES,
+    EpisodeStatus,
+    ParseKind,
+    Trajectory,
+)
 from training.conversations import (
     Message,
     episode_messages,
@@ -290,7 +296,7 @@ def dpo_rows(
     for ep in episodes:
         if ep.verdict == "discard" or (
             ep.trajectory.status in INFRASTRUCTURE_STATUSES
-            or ep.trajectory.status == EpisodeStatus.ABORTED
+            or ep.trajectory.status in OUTCOMELESS_STATUSES
         ):
             continue
         groups[key(ep.trajectory)].append(ep)
@@ -348,7 +354,7 @@ def kto_rows(
     for ep in episodes:
         if ep.verdict == "discard" or (
             ep.trajectory.status in INFRASTRUCTURE_STATUSES
-            or ep.trajectory.status == EpisodeStatus.ABORTED
+            or ep.trajectory.status in OUTCOMELESS_STATUSES
         ):
             continue
         messages = episode_messages(ep.trajectory, prompt_style)

@@ -38,7 +38,8 @@ def test_oracle_succeeds_and_every_record_point_is_filled(task, spec, loop_setti
     assert traj.steps[-1].parse_kind == ParseKind.FINAL
     assert len({s.history_hash for s in traj.steps}) == len(traj.steps)
     assert traj.sandbox_spec_hash == "memory-double"
-    assert traj.ended_at is not None and traj.ended_at >= traj.started_at
+    assert traj.started_at is not None and traj.ended_at is not None
+    assert traj.ended_at >= traj.started_at
     for index, step in enumerate(traj.steps[:-1]):
         assert step.index == index
         assert step.raw_output.startswith("Next I call")

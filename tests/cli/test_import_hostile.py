@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,150 @@ def test_real_files_import_and_say_when_nothing_is_new(env: dict[str, str], tmp_
     assert again.returncode == 0
     assert "0 episode(s)" in again.stdout and "already imported, unchanged" in again.stdout
     assert episodes(tmp_path) == 1
+
+
+def nothing_written(tmp_path: Path) -> bool:
+    """No episode, no run row, no object: a refused import leaves no trace."""
+    with sqlite3.connect(tmp_path / "cli.db") as conn:
+        rows = sum(
+            int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+            for table in ("episode", "step", "collection_run", "artifact")
+        )
+    objects = tmp_path / "objects"
+    return rows == 0 and not (objects.exists() and any(p.is_file() for p in objects.rglob("*")))
+
+
+def _invalid(change: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(atif_file(ATIF_NAMES[0]).read_text())
+    steps = document["steps"]
+    if change == "dangling-call-id":
+        steps[4]["observation"]["results"][0]["source_call_id"] = "call_nobody_made"
+    elif change == "duplicate-step-id":
+        steps[3]["step_id"] = steps[2]["step_id"]
+    elif change == "zero-based-step-ids":
+        for step in steps:
+            step["step_id"] -= 1
+    elif change == "unknown-version":
+        document["schema_version"] = "ATIF-v1.9"
+    return document
+
+
+INVALID = {
+    "dangling-call-id": "steps.4.observation.results.0.source_call_id",
+    "duplicate-step-id": "steps.3.step_id: expected 4",
+    "zero-based-step-ids": "steps.0.step_id: expected 1",
+    "unknown-version": "schema_version",
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_atif_is_refused_naming_document_and_field(
+    env: dict[str, str], tmp_path: Path, case: str
+) -> None:
+    path = tmp_path / f"{case}.json"
+    path.write_text(json.dumps(_invalid(case)))
+    done = epiflow_import(env, path)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert f"{path}: document 1 is not valid atif" in lines[0], lines[0]
+    assert INVALID[case] in lines[0], lines[0]
+    assert "Traceback" not in done.stderr and nothing_written(tmp_path)
+
+
+def test_a_truncated_file_is_refused_and_nothing_written(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    whole = atif_file(ATIF_NAMES[1]).read_bytes()
+    path = tmp_path / "truncated.json"
+    path.write_bytes(whole[: len(whole) // 2])
+    done = epiflow_import(env, path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert str(path) in lines[0] and "not JSON" in lines[0], lines[0]
+    assert nothing_written(tmp_path)
+
+
+def test_an_id_twice_in_one_file_is_one_episode_sql_and_object_agree(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    line = atif_file(ATIF_NAMES[0]).read_text().replace("\n", "")
+    path = tmp_path / "twice.jsonl"
+    path.write_text(line + "\n" + line + "\n")
+    done = epiflow_import(env, path, "--json")
+    assert done.returncode == 0, done.stderr
+    (episode_id,) = json.loads(done.stdout)["inserted"]
+    with sqlite3.connect(tmp_path / "cli.db") as conn:
+        n_steps, rows = conn.execute(
+            "SELECT e.n_steps, (SELECT COUNT(*) FROM step s WHERE s.episode_id = e.id) "
+            "FROM episode e"
+        ).fetchone()
+        key, sha, size = conn.execute(
+            "SELECT key, sha256, size FROM artifact WHERE kind = 'trajectory'"
+        ).fetchone()
+    body = (tmp_path / "objects" / key).read_bytes()
+    assert (hashlib.sha256(body).hexdigest(), len(body)) == (sha, size)
+    shown = subprocess.run(
+        [EPIFLOW, "show", episode_id, "--raw"], env=env, capture_output=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert n_steps == rows == len(json.loads(shown.stdout)["steps"]) == 2
+
+
+_MIB = 1 << 20
+_PEAK = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.stderr.write(done.stderr)\n"
+)
+
+
+def _peak_kib(env: dict[str, str], path: Path) -> tuple[int, int, str]:
+    """Exit code and peak RSS (KiB) of `epiflow import PATH`, measured by a small parent
+    process of its own (the test process is large; its peak is not the import's)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, EPIFLOW, "import", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    code, kib = (int(x) for x in done.stdout.split())
+    return code, kib, done.stderr
+
+
+def test_a_100_mb_file_of_one_string_imports_within_the_memory_bound(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # The constant of the bound: the same command on a small file (interpreter, modules,
+    # database setup).
+    code, small_kib, err = _peak_kib(env, atif_file(ATIF_NAMES[2]))
+    assert code == 0, err
+    document = json.loads(atif_file(ATIF_NAMES[0]).read_text())
+    marker = "@@BODY@@"
+    document["steps"][4]["observation"]["results"][0]["content"] = marker
+    head, tail = json.dumps(document).split(json.dumps(marker))
+    path = tmp_path / "one-string.json"
+    with path.open("w", encoding="utf-8") as fh:  # written in pieces: never held whole
+        fh.write(head + '"')
+        unit = r"log line with \"quotes\" and [brackets] {x}\n"  # JSON escapes, as written
+        chunk = unit * (_MIB // len(unit) + 1)
+        for _ in range(100):
+            fh.write(chunk)
+        fh.write('"' + tail)
+    size = path.stat().st_size
+    assert size > 100 * _MIB
+    code, kib, err = _peak_kib(env, path)
+    assert code == 0, err
+    # ≤ 3× the file + the constant, with 32 MiB of allocator slack.
+    assert kib * 1024 <= 3 * size + small_kib * 1024 + 32 * _MIB, (kib, small_kib, size)
+    with sqlite3.connect(tmp_path / "cli.db") as conn:
+        observation, key = conn.execute(
+            "SELECT observation, observation_key FROM step WHERE observation IS NOT NULL "
+            "ORDER BY LENGTH(observation) DESC"
+        ).fetchone()
+        stored = conn.execute("SELECT size FROM artifact WHERE key = ?", (key,)).fetchone()
+    assert len(observation) < 70_000  # capped in SQL; the whole is an object, like stdout
+    whole = (tmp_path / "objects" / key).stat().st_size
+    assert stored == (whole,) and 90 * _MIB < whole < size  # the escapes decoded

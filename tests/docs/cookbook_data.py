@@ -111,10 +111,12 @@ class Corpus:
 def _night_before(t: Trajectory) -> None:
     """Move an episode one day back, as if last night's batch had collected it."""
     day = timedelta(days=1)
+    assert t.started_at is not None  # collected: its times are known
     t.started_at -= day
     if t.ended_at is not None:
         t.ended_at -= day
     for s in t.steps:
+        assert s.started_at is not None
         s.started_at -= day
 
 

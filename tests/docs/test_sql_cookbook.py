@@ -118,7 +118,7 @@ def db(request: pytest.FixtureRequest) -> Populated:
 
 
 def since_day(corpus: Corpus) -> str:
-    first = min(t.started_at for t in corpus.all_trajectories())
+    first = min(t.started_at for t in corpus.all_trajectories() if t.started_at is not None)
     return first.astimezone(UTC).date().isoformat()
 
 
@@ -223,6 +223,8 @@ def test_success_by_template_by_day(db: Populated) -> None:
     corpus = db.corpus
     expected: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for t in corpus.all_trajectories():
+        if t.started_at is None or t.status == EpisodeStatus.IMPORTED:
+            continue  # the query leaves out unknown outcomes (and the day needs a time)
         cell = expected[(t.started_at.astimezone(UTC).date().isoformat(), t.template)]
         cell[0] += 1
         cell[1] += t.status == EpisodeStatus.SUCCESS
@@ -418,7 +420,7 @@ def test_typed_columns_give_the_same_python_types_on_both(db: Populated) -> None
         episode_ids = conn.execute(ids).scalars().all()
         started = conn.execute(times).scalars().all()
     assert episode_ids and all(isinstance(i, uuid.UUID) for i in episode_ids)
-    expected = sorted(t.started_at for t in db.corpus.all_trajectories())
+    expected = sorted(t.started_at for t in db.corpus.all_trajectories() if t.started_at)
     assert sorted(started) == expected
     assert all(t.tzinfo is not None for t in started)
 

@@ -95,6 +95,11 @@ class ScaleIds:
     since: str
 
 
+def _started(t: Trajectory) -> datetime:
+    assert t.started_at is not None  # collected episodes have their times
+    return t.started_at
+
+
 def base_trajectory(i: int, *, per_run: int, steps: int) -> Trajectory:
     """Episode `i` of the base corpus: deterministic, varied like a nightly collection."""
     run = i // per_run
@@ -185,6 +190,7 @@ def build_scale_database(
         for key, qc_id, second in gates:
             members = [t for t in trajectories if t.run_key == key]
             at = members[0].ended_at or members[0].started_at
+            assert at is not None  # collected episodes have their times
             conn.execute(
                 insert(QcRun.__table__),  # type: ignore[attr-defined]
                 {
@@ -249,7 +255,7 @@ def build_scale_database(
                     "steps": len(t.steps),
                     "identical_steps": len(t.steps) - (n % 2),
                     "first_divergence": None,
-                    "created_at": t.started_at + timedelta(days=1),
+                    "created_at": _started(t) + timedelta(days=1),
                 }
                 for n, t in enumerate(trajectories[::20])
             ],
