@@ -10,7 +10,7 @@ from sqlmodel import SQLModel
 
 from models.columns import doc, fk, time_col
 
-ArtifactKind = Literal["trajectory", "stdout", "stderr", "ctrf"]
+ArtifactKind = Literal["trajectory", "stdout", "stderr", "ctrf", "observation"]
 """Every kind of object the platform records an artifact row for (`storage.episodes`);
 `Artifact.kind`'s comment names exactly these (tests/storage/test_view_plans.py)."""
 
@@ -24,9 +24,10 @@ class Artifact(SQLModel, table=True):
     key: str = doc("Object key, e.g. episodes/<run>/<episode>/trajectory.json.", primary_key=True)
     kind: str = doc(
         "What the object is: `trajectory` (an episode's trajectory.json), `stdout` / `stderr` "
-        "(a step's raw output, kept when the row's text is truncated or not clean UTF-8), or "
-        "`ctrf` (a Harbor verifier's CTRF test report). Gate docs, datasets and checkpoints "
-        "live in the store without artifact rows.",
+        "(a step's raw output, kept when the row's text is truncated or not clean UTF-8), "
+        "`ctrf` (a Harbor verifier's CTRF test report), or `observation` (an imported "
+        "step's observation, whole, when the row's text is cut at the inline cap). Gate "
+        "docs, datasets and checkpoints live in the store without artifact rows.",
         index=True,
     )
     run_id: uuid.UUID | None = fk("Collection run it belongs to, if any.", "collection_run.id")

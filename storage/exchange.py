@@ -28,8 +28,8 @@ from models import CollectionRun, run_id_for
 from storage.documents import read_documents
 from storage.episodes import persist_episodes
 from storage.errors import ImportFormatError
-from storage.links import embedded_episode_ids, record_links
 from storage.ingest import existing_episode_ids
+from storage.links import embedded_episode_ids, record_links
 from storage.objects import ObjectStore
 from storage.run_reads import STEP_FRAME_FORMAT, resolve_run, run_step_frame, run_trajectories
 from storage.runs import close_run, open_run

@@ -8,7 +8,7 @@ Create Date: 2026-12-02 04:50:00.000000
 file recorded no outcome: unknown, not `aborted`); only the comments change, and only
 PostgreSQL stores comments. `episode.started_at` and `step.started_at` become nullable: an
 imported file with no timestamps leaves them NULL instead of the import time.
-`step.observation_key`: the object holding an imported observation whole when the row's
+`step.observation_key` (and `artifact.kind` `observation`): the object holding an imported observation whole when the row's
 `observation` is cut at the inline cap (as `stdout_key` does for stdout).
 
 Existing rows are left as they are: an old import's `aborted` cannot be told from a real
@@ -115,8 +115,35 @@ _OBSERVATION_KEY = (
 )
 
 
+_KIND = (
+    "What the object is: `trajectory` (an episode's trajectory.json), `stdout` / `stderr` "
+    "(a step's raw output, kept when the row's text is truncated or not clean UTF-8), or "
+    "`ctrf` (a Harbor verifier's CTRF test report). Gate docs, datasets and checkpoints "
+    "live in the store without artifact rows.",
+    "What the object is: `trajectory` (an episode's trajectory.json), `stdout` / `stderr` "
+    "(a step's raw output, kept when the row's text is truncated or not clean UTF-8), "
+    "`ctrf` (a Harbor verifier's CTRF test report), or `observation` (an imported "
+    "step's observation, whole, when the row's text is cut at the inline cap). Gate "
+    "docs, datasets and checkpoints live in the store without artifact rows.",
+)
+
+
+def _artifact_kind(new: bool) -> None:
+    if _sqlite():
+        return
+    op.alter_column(
+        'artifact',
+        'kind',
+        existing_type=sa.String(),
+        existing_nullable=False,
+        comment=_KIND[1] if new else _KIND[0],
+        existing_comment=_KIND[0] if new else _KIND[1],
+    )
+
+
 def upgrade() -> None:
     _comments(new=True)
+    _artifact_kind(new=True)
     _started_at(nullable=True)
     # Plain ALTER TABLE (SQLite >= 3.35 adds and drops columns in place).
     op.add_column(
@@ -137,4 +164,5 @@ def downgrade() -> None:
             )
     op.drop_column('step', 'observation_key')
     _started_at(nullable=False)
+    _artifact_kind(new=False)
     _comments(new=False)
