@@ -20,7 +20,11 @@ The same episodes run twice, at the same concurrency:
   `/workspace` rewritten to the sample's directory. `max_samples`, `max_sandboxes` and
   `max_subprocesses` are the concurrency; the eval log is written to a temporary directory
   (inspect's own persistence). `inspect_score` is the mean score: 1.0 when the replay did
-  what the oracle did.
+  what the oracle did. Before it, untimed, one sample is evaluated in this process so
+  that inspect's lazy imports (its model providers, the openai types, its control
+  server: tens of seconds here, where the venv has no bytecode) are paid, as in a
+  harness that has run before; epiflow's own first-flow costs (Prefect's lazy imports,
+  clients) are timed, so the comparison leans towards inspect.
 
 `ratio = epiflow_s / inspect_s`: target ≤ 1.0 (issue 26: epiflow, isolated and persisting
 everything, no slower than inspect without isolation). Both phases are CPU-bound on a
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.collect_throughput import collect_timed
+from collect_throughput import collect_timed  # this folder: the script's own, first on sys.path
 
 if TYPE_CHECKING:
     from inspect_ai import Task
@@ -198,7 +202,9 @@ def main() -> None:
         from config.settings import load_settings
 
         python = load_settings().sandbox.python_path
-        task = peer_task(samples(trajectories), python)
+        dataset = samples(trajectories)
+        run_inspect(peer_task(dataset[:1], python), 1, work / "warm-up-logs")
+        task = peer_task(dataset, python)
         inspect_s, inspect_score, scored = run_inspect(task, args.concurrency, work / "logs")
     finally:
         shutil.rmtree(work, ignore_errors=True)
