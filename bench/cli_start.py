@@ -70,11 +70,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="Run without a bytecode cache (compile each start)."
+    )
     args = parser.parse_args()
     load_start = os.getloadavg()
     epiflow = str(Path(sys.executable).parent / "epiflow")
     with tempfile.TemporaryDirectory(prefix="epiflow-cli-start-") as tmp:
         env, episode = stored_episode(Path(tmp))
+        if not args.no_cache:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         cases = {
             "python": ([sys.executable, "-c", "pass"], ""),
             "help": ([epiflow, "--help"], ""),
@@ -82,6 +88,9 @@ def main() -> None:
             "show": ([epiflow, "show", episode], ""),
         }
         runs: dict[str, list[float]] = {name: [] for name in cases}
+        if not args.no_cache:
+            for argv, stdin in cases.values():
+                timed(argv, env, stdin)
         for _ in range(args.repeat):
             for name, (argv, stdin) in cases.items():
                 runs[name].append(timed(argv, env, stdin))
@@ -94,6 +103,7 @@ def main() -> None:
         {
             "target_ratio": 10.0,
             "repeat": args.repeat,
+            "bytecode_cache": not args.no_cache,
             "all_s": {name: [round(v, 4) for v in values] for name, values in runs.items()},
             "load_avg_start": [round(x, 2) for x in load_start],
             "load_avg_end": [round(x, 2) for x in os.getloadavg()],

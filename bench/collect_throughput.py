@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="epiflow-bench-prefect-"))
@@ -50,6 +50,9 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from agent.trajectory import ParseKind, Trajectory
+
+if TYPE_CHECKING:
+    from collection.request import CollectResult
 
 
 class Recorder:
@@ -157,6 +160,53 @@ def episodes_window(trajectories: list[Trajectory]) -> float:
     return (max(ends) - min(starts)).total_seconds()
 
 
+def collect_timed(
+    work: Path, *, tasks: int, concurrency: int, warm: bool = True
+) -> tuple[CollectResult, float, list[Trajectory]]:
+    """The `collect-episodes` flow over the built-in suite with the scripted oracle, into a
+    SQLite database and object directory under `work`, on a Prefect test server (warmed
+    from another process with `warm`; not timed); returns its result, its wall time and
+    the trajectories it stored."""
+    os.environ["EPIFLOW_DATABASE_URL"] = f"sqlite:///{work / 'bench.db'}"
+    os.environ["EPIFLOW_OBJECTS_URL"] = str(work / "objects")
+
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    from collection.request import CollectRequest
+    from config.settings import load_settings
+    from flows.collect import collect_episodes
+    from storage import migrate
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from storage.run_reads import resolve_run, run_trajectories
+
+    settings = load_settings()
+    engine = make_engine(settings.database)
+    migrate.upgrade(engine)
+    with prefect_test_harness(server_startup_timeout=120):
+        if warm:
+            warm_server(str(PREFECT_API_URL.value()))
+        started = time.perf_counter()
+        result = asyncio.run(
+            collect_episodes(
+                request=CollectRequest(
+                    suite="builtin",
+                    policy="scripted:oracle",
+                    tasks=tasks,
+                    rollouts=1,
+                    concurrency=concurrency,
+                    run_key="bench",
+                )
+            )
+        )
+        full_s = time.perf_counter() - started
+    store = make_object_store(settings.objects)
+    trajectories = run_trajectories(engine, store, resolve_run(engine, "bench"))
+    engine.dispose()
+    return result, full_s, trajectories
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=4, help="instances per template")
@@ -174,46 +224,11 @@ def main() -> None:
     load_start = os.getloadavg()
 
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-collect-"))
-    os.environ["EPIFLOW_DATABASE_URL"] = f"sqlite:///{work / 'bench.db'}"
-    os.environ["EPIFLOW_OBJECTS_URL"] = str(work / "objects")
-
-    from prefect.testing.utilities import prefect_test_harness
-
-    from collection.request import CollectRequest
-    from config.settings import load_settings
-    from flows.collect import collect_episodes
-    from storage import migrate
-    from storage.db import make_engine
-    from storage.objects import make_object_store
-    from storage.run_reads import resolve_run, run_trajectories
-
     recorder = Recorder()
     recorder.install()
-    settings = load_settings()
-    engine = make_engine(settings.database)
-    migrate.upgrade(engine)
-    from prefect.settings import PREFECT_API_URL
-
-    with prefect_test_harness(server_startup_timeout=120):
-        if not args.cold_server:
-            warm_server(str(PREFECT_API_URL.value()))
-        started = time.perf_counter()
-        result = asyncio.run(
-            collect_episodes(
-                request=CollectRequest(
-                    suite="builtin",
-                    policy="scripted:oracle",
-                    tasks=args.tasks,
-                    rollouts=1,
-                    concurrency=args.concurrency,
-                    run_key="bench",
-                )
-            )
-        )
-        full_s = time.perf_counter() - started
-    store = make_object_store(settings.objects)
-    trajectories = run_trajectories(engine, store, resolve_run(engine, "bench"))
-    engine.dispose()
+    result, full_s, trajectories = collect_timed(
+        work, tasks=args.tasks, concurrency=args.concurrency, warm=not args.cold_server
+    )
     calls = sum(
         1 for t in trajectories for s in t.steps if s.parse_kind == ParseKind.TOOL_CALL and s.tool
     )

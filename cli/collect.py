@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import shlex
@@ -433,6 +432,8 @@ def replay(
     as_json: JsonFlag = False,
 ) -> None:
     """Re-execute an episode's recorded tool calls in a fresh jail and compare observations."""
+    import asyncio
+
     from collection.replay import replay_episode
 
     settings = load_settings()

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import BaseModel
 
 from cli.stores import load_settings
 from cli.terminal import TerminalConsole
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 out = TerminalConsole(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
@@ -43,6 +44,8 @@ def qc(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the quality gate over a collection run (the `qc-gate` flow)."""
+    import asyncio
+
     _prefect()
     from flows.qc import TRIGGER_MODES, qc_gate
 
@@ -79,6 +82,8 @@ def train(
     as_json: JsonFlag = False,
 ) -> None:
     """Train a checkpoint with TRL (the `train` flow)."""
+    import asyncio
+
     if sum(bool(x) for x in (dataset, from_run, qc_run)) != 1:
         raise typer.BadParameter("give exactly one of --dataset, --from-run and --qc-run")
     if algo not in ("sft", "dpo", "kto", "grpo"):
@@ -133,6 +138,8 @@ def evaluate(
     as_json: JsonFlag = False,
 ) -> None:
     """Run a checkpoint as a policy on held-out tasks in real sandboxes (the `evaluate` flow)."""
+    import asyncio
+
     _prefect()
     from flows.evaluate import evaluate as evaluate_flow
 
@@ -152,6 +159,8 @@ def serve() -> None:
     needed. First sets up epiflow's automations (`epiflow prefect setup`): crashed runs
     are detected and nightly ones started again.
     """
+    import asyncio
+
     settings = load_settings()
     _prefect()
     from prefect import serve as prefect_serve

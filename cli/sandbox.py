@@ -10,25 +10,20 @@ one line on stderr, and under `"export"` in the JSON.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from sandbox import (
-    SandboxError,
-    SandboxSettings,
-    SandboxSpec,
-    files_from_dir,
-    open_sandbox,
-)
-from sandbox.spec import MIN_PROCESS_MEMORY_MIB
-from sandbox.transfer import ExportReport
-from sandbox.types import CommandResult
+if TYPE_CHECKING:
+    from sandbox import SandboxSettings, SandboxSpec
+    from sandbox.transfer import ExportReport
+    from sandbox.types import CommandResult
+
+# The sandbox and pydantic are imported by the functions that use them: `epiflow --help`
+# lists this group without importing them.
 
 app = typer.Typer(
     help="Sandbox: run one command in a fresh nsjail jail.",
@@ -44,6 +39,9 @@ def sandbox_commands() -> None:
 
 def spec_for(timeout_s: float, memory_mb: int, network: str) -> SandboxSpec:
     """A spec for one command: the defaults, with tmpfs sizes shrunk to fit a small memory."""
+    from sandbox import SandboxSpec
+    from sandbox.spec import MIN_PROCESS_MEMORY_MIB
+
     defaults = SandboxSpec()
     room = memory_mb - MIN_PROCESS_MEMORY_MIB
     workspace = min(defaults.workspace_mib, max(1, room // 2))
@@ -93,6 +91,8 @@ async def run_once(
 ) -> tuple[CommandResult, ExportReport | None]:
     """Run `argv` in a fresh jail (workspace copied in, outputs exported); returns its
     result and what the export copied (None without `export`)."""
+    from sandbox import files_from_dir, open_sandbox
+
     files = files_from_dir(workspace, max_bytes=settings.populate_max_bytes) if workspace else None
     report = None
     async with await open_sandbox(spec, files=files, settings=settings) as box:
@@ -147,6 +147,12 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run one command in a fresh jail, in /workspace, and print its result."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from sandbox import SandboxError, SandboxSettings
+
     try:
         spec = spec_for(timeout, memory_mb, network)
         settings = SandboxSettings()

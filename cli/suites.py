@@ -11,33 +11,22 @@ instance is listed with its failing tool calls (command, exit code, stderr).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from cli.terminal import TerminalConsole
-from sandbox.images import ImageBuildError
-from suites.check import (
-    ORACLE_POLICY,
-    CheckReport,
-    HarborTaskCheck,
-    InstanceResult,
-    failed_steps,
-    nondeterministic_templates,
-    summarize,
-)
-from suites.errors import SuiteError
-from suites.harbor.suite import HarborSuite
-from suites.registry import load_all_suites, load_suite
-from suites.settings import SuitesSettings
-from suites.suite import Suite
-from tasks.types import TaskInstance
 
 if TYPE_CHECKING:
     from sandbox.settings import SandboxSettings
+    from suites.check import CheckReport, InstanceResult
+    from suites.harbor.suite import HarborSuite
+    from suites.suite import Suite
+    from tasks.types import TaskInstance
+
+# The suites, their registry (it loads every suite.yaml), pydantic and rich's tables are
+# imported by the commands that use them: `epiflow --help` lists this group without them.
 
 app = typer.Typer(
     help="Task suites: list templates, check them with a policy in real sandboxes.",
@@ -60,6 +49,12 @@ def list_suites(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List suites and their templates (versions, difficulty); malformed user suites are reported."""
+    from rich.table import Table
+
+    from suites.errors import SuiteError
+    from suites.registry import load_all_suites, load_suite
+    from suites.settings import SuitesSettings
+
     settings = SuitesSettings()
     errors: list[SuiteError] = []
     if suite is not None:
@@ -112,7 +107,15 @@ def check(
     With the oracle (`scripted:oracle`, the default) every instance must score 1.0: below
     that the command exits 1 and shows the reference steps that failed.
     """
+    import asyncio
+
     from sandbox import SandboxSettings
+    from sandbox.images import ImageBuildError
+    from suites.check import ORACLE_POLICY, nondeterministic_templates
+    from suites.errors import SuiteError
+    from suites.harbor.suite import HarborSuite
+    from suites.registry import load_suite
+    from suites.settings import SuitesSettings
 
     sandbox_settings = SandboxSettings()
     try:
@@ -180,7 +183,10 @@ def export(
     """Write seeded instances as Harbor task directories (tests run offline; docs/harbor.md)."""
     from pathlib import Path
 
+    from suites.errors import SuiteError
     from suites.harbor.export import export_task
+    from suites.registry import load_suite
+    from suites.settings import SuitesSettings
 
     if export_format != "harbor":
         raise _fail(f"--format: only `harbor` is supported, got {export_format!r}")
@@ -213,6 +219,10 @@ def _with_harbor_tasks(
 ) -> CheckReport:
     """`report` with one `HarborTaskCheck` per task: the idle policy runs on each task's first
     instance (it must score 0), times from the instances' verifier details."""
+    import asyncio
+
+    from suites.check import HarborTaskCheck
+
     first = list({t.template: t for t in reversed(tasks)}.values())[::-1]
     idle = asyncio.run(_run_check(suite, first, "scripted:idle", concurrency, sandbox_settings, []))
     idle_by = {r.template: r for t in idle.templates for r in t.failed}
@@ -241,12 +251,15 @@ async def _run_check(
     sandbox_settings: SandboxSettings,
     nondeterministic: list[str],
 ) -> CheckReport:
+    import asyncio
+
     from agent.errors import PolicySpecError
     from agent.loop import run_episode
     from agent.policies import make_policy
     from agent.settings import LoopSettings
     from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus
     from sandbox import SandboxSpec, open_sandbox
+    from suites.check import InstanceResult, failed_steps, summarize
 
     try:
         policy = make_policy(policy_spec)
@@ -307,6 +320,10 @@ def _suite_json(suite: Suite) -> dict[str, Any]:
 
 
 def _print_report(report: CheckReport) -> None:
+    from rich.table import Table
+
+    from suites.check import ORACLE_POLICY
+
     table = Table(title=f"{report.suite} v{report.suite_version} with {report.policy}")
     for column in (
         "template",

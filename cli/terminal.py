@@ -7,6 +7,7 @@ every C0 control (except newline and tab), DEL and every C1 control with one vis
 character (the Unicode "control pictures" `␛`, `␇`, … for C0 and DEL, `�` for C1), so
 lengths and therefore rich's spans and the clipping in `cli/show.py` are unchanged.
 
+`neutralise` lives in `cli/neutral.py` (free of rich, for commands that print without it).
 `TerminalConsole` is the rich `Console` every `epiflow` command prints through: it
 neutralises the text of every segment it renders (a Panel's cells, a Table's rows, a
 progress bar's description), while rich's own styling, emitted from styles and control
@@ -23,19 +24,9 @@ from collections.abc import Iterable
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
 
-_KEPT = {ord("\n"), ord("\t")}
+from cli.neutral import neutralise
 
-_TABLE: dict[int, str] = {
-    **{code: chr(0x2400 + code) for code in range(0x20) if code not in _KEPT},
-    0x7F: "\u2421",
-    **{code: "\ufffd" for code in range(0x80, 0xA0)},
-}
-
-
-def neutralise(text: str) -> str:
-    """`text` with every control character except newline and tab made visible, in one
-    linear pass and without changing its length."""
-    return text.translate(_TABLE)
+__all__ = ["TerminalConsole", "console_logs_without_tracebacks", "neutralise"]
 
 
 class TerminalConsole(Console):

@@ -1,7 +1,13 @@
 """`epiflow --help`, `epiflow protocol parse` and `epiflow show` import nothing heavy they
 do not use: each runs in a fresh interpreter (the real `epiflow` entry point, this
 checkout's code via PYTHONPATH) and reports the heavy packages in `sys.modules` when it
-exits. Their start-up time is measured by `bench/cli_start.py`, not here."""
+exits. Their start-up time is measured by `bench/cli_start.py`, not here.
+
+Beyond the heavy packages every command keeps out (`HEAVY`), each keeps out what it does
+not use: `--help` lists every command without pydantic, the settings, SQL, YAML, asyncio
+or the suites (typer's own help renderer imports rich); `protocol parse` runs without
+typer or rich (`cli.app.FAST_PATHS`); `show` reads SQL without numpy, pyarrow or the
+model clients."""
 
 from __future__ import annotations
 
@@ -22,6 +28,17 @@ from tests.storage.builders import make_trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("prefect", "great_expectations", "polars", "torch", "transformers")
+NOT_FOR_HELP = (
+    *HEAVY,
+    *("pydantic", "pydantic_settings", "config", "sqlalchemy", "sqlmodel", "alembic"),
+    *("psycopg", "yaml", "asyncio", "suites", "storage", "httpx"),
+)
+NOT_FOR_PARSE = (
+    *HEAVY,
+    *("typer", "rich", "pydantic_settings", "config", "sqlalchemy", "yaml", "asyncio"),
+    *("suites", "storage", "httpx"),
+)
+NOT_FOR_SHOW = (*HEAVY, "numpy", "pyarrow", "openai", "httpx", "datasets", "trl", "minio")
 
 # Runs the console script's `main` and, however it exits, prints the heavy top-level
 # packages it imported on stderr's last line.
@@ -36,9 +53,11 @@ main()
 """
 
 
-def _heavy_imported(args: list[str], env: dict[str, str], stdin: str = "") -> list[str]:
+def _heavy_imported(
+    args: list[str], env: dict[str, str], stdin: str = "", heavy: tuple[str, ...] = HEAVY
+) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, ",".join(HEAVY), *args],
+        [sys.executable, "-c", _PROBE, ",".join(heavy), *args],
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},
         input=stdin,
@@ -57,9 +76,14 @@ def test_help_imports_nothing_heavy(args: list[str]) -> None:
     assert _heavy_imported(args, dict(os.environ)) == []
 
 
+def test_top_level_help_imports_no_command_dependency() -> None:
+    assert _heavy_imported(["--help"], dict(os.environ), heavy=NOT_FOR_HELP) == []
+
+
 def test_protocol_parse_imports_nothing_heavy() -> None:
     message = '<tool_call id="c1" name="list_dir">\n<arg name="path">.</arg>\n</tool_call>'
-    assert _heavy_imported(["protocol", "parse", "--json"], dict(os.environ), message) == []
+    for args in (["protocol", "parse", "--json"], ["protocol", "parse"]):
+        assert _heavy_imported(args, dict(os.environ), message, heavy=NOT_FOR_PARSE) == []
 
 
 def test_show_imports_nothing_heavy(tmp_path: Path) -> None:
@@ -73,4 +97,4 @@ def test_show_imports_nothing_heavy(tmp_path: Path) -> None:
     engine.dispose()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPIFLOW_")}
     env.update(EPIFLOW_DATABASE_URL=url, EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"))
-    assert _heavy_imported(["show", str(t.episode_id)], env) == []
+    assert _heavy_imported(["show", str(t.episode_id)], env, heavy=NOT_FOR_SHOW) == []
