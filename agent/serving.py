@@ -11,10 +11,10 @@ instead of served one at a time. Startup waits for the port to listen, then for 
 server's output goes to a log file; the process group is stopped (SIGTERM, then SIGKILL)
 on every exit from the block, so no server outlives its user.
 
-Continuous batching gets a KV cache sized for the job (`CACHE_TOKENS`, `MAX_BATCH_TOKENS`),
+Continuous batching gets a KV cache sized for the job (`CACHE_TOKENS`),
 not transformers' default of 60% of a CPU machine's RAM. An operator serves the same
 directory by hand: `transformers serve <dir> --host 127.0.0.1 --port 8000
---continuous-batching --cb-num-blocks 128 --cb-max-batch-tokens 2048`, then
+--continuous-batching --cb-num-blocks 128`, then
 `--policy 'openai:http://127.0.0.1:8000/v1#<dir>'`.
 """
 
@@ -36,7 +36,7 @@ from agent.errors import EndpointError
 from agent.policies.openai_compat import probe_endpoint
 from agent.settings import PolicySettings
 
-__all__ = ["CACHE_TOKENS", "MAX_BATCH_TOKENS", "ServedModel", "serve_checkpoint", "serve_command"]
+__all__ = ["CACHE_TOKENS", "ServedModel", "serve_checkpoint", "serve_command"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,6 @@ decoding step's attention mask spans the whole cache. Sized for the job it is ~1
 SmolLM2 (fp32: 46 KiB a token) and the masks shrink with it."""
 CACHE_PAGE_TOKENS = 256
 """Tokens per KV-cache block (`transformers serve`'s default page size)."""
-MAX_BATCH_TOKENS = 2048
-"""Tokens one forward pass of the continuous-batching server takes (prefill chunks and
-decoding steps together; transformers' default is 8,192): a system prompt's prefill (~900
-tokens) fits in one, and the per-pass masks stay small on a CPU."""
 
 
 def serve_command(
@@ -84,22 +80,18 @@ def serve_command(
     port: int,
     continuous_batching: bool = True,
     cache_tokens: int = CACHE_TOKENS,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    max_batch_tokens: int | None = None,
 ) -> list[str]:
     """The `transformers serve` command line for `model_dir` on 127.0.0.1:`port`; with
     continuous batching, its KV cache sized for `cache_tokens` and its passes for
-    `max_batch_tokens` (see `CACHE_TOKENS`)."""
+    `max_batch_tokens` (None: transformers' default; see `CACHE_TOKENS`)."""
     cli = Path(sys.executable).with_name("transformers")
     command = [str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     if continuous_batching:
         blocks = max(1, -(-cache_tokens // CACHE_PAGE_TOKENS))
-        command += [
-            "--continuous-batching",
-            "--cb-num-blocks",
-            str(blocks),
-            "--cb-max-batch-tokens",
-            str(max_batch_tokens),
-        ]
+        command += ["--continuous-batching", "--cb-num-blocks", str(blocks)]
+        if max_batch_tokens is not None:
+            command += ["--cb-max-batch-tokens", str(max_batch_tokens)]
     return [*command, "--log-level", "info"]
 
 
@@ -132,7 +124,7 @@ def serve_checkpoint(
     startup_timeout_s: float = 600.0,
     continuous_batching: bool = True,
     cache_tokens: int = CACHE_TOKENS,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    max_batch_tokens: int | None = None,
 ) -> Iterator[ServedModel]:
     """Start `transformers serve` for `model_dir`, wait until it answers, yield it, stop it
     (`cache_tokens`, `max_batch_tokens`: the continuous-batching sizes, `serve_command`).

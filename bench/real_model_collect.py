@@ -126,6 +126,7 @@ def run(args: argparse.Namespace, base_url: str, model: str, home: Path) -> dict
         "EPIFLOW_AGENT_LOOP_MAX_CONSECUTIVE_PARSE_FAILURES": str(args.max_steps),
         "EPIFLOW_AGENT_POLICY_MAX_TOKENS": str(args.max_tokens),
         "EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S": str(args.request_timeout_s),
+        "EPIFLOW_AGENT_LOOP_POLICY_TIMEOUT_S": str(args.request_timeout_s),
     }
     key = f"real-model-{time.strftime('%Y%m%dT%H%M%S')}"
     templates = [t for t in args.templates.split(",") if t]
@@ -213,7 +214,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=4, help="assistant turns per episode")
     parser.add_argument("--max-tokens", type=int, default=192, help="tokens per turn")
-    parser.add_argument("--request-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=1800.0,
+        help="one turn's deadline (a CPU server shared at load 10+ takes minutes a turn)",
+    )
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="of the collect command")
     parser.add_argument("--keep", action="store_true", help="keep the run's EPIFLOW_HOME")
     parser.add_argument("--json", action="store_true")

@@ -88,5 +88,6 @@ def test_the_server_command_sizes_continuous_batching_for_the_job(tmp_path: Path
     assert flag(command, "--cb-num-blocks") == "128"  # 256-token blocks
     assert flag(command, "--cb-max-batch-tokens") == "2048"
     assert flag(serve_command(tmp_path, port=8123, cache_tokens=300), "--cb-num-blocks") == "2"
+    assert "--cb-max-batch-tokens" not in serve_command(tmp_path, port=8123)  # its default
     plain = serve_command(tmp_path, port=8123, continuous_batching=False)
     assert not any(arg.startswith(("--continuous", "--cb-")) for arg in plain)
