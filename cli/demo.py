@@ -6,7 +6,9 @@ say otherwise): collect with the noisy policy and fault injection, and with the 
 triggered at a demo threshold on what both gates admitted (the recipe: a small model built
 for the data, a copy warm-up, SFT within a time budget) → evaluation of the checkpoint
 against its base on held-out instances. Ends with base vs trained completion, where to
-look, and what to run for the full loop (`bench/loop.py`).
+look, and what to run for the full loop (`bench/loop.py`). Never silent for long: a progress
+line at least every 20 s (`core.progress`): the stage running, then training's steps, loss
+and ETA and evaluation's episodes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agent.trajectory import utcnow
 from collection.request import CollectRequest
 from config.prefect import apply_prefect_settings
 from config.settings import Settings
+from core.progress import ProgressReporter
 from models import run_id_for
 from storage import migrate
 from storage.db import make_engine
@@ -50,8 +53,17 @@ FULL_LOOP = "python bench/loop.py --json"
 """What to run for the whole closed loop (bigger data, 12 minutes of training, iterations)."""
 
 
+DEMO_STAGES = (
+    "collect scripted:noisy",
+    "QC gate noisy",
+    "collect scripted:oracle",
+    "QC gate oracle → train → evaluate",
+)
+"""The chain's stages, as the progress lines name them."""
+
+
 async def _chain(
-    key: str,
+    key: str, stages: ProgressReporter
 ) -> tuple[CollectFlowResult, QcGateResult, QcGateResult, EvaluationResult | None]:
     from flows.collect import collect_episodes
     from flows.evaluate import EvaluationOptions
@@ -59,6 +71,7 @@ async def _chain(
     from training.recipes import get_recipe
 
     recipe = get_recipe(DEMO_RECIPE)
+    stages.update(0, running=DEMO_STAGES[0])
     # The noisy run with fault injection: what a real collection looks like, failures too.
     collected = await collect_episodes(
         request=CollectRequest(
@@ -73,7 +86,9 @@ async def _chain(
             seed=recipe.oracle_tasks,
         )
     )
+    stages.update(1, force=True, running=DEMO_STAGES[1])
     noisy_gate = await qc_gate(run=key, trigger="none")
+    stages.update(2, force=True, running=DEMO_STAGES[2])
     # The oracle run: the recipe's training data (instances disjoint from the noisy ones and
     # from the held-out ones); its gate triggers the training on both gates' admissions.
     oracle = await collect_episodes(
@@ -87,6 +102,7 @@ async def _chain(
             templates=recipe.templates,
         )
     )
+    stages.update(3, force=True, running=DEMO_STAGES[3])
     gated = await qc_gate(
         run=oracle.run_key,
         trigger="inline",
@@ -102,6 +118,7 @@ async def _chain(
             max_new_tokens=recipe.eval_max_new_tokens,
         ),
     )
+    stages.update(4, running=None)
     trained = gated.training.result if gated.training else None
     evaluation = trained.evaluation if trained is not None else None
     return collected, noisy_gate, gated, evaluation
@@ -134,7 +151,16 @@ def run_demo(settings: Settings, *, console: Console) -> dict[str, Any]:
         f"injection and scripted:oracle on {templates} (recipe {recipe.name!r}; Prefect "
         f"API {prefect_api})"
     )
-    collected, noisy_gate, gated, evaluation = asyncio.run(_chain(key))
+    # A line at least every PROGRESS_EVERY_S: the stage running and its time; training and
+    # evaluation print their own (steps, loss, ETA; episodes), which quiet these meanwhile.
+    with ProgressReporter(
+        "demo",
+        total=len(DEMO_STAGES),
+        unit="stage",
+        rate=False,
+        emit=lambda line: console.print(line, markup=False, highlight=False),
+    ) as stages:
+        collected, noisy_gate, gated, evaluation = asyncio.run(_chain(key, stages))
     console.print(
         f"   collected {collected.episodes} noisy episodes ({collected.steps} steps), success "
         f"rate {collected.success_rate:.0%}, by status {collected.by_status}; "

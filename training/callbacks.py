@@ -9,6 +9,9 @@ Imports transformers at module level: import this module only where a trainer is
 - `MetricsLogger` routes every TRL log event (loss, learning rate, grad norm, tokens/s, …)
   to the caller's `on_metrics(step, max_steps, logs)` and to `logging`: never to stdout,
   which is where transformers' `PrinterCallback` would print the dicts.
+- `TrainingProgress` prints a progress line (step / planned, last loss, rate, ETA) at
+  least every `TrainingSettings.progress_every_s` on the `training.progress` logger, the
+  terminal's and the Prefect run's (`core.progress`), with heartbeats while a step runs long.
 - `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
   save, how long training had run.
 - `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
@@ -28,6 +31,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from core.progress import ProgressReporter, log_lines
 from training.threads import ThreadTuner
 
 __all__ = [
@@ -36,12 +40,15 @@ __all__ = [
     "MetricsLogger",
     "ThreadCallback",
     "TimedSaves",
+    "TrainingProgress",
     "WallTimeStop",
     "lr_factor",
     "lr_lambda",
 ]
 
 logger = logging.getLogger("epiflow.training")
+progress_logger = logging.getLogger("training.progress")
+"""Progress lines: under `training`, so they reach a Prefect run's log and the terminal."""
 
 ELAPSED_FILE = "epiflow_elapsed.json"
 """Written into every `checkpoint-<step>` save: `{"step": …, "elapsed_s": …}`."""
@@ -112,6 +119,57 @@ class MetricsLogger(TrainerCallback):
         if self.on_metrics is not None:
             self.on_metrics(step, planned, numeric)
         return control
+
+
+class TrainingProgress(TrainerCallback):
+    """Progress lines of one training run (`core.progress.ProgressReporter`): opened at the
+    first event, updated at every step end, the last logged loss noted, closed at the end
+    (`close()` also on failure: the trainer skips `on_train_end` when it raises)."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        every_s: float,
+        budget: WallTimeStop | None = None,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
+        self.budget = budget
+        self.reporter = ProgressReporter(
+            what, unit="step", every_s=every_s, emit=emit or log_lines(progress_logger)
+        )
+
+    def _planned(self, state: Any) -> int | None:
+        step = int(state.global_step)
+        if self.budget is not None:
+            # The estimate of the steps the budget holds; unknown before the first step.
+            return self.budget.estimated_steps(step) if step > 0 else None
+        return int(state.max_steps) if state.max_steps and state.max_steps > 0 else None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.reporter.start()
+        self.reporter.update(int(state.global_step), total=self._planned(state))
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.reporter.update(int(state.global_step), total=self._planned(state))
+        return control
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        loss = (logs or {}).get("loss")
+        if isinstance(loss, int | float) and not isinstance(loss, bool):
+            self.reporter.note(loss=float(loss))
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.close()
+        return control
+
+    def close(self) -> None:
+        """The last line and the heartbeat stopped; idempotent."""
+        self.reporter.close()
 
 
 class TimedSaves(TrainerCallback):

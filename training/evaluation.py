@@ -34,6 +34,7 @@ assistant turns, and are training's own definitions (not the shared failed-call 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from pydantic import BaseModel, Field
 
 from agent.policies.scripted import reference_cursor
 from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
+from core.progress import PROGRESS_EVERY_S, ProgressReporter, log_lines
 from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
 
@@ -205,6 +207,7 @@ async def run_model_episodes(
     concurrency: int = 2,
     torch_threads: int = 0,
     rewards: RewardSettings | None = None,
+    progress_every_s: float = PROGRESS_EVERY_S,
 ) -> list[Trajectory]:
     """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async).
 
@@ -213,6 +216,8 @@ async def run_model_episodes(
     a stored evaluation episode carries the same final reward as any other.
     Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
     for the machine's load; on a busy machine one thread decodes many times faster).
+    Progress (episodes done / total, successes, rate, ETA) is a line on the
+    `training.progress` logger at least every `progress_every_s` (`core.progress`).
     """
     from agent.loop import run_episode
     from agent.policies.hf import HFPolicy
@@ -226,13 +231,25 @@ async def run_model_episodes(
     spec = SandboxSpec()
     reward_settings = rewards if rewards is not None else RewardSettings()
     gate = asyncio.Semaphore(concurrency)
+    progress = ProgressReporter(
+        f"evaluate {run_key}",
+        total=len(tasks),
+        unit="episode",
+        every_s=progress_every_s,
+        emit=log_lines(logging.getLogger("training.progress")),
+    )
+    finished = {"done": 0, "successes": 0}
 
     async def one(task: TaskInstance) -> Trajectory:
         async with gate:
             trajectory = await run_episode(task, policy, spec=spec, run_key=run_key, settings=loop)
+        finished["done"] += 1
+        finished["successes"] += trajectory.status == EpisodeStatus.SUCCESS
+        progress.update(finished["done"], successes=finished["successes"])
         return apply_rewards(trajectory, reward_settings)
 
-    with tuned_threads(torch_threads):
+    with tuned_threads(torch_threads), progress:
+        progress.update(0, successes=0)
         try:
             return list(await asyncio.gather(*(one(t) for t in tasks)))
         finally:

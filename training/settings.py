@@ -144,6 +144,10 @@ class TrainingSettings(BaseSettings):
     # bookkeeping
     logging_steps: int = Field(default=1, ge=1)
     """Log (and collect metrics) every N optimizer steps."""
+    progress_every_s: float = Field(default=20.0, gt=0)
+    """Longest silence of training on the terminal, seconds: a progress line (step /
+    planned, last loss, rate, ETA) at least this often, a heartbeat while one step runs
+    longer (`core.progress`, `training.callbacks.TrainingProgress`)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> TrainingSettings:

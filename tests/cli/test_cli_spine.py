@@ -85,6 +85,12 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     evaluation = summary["evaluation"]
     assert evaluation["completion_rate"] > evaluation["base_completion_rate"], evaluation
     assert "bench/loop.py" in summary["full_loop"]
+    # Never silent for long (core/progress.py): the stage lines, then training's (steps,
+    # loss, ETA) and evaluation's (episodes) on stderr. Their spacing is not asserted (time).
+    progress = result.stderr
+    assert "demo: 1/4 stages" in progress and "demo: 4/4 stages (100%)" in progress
+    assert "train sft: " in progress and ", loss " in progress and ", ETA " in progress
+    assert "evaluate eval-" in progress and " episodes (" in progress
     paths = summary["paths"]
     assert Path(paths["database"]).is_file()
     assert Path(paths["objects"]).is_dir()

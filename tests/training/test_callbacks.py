@@ -1,7 +1,10 @@
-"""The metrics hook, the wall-time budget and intermediate saves (`training.callbacks`),
-on the locally built tiny model with real TRL."""
+"""The metrics hook, the wall-time budget, intermediate saves and the progress lines
+(`training.callbacks`), on the locally built tiny model with real TRL."""
 
 from __future__ import annotations
+
+import logging
+import re
 
 import pytest
 
@@ -48,3 +51,29 @@ def test_wall_time_budget_stops_training(tiny_base_model, tiny_settings, tmp_pat
     )
     assert result.stopped_by_time and result.steps == 1
     assert (tmp_path / "sft" / "config.json").exists()  # the model is saved as usual
+
+
+def test_a_real_training_run_prints_progress_lines_with_step_loss_and_eta(
+    tiny_base_model, tiny_settings, tmp_path, caplog: pytest.LogCaptureFixture
+):
+    """Every update prints at a tiny interval: the lines of a real 3-step SFT run on the
+    `training.progress` logger (the terminal's and a Prefect run's) carry step / planned,
+    the last logged loss, the rate and the ETA, and the run ends with a `finished` line."""
+    settings = tiny_settings.model_copy(
+        update={"max_steps": 3, "logging_steps": 1, "progress_every_s": 1e-6}
+    )
+    with caplog.at_level(logging.INFO, logger="training.progress"):
+        result = run_training(
+            "sft",
+            dataset=_frame(DatasetKind.SFT),
+            base_model_dir=tiny_base_model,
+            output_dir=tmp_path / "sft",
+            settings=settings,
+        )
+    lines = [r.getMessage() for r in caplog.records if r.name == "training.progress"]
+    assert result.steps == 3
+    assert any(line.startswith("train sft: 1/3 steps (33%)") for line in lines)
+    step_two = next(line for line in lines if line.startswith("train sft: 2/3 steps (66%)"))
+    assert re.search(r", loss \d+(\.\d+)?, ", step_two)
+    assert re.search(r"(s/step|steps/s), elapsed \d+s, ETA \d+", step_two)
+    assert re.fullmatch(r"train sft: finished 3/3 steps in \d+s, loss \d+(\.\d+)?", lines[-1])

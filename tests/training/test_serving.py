@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from agent.serving import serve_checkpoint
+from agent.serving import serve_checkpoint, serve_command
 from agent.settings import LoopSettings, PolicySettings
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
@@ -43,6 +43,7 @@ def test_collect_through_transformers_serve(
             collect_in_process(request, engine=engine, store=store, settings=settings)
         )
         pid = served.pid
+        rss_kib = _rss_kib(pid)
     assert result.episodes == 2
     assert not {"endpoint_error", "policy_error", "env_error"} & set(result.by_status)
     with engine.connect() as conn:
@@ -58,3 +59,35 @@ def test_collect_through_transformers_serve(
         alive = False
     assert not alive, "transformers serve outlived serve_checkpoint"
     assert "Uvicorn running" in (tmp_path / "serve.log").read_text()
+    # The KV cache is sized for the job, not at 60% of the machine's RAM (transformers'
+    # CPU default: 14 GB for SmolLM2 on a 23 GB machine).
+    assert 0 < rss_kib < 3 * 1024 * 1024, f"transformers serve held {rss_kib // 1024} MiB"
+
+
+def _rss_kib(pid: int) -> int:
+    """Resident memory of the server process and its children, KiB (from /proc)."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(
+                line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue
+        if int(status.parent.name) == pid or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total
+
+
+def test_the_server_command_sizes_continuous_batching_for_the_job(tmp_path: Path) -> None:
+    def flag(command: list[str], name: str) -> str:
+        return command[command.index(name) + 1]
+
+    command = serve_command(tmp_path, port=8123, cache_tokens=32_768, max_batch_tokens=2048)
+    assert command[1:3] == ["serve", str(tmp_path)] and "--continuous-batching" in command
+    assert flag(command, "--cb-num-blocks") == "128"  # 256-token blocks
+    assert flag(command, "--cb-max-batch-tokens") == "2048"
+    assert flag(serve_command(tmp_path, port=8123, cache_tokens=300), "--cb-num-blocks") == "2"
+    assert "--cb-max-batch-tokens" not in serve_command(tmp_path, port=8123)  # its default
+    plain = serve_command(tmp_path, port=8123, continuous_batching=False)
+    assert not any(arg.startswith(("--continuous", "--cb-")) for arg in plain)

@@ -347,7 +347,8 @@ def train_with(
     from `job.base_model_dir`; the schedule is `lr_scheduler` with `warmup_ratio` and
     `min_lr_ratio` over steps, or over elapsed time under `max_time_s`; training stops at
     the wall-time budget; every log event goes to `on_metrics` and `logging`, none to
-    stdout; the thread count follows `torch_threads`. `prepare` sees the trainer before
+    stdout; a progress line reaches the terminal at least every `progress_every_s`
+    (`training.callbacks.TrainingProgress`); the thread count follows `torch_threads`. `prepare` sees the trainer before
     training (e.g. to load a reference model). Extra keyword arguments go to the trainer.
 
     Raises:
@@ -359,6 +360,7 @@ def train_with(
         MetricsLogger,
         ThreadCallback,
         TimedSaves,
+        TrainingProgress,
         WallTimeStop,
         lr_lambda,
     )
@@ -394,6 +396,10 @@ def train_with(
     tuner = ThreadTuner(settings.torch_threads)
     trainer.add_callback(MetricsLogger(job.on_metrics, budget=budget))
     trainer.add_callback(ThreadCallback(tuner))
+    progress = TrainingProgress(
+        f"train {algo.value}", every_s=settings.progress_every_s, budget=budget
+    )
+    trainer.add_callback(progress)
     if budget is not None:
         trainer.add_callback(budget)
     if settings.save_every_s is not None:
@@ -406,6 +412,7 @@ def train_with(
         output, runtime = timed_train(trainer)
     finally:
         tuner.stop()
+        progress.close()
     cpu_s = time.process_time() - cpu_started
     return summarize(
         algo,
