@@ -82,7 +82,6 @@ def train(
     as_json: JsonFlag = False,
 ) -> None:
     """Train a checkpoint with TRL (the `train` flow)."""
-    import asyncio
 
     if sum(bool(x) for x in (dataset, from_run, qc_run)) != 1:
         raise typer.BadParameter("give exactly one of --dataset, --from-run and --qc-run")
