@@ -213,14 +213,19 @@ def prefect_start() -> None:
 def prefect_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show the shared local Prefect server of this Prefect home: URL, pid, attached commands."""
+    """Show the shared local Prefect server of this Prefect home: URL, pid, attached commands
+    (with EPIFLOW_PREFECT_API_URL set: whether that API answers)."""
     from dataclasses import asdict
 
-    from config.prefect_server import status
+    from config.prefect_server import remote_status, status
 
-    found = status()
+    api_url = _settings().prefect.api_url
+    found = remote_status(api_url) if api_url else status()
     if as_json:
         typer.echo(json.dumps(asdict(found)))
+    elif found.remote:
+        state = "answers" if found.healthy else "does not answer"
+        _out().print(f"Prefect API {found.api_url} (EPIFLOW_PREFECT_API_URL) {state}")
     elif found.running:
         health = "healthy" if found.healthy else "not answering yet"
         _out().print(

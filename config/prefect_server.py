@@ -96,6 +96,9 @@ class ServerStatus:
     """Its process id when running."""
     leases: int
     """Live command processes attached to it."""
+    remote: bool = False
+    """The status is of the configured Prefect API (`EPIFLOW_PREFECT_API_URL`), not of a
+    local server: `running` and `healthy` then both mean it answers `/health`."""
 
 
 def prefect_home() -> Path:
@@ -415,6 +418,21 @@ def status(directory: Path | None = None) -> ServerStatus:
         api_url=state.api_url if running and state else None,
         pid=state.pid if running and state else None,
         leases=len(live_leases(directory)),
+    )
+
+
+def remote_status(api_url: str) -> ServerStatus:
+    """The configured Prefect API (`EPIFLOW_PREFECT_API_URL`) as `epiflow prefect status`
+    shows it: epiflow starts no server then, so "running" is "answers `/health`"."""
+    answers = api_healthy(api_url) is None
+    return ServerStatus(
+        directory=str(server_dir()),
+        running=answers,
+        healthy=answers,
+        api_url=api_url,
+        pid=None,
+        leases=0,
+        remote=True,
     )
 
 

@@ -11,8 +11,12 @@ flow itself, plus what epiflow's own module loggers (`logging.getLogger(__name__
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-__all__ = ["LIBRARY_LOGGERS", "artifact_key", "route_library_logs"]
+if TYPE_CHECKING:
+    from storage.objects import ObjectStore
+
+__all__ = ["LIBRARY_LOGGERS", "artifact_key", "link_objects", "route_library_logs"]
 
 LIBRARY_LOGGERS = (
     "agent",
@@ -34,6 +38,25 @@ def artifact_key(prefix: str, name: str) -> str:
     every flow keys its artifacts by what it ran on (a run key, a dataset, a checkpoint), so
     running it again adds a version under the same key instead of a new key."""
     return prefix + "-" + "".join(c if c.isalnum() else "-" for c in name.lower())[:60]
+
+
+async def link_objects(
+    store: ObjectStore, key: str, *, artifact: str, text: str, description: str
+) -> None:
+    """A Prefect link artifact to stored objects (`key`: one object, or a prefix ending in
+    `/`), so the UI shows where a run's objects are instead of a key in a log line. A link
+    that cannot be published is a WARNING: the objects and their rows are already written."""
+    from prefect.artifacts import acreate_link_artifact
+    from prefect.logging import get_run_logger
+
+    from storage.objects import object_url
+
+    try:
+        await acreate_link_artifact(
+            link=object_url(store, key), link_text=text, key=artifact, description=description
+        )
+    except Exception as e:  # the API is down or refuses it: the objects are stored anyway
+        get_run_logger().warning("link artifact %s not published: %r", artifact, e)
 
 
 def route_library_logs() -> None:

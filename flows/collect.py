@@ -48,7 +48,7 @@ from collection.request import CollectRequest, CollectResult, fresh_run_key, nig
 from collection.runner import PersistedGroup, run_episodes
 from config.retries import fail_once, retry_unless_deterministic
 from config.settings import Settings, load_settings
-from flows import artifact_key, route_library_logs
+from flows import artifact_key, link_objects, route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
 from reports.run_summary import summary_markdown, summary_table
 
@@ -326,6 +326,15 @@ async def publish_summary(collection: Collection) -> None:
         table=summary_table(summary) or [{"template": "-", "success_rate": 0.0}],
         key=key + "-templates",
         description="Success rate per template",
+    )
+    from storage.episodes import run_prefix
+
+    await link_objects(
+        collection.store,
+        run_prefix(collection.run_key),
+        artifact=key + "-objects",
+        text="Stored episodes (trajectories, outputs)",
+        description=f"Objects of run {collection.run_key}: one folder per episode",
     )
 
 

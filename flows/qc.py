@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import polars as pl
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
+from prefect.artifacts import acreate_markdown_artifact
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +29,7 @@ from agent.trajectory import Trajectory, utcnow
 from config.settings import Settings, load_settings
 from expectations.report import GateReport
 from expectations.settings import QcConfig
-from flows import artifact_key, route_library_logs
+from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions
 from flows.train import TrainFlowResult, flow_run_link
 from scoring.rubric import Judgement
@@ -271,7 +271,7 @@ async def publish_data_docs(
 ) -> str | None:
     """Upload the GX data docs and link them (a link artifact); returns the object key of
     their index (None when none)."""
-    from storage.objects import make_object_store, object_url
+    from storage.objects import make_object_store
 
     if report.data_docs_index is None:
         get_run_logger().info("publish-data-docs: no data docs built: skipped")
@@ -281,10 +281,11 @@ async def publish_data_docs(
     await asyncio.to_thread(store.put_tree, prefix, docs_dir)
     key = f"{prefix}/{report.data_docs_index.relative_to(docs_dir).as_posix()}"
     get_run_logger().info("publish-data-docs: %s", key)
-    await acreate_link_artifact(
-        link=object_url(store, key),
-        link_text="Great Expectations data docs",
-        key=artifact_key("qc-docs", run_key),
+    await link_objects(
+        store,
+        key,
+        artifact=artifact_key("qc-docs", run_key),
+        text="Great Expectations data docs",
         description=f"Data docs of the QC gate of run {run_key} (object {key})",
     )
     return key

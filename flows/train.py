@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from config.automations import NOTIFY_TAG
 from config.settings import Settings, load_settings
 from core.scratch import scratch_dir
-from flows import artifact_key, route_library_logs
+from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
 from training.errors import DatasetSelectionError, TrainingStopped
 from training.pipeline import TrainedModel
@@ -333,6 +333,7 @@ async def register_checkpoint_task(
     from storage.db import make_engine
     from storage.objects import make_object_store
     from training.pipeline import register_checkpoint
+    from training.registry import checkpoint_prefix
 
     engine = make_engine(settings.database)
     try:
@@ -344,6 +345,13 @@ async def register_checkpoint_task(
         engine.dispose()
     get_run_logger().info(
         "register-checkpoint: %s (training run %s)", outcome.checkpoint_id, trained.training_run_id
+    )
+    await link_objects(
+        store,
+        checkpoint_prefix(outcome.checkpoint_id) + "/",
+        artifact=artifact_key("checkpoint", str(outcome.checkpoint_id)),
+        text="Checkpoint (the HF model directory)",
+        description=f"Checkpoint {outcome.checkpoint_id} of training run {trained.training_run_id}",
     )
     return outcome.checkpoint_id
 

@@ -41,8 +41,13 @@ SQL_OUTPUT_CAP = 16_384
 """Characters of stdout/stderr kept in the `step` row; the rest is in the object store."""
 
 
+def run_prefix(run_key: str) -> str:
+    """Where a run's episode objects live: one folder per episode below it."""
+    return f"episodes/{run_key}/"
+
+
 def episode_prefix(t: Trajectory) -> str:
-    return f"episodes/{t.run_key}/{t.episode_id}"
+    return f"{run_prefix(t.run_key)}{t.episode_id}"
 
 
 def _write_objects(store: ObjectStore, t: Trajectory) -> list[ArtifactRef]:

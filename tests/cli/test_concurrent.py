@@ -88,8 +88,18 @@ def test_prefect_start_status_stop(tmp_path: Path, prefect_home: Path) -> None:
     shown = json.loads(epiflow(env, "prefect", "status", "--json", cwd=tmp_path).stdout)
     assert shown["running"] and shown["healthy"] and shown["leases"] == 0, shown
     assert shown["api_url"] in started.stdout
+    # With EPIFLOW_PREFECT_API_URL set (another Prefect home: no local server of its own),
+    # the status is that API's: answering, then not.
+    remote_env = cli_env(
+        tmp_path / "remote", tmp_path / "remote-home", EPIFLOW_PREFECT_API_URL=shown["api_url"]
+    )
+    remote = json.loads(epiflow(remote_env, "prefect", "status", "--json", cwd=tmp_path).stdout)
+    assert remote["remote"] and remote["running"] and remote["healthy"], remote
+    assert remote["api_url"] == shown["api_url"] and remote["pid"] is None
     stopped = epiflow(env, "prefect", "stop", cwd=tmp_path)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     shown = json.loads(epiflow(env, "prefect", "status", "--json", cwd=tmp_path).stdout)
     assert not shown["running"] and shown["api_url"] is None
+    remote = json.loads(epiflow(remote_env, "prefect", "status", "--json", cwd=tmp_path).stdout)
+    assert remote["remote"] and not remote["running"] and not remote["healthy"], remote
     assert not processes_mentioning(f"serve --dir {server_dir(prefect_home)}")

@@ -60,13 +60,16 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
         )
     engine.dispose()
 
-    async def artifacts() -> list[str]:
+    async def artifacts() -> dict[str, object]:
         async with get_client() as client:
             found = await client.read_artifacts()
-            return [a.key or "" for a in found]
+            return {a.key or "": a.data for a in found}
 
     keys = asyncio.run(artifacts())
     assert "collect-flow-test" in keys and "collect-flow-test-templates" in keys
+    # The run's objects as a link artifact (Prefect stores it as a markdown link).
+    link = str(keys["collect-flow-test-objects"])
+    assert link.startswith("[Stored episodes") and link.endswith("/episodes/flow-test)"), link
 
 
 def test_flow_refuses_a_run_key_being_collected(prefect_harness: None, env_db: str) -> None:

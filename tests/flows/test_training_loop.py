@@ -46,6 +46,19 @@ def test_gate_triggers_training_once_then_evaluate(
     assert training.steps == 2 and training.checkpoint_id
     assert first.training.flow_run_id == training.flow_run_id is not None
 
+    # The checkpoint's objects as a link artifact (Prefect stores it as a markdown link).
+    from prefect.client.orchestration import get_client
+
+    async def artifact_data(key: str) -> object:
+        async with get_client() as client:
+            found = await client.read_latest_artifacts()
+            return next((a.data for a in found if a.key == key), None)
+
+    link = str(asyncio.run(artifact_data(f"checkpoint-{training.checkpoint_id}")))
+    assert link.startswith("[Checkpoint") and link.endswith(
+        f"/checkpoints/{training.checkpoint_id}/model)"
+    ), link
+
     again = asyncio.run(qc_gate(run="loop", trigger="inline", training_threshold=1.0))
     assert again.triggered_training is False  # re-running the gate does not train twice
 
