@@ -47,7 +47,8 @@ def test_gate_writes_verdicts_docs_and_triggers_once(prefect_harness: None, gate
 
     async def artifacts() -> dict[str, tuple[str, Any]]:
         async with get_client() as client:
-            return {a.key or "": (a.type or "", a.data) for a in await client.read_artifacts()}
+            latest = await client.read_latest_artifacts()  # the newest version of each key
+            return {a.key or "": (a.type or "", a.data) for a in latest}
 
     found = asyncio.run(artifacts())
     # (Prefect stores a link artifact as a markdown link.)

@@ -323,18 +323,38 @@ def test_links_and_comparison(story: Story) -> None:
     api = story.api
     gates = api.flow_runs("qc-gate")
     first_gate = gates[0]
-    [qc_artifact] = [a for a in api.artifacts(first_gate["id"]) if a["type"] == "markdown"]
+
+    # The gate report (`qc-<run key>`); the data docs' link artifact (`qc-docs-…`) is
+    # markdown too (Prefect stores a link as a markdown link).
+    def reports(run_id: str, prefix: str) -> list[dict[str, Any]]:
+        return [
+            a
+            for a in api.artifacts(run_id)
+            if a["type"] == "markdown"
+            and (a.get("key") or "").startswith(prefix)
+            and not (a.get("key") or "").startswith(("qc-docs-", "checkpoint-"))
+        ]
+
+    [qc_artifact] = reports(first_gate["id"], "qc-")
+    [docs_link] = [
+        a for a in api.artifacts(first_gate["id"]) if a.get("key", "").startswith("qc-docs-")
+    ]
+    assert docs_link["data"].startswith("[Great Expectations data docs](")
     train_id = story.runs["train"]["id"]
     assert f"/runs/flow-run/{train_id}" in qc_artifact["data"]
     assert "training triggered: **yes" in qc_artifact["data"]
     # the gate run on its own found the run already trained on
-    [again] = [a for a in api.artifacts(gates[-1]["id"]) if a["type"] == "markdown"]
+    [again] = reports(gates[-1]["id"], "qc-")
     assert "training triggered: **no**" in again["data"]
     # the triggered training was evaluated against its base, and links that evaluation
     evaluations = api.flow_runs("evaluate")
     followed = [e for e in evaluations if e.get("parent_task_run_id")]
     assert len(followed) == 1
-    [train_artifact] = [a for a in api.artifacts(train_id) if a["type"] == "markdown"]
+    [train_artifact] = reports(train_id, "train-")
+    [checkpoint_link] = [
+        a for a in api.artifacts(train_id) if (a.get("key") or "").startswith("checkpoint-")
+    ]
+    assert checkpoint_link["data"].startswith("[Checkpoint (the HF model directory)](")
     assert f"/runs/flow-run/{followed[0]['id']}" in train_artifact["data"]
     [comparison] = [a for a in api.artifacts(followed[0]["id"]) if a["type"] == "markdown"]
     assert "| completion_rate |" in comparison["data"]
