@@ -38,7 +38,7 @@ from storage.db import make_engine
 from storage.settings import DatabaseSettings
 from tests.docs.cookbook_queries import load_queries
 from tests.services.postgres import find_pg_bin, running_cluster
-from tests.storage.scale_data import ScaleIds, build_scale_database
+from tests.storage.scale_data import build_scale_database
 
 VIEWS = [
     "episode_summary",
@@ -60,17 +60,6 @@ def queries() -> dict[str, str]:
     found.update({f"view:{k}": sql for k, sql in EXTRA.items()})
     found.update({f"cookbook:{q.name}": q.sql for q in load_queries()})
     return found
-
-
-def params(ids: ScaleIds) -> dict[str, Any]:
-    return {
-        "since": ids.since,
-        "checkpoint_id": ids.checkpoint_id,
-        "episode_id": ids.episode_id,
-        "qc_run_id": ids.qc_run_id,
-        "lineage_episode_id": ids.lineage_episode_id,
-        "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
-    }
 
 
 def explain(conn: Connection, sql: str, values: dict[str, Any]) -> tuple[float, str]:
@@ -106,7 +95,7 @@ def main() -> None:
         ids = build_scale_database(engine, base=args.base, copies=args.copies, steps=args.steps)
         build_s = time.perf_counter() - started
         timings: dict[str, float] = {}
-        values = params(ids)
+        values = ids.query_params()
         with engine.connect() as conn:
             conn.execute(text("SET TIME ZONE 'UTC'"))
             counts = {

@@ -94,6 +94,17 @@ class ScaleIds:
     lineage_episode_id: uuid.UUID
     since: str
 
+    def query_params(self) -> dict[str, Any]:
+        """The cookbook's bind parameters (`:since`, `:checkpoint_id`, …) with these ids."""
+        return {
+            "since": self.since,
+            "checkpoint_id": self.checkpoint_id,
+            "episode_id": self.episode_id,
+            "qc_run_id": self.qc_run_id,
+            "lineage_episode_id": self.lineage_episode_id,
+            "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
+        }
+
 
 def _started(t: Trajectory) -> datetime:
     assert t.started_at is not None  # collected episodes have their times

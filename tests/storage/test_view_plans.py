@@ -129,15 +129,7 @@ COOKBOOK = {q.name: q.sql for q in load_queries()}
 
 
 def cookbook_params(ids: ScaleIds, sql: str) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "since": ids.since,
-        "checkpoint_id": ids.checkpoint_id,
-        "episode_id": ids.episode_id,
-        "qc_run_id": ids.qc_run_id,
-        "lineage_episode_id": ids.lineage_episode_id,
-        "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
-    }
-    return {k: v for k, v in values.items() if f":{k}" in sql}
+    return {k: v for k, v in ids.query_params().items() if f":{k}" in sql}
 
 
 def relations(node: dict[str, Any]) -> list[str]:
