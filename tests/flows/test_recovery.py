@@ -22,14 +22,14 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from config.automations import LATE, NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
 from storage import migrate
@@ -274,12 +274,16 @@ def test_failed_nightly_run_that_may_pass_is_retried_then_notified(served: Serve
     assert len(posted) == 1
 
 
-def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
-    """The UI's Cancel (the flow run set Cancelling): the run row is `interrupted` (as the
-    CLI stores it), the log says how to resume, no task run crashed or stays running."""
+def _slow_nightly_run(served: Served) -> tuple[str, str, Engine, Callable[[], int]]:
+    """A run of the nightly deployment with a small request: every tool call waits a
+    second, and each episode is stored as it ends. (A run the schedule created would be
+    keyed by its night instead: tests/flows/test_parameters.py.) Returns its flow-run id,
+    its run key, an engine on the database (the caller disposes of it) and a count of the
+    episodes it has stored."""
     api = served.api
     nightly = api.deployment("collect-episodes", "nightly-collect")
     request = {
+        "suite": "builtin",
         "policy": "scripted:oracle",
         "tasks": 2,
         "rollouts": 2,
@@ -307,6 +311,15 @@ def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
                     {"k": key},
                 ).scalar_one()
             )
+
+    return run_id, key, engine, stored
+
+
+def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
+    """The UI's Cancel (the flow run set Cancelling): the run row is `interrupted` (as the
+    CLI stores it), the log says how to resume, no task run crashed or stays running."""
+    api = served.api
+    run_id, key, engine, stored = _slow_nightly_run(served)
 
     try:
         wait_for("an episode stored", lambda: stored() >= 1, 600, every=0.5)
@@ -376,40 +389,7 @@ def test_late_nightly_run_notifies(served: Served) -> None:
 
 def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -> None:
     api = served.api
-    nightly = api.deployment("collect-episodes", "nightly-collect")
-    # A run of the nightly deployment with a small request: every tool call waits a
-    # second, and each episode is stored as it ends. (A run the schedule created would be
-    # keyed by its night instead: tests/flows/test_parameters.py.)
-    request = {
-        "suite": "builtin",
-        "policy": "scripted:oracle",
-        "tasks": 2,
-        "rollouts": 2,
-        "concurrency": 1,
-        "templates": TEMPLATES,
-        "batch_size": 1,
-        "faults": {"latency_p": 1.0, "latency_ms": [1000, 1000]},
-    }
-    run = api.post(
-        f"/deployments/{nightly['id']}/create_flow_run",
-        {"parameters": {"request": request, "gate": False}},
-    )
-    run_id = run["id"]
-    key = f"builtin-scripted-oracle-{uuid.UUID(run_id).hex[:8]}"
-
-    engine = make_engine(DatabaseSettings(url=served.db_url))
-
-    def stored() -> int:
-        with engine.connect() as conn:
-            return int(
-                conn.execute(
-                    text(
-                        "SELECT COUNT(*) FROM episode e JOIN collection_run r ON r.id = e.run_id "
-                        "WHERE r.run_key = :k"
-                    ),
-                    {"k": key},
-                ).scalar_one()
-            )
+    run_id, key, engine, stored = _slow_nightly_run(served)
 
     try:
         wait_for("two episodes stored", lambda: stored() >= 2, 600, every=0.5)
