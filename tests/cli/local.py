@@ -15,6 +15,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 from config.prefect_server import process_start_ticks, server_dir, status, stop
 
@@ -64,6 +68,24 @@ def cli_env(
         env["EPIFLOW_SANDBOX_STATE_DIR"] = str(state_dir)
     env.update(extra)
     return env
+
+
+def bare_env(**settings: str) -> dict[str, str]:
+    """This process's environment without the test run's EPIFLOW_* and PREFECT_API_*
+    variables, with `settings` (EPIFLOW_* names) added: a victim command's environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
+    env.update(settings)
+    return env
+
+
+def stored_episodes(engine: Engine) -> int:
+    """How many episodes the database holds."""
+    from sqlalchemy import func, select
+
+    from models import Episode
+
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(Episode)).scalar_one())
 
 
 def epiflow(

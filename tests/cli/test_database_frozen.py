@@ -15,24 +15,22 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, select, text
 from sqlmodel import col
 
 from models import CollectionRun, Episode, run_id_for
 from storage import migrate
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
-from tests.cli.local import last_line, wait_until
+from tests.cli.local import EPIFLOW, bare_env, last_line, stored_episodes, wait_until
 from tests.services.postgres import PostgresCluster, pg_bin_or_skip, running_cluster
 from tests.services.processes import descendants
 
-EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 STOP_TIMEOUT_S = 5
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -75,8 +73,7 @@ def test_ctrl_c_with_postgres_frozen_ends_bounded_and_the_key_resumes(
     state_dir.chmod(0o755)  # jails bind-mount from it: world-searchable
     frozen = False
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
-        env.update(
+        env = bare_env(
             EPIFLOW_DATABASE_URL=url,
             EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"),
             EPIFLOW_PREFECT_API_URL=prefect_api_url,
@@ -102,8 +99,7 @@ def test_ctrl_c_with_postgres_frozen_ends_bounded_and_the_key_resumes(
         planned = 13 * 4 * 2
 
         def stored() -> int:
-            with engine.connect() as conn:
-                return int(conn.execute(select(func.count()).select_from(Episode)).scalar_one())
+            return stored_episodes(engine)
 
         log = tmp_path / "victim.log"
         with log.open("wb") as sink:

@@ -8,25 +8,21 @@ episode)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from sqlmodel import col
 
 from models import Episode
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
-from tests.cli.local import last_line, wait_until
+from tests.cli.local import EPIFLOW, bare_env, last_line, stored_episodes, wait_until
 from tests.services.tcp_proxy import TcpProxy
-
-EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -41,8 +37,7 @@ def test_a_database_lost_mid_run_is_exit_3_and_the_key_resumes(
     state_dir.chmod(0o755)  # jails bind-mount from it: world-searchable
     engine = make_engine(DatabaseSettings(url=pg_url))  # the test's own, not through the proxy
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
-        env.update(
+        env = bare_env(
             EPIFLOW_DATABASE_URL=direct.set(port=proxy.port).render_as_string(hide_password=False),
             EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"),
             EPIFLOW_PREFECT_API_URL=prefect_api_url,
@@ -69,8 +64,7 @@ def test_a_database_lost_mid_run_is_exit_3_and_the_key_resumes(
         ]
 
         def stored() -> int:
-            with engine.connect() as conn:
-                return int(conn.execute(select(func.count()).select_from(Episode)).scalar_one())
+            return stored_episodes(engine)
 
         log = tmp_path / "victim.log"
         with log.open("wb") as sink:
