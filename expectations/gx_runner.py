@@ -5,11 +5,15 @@ suites built from their JSON specs, one validation definition each. The episode 
 runs with result format COMPLETE keyed by `episode_id` (`unexpected_index_column_names`)
 so every failing row maps back to an episode; the batch suite only needs SUMMARY. GX is
 imported lazily (≈ 3 s) and its import-time `sre_constants`/`sre_parse` DeprecationWarnings
-are silenced right there, precisely, because they are GX's and not ours.
+are silenced right there, precisely, because they are GX's and not ours; so is the INFO
+line its ephemeral context logs on creation ("Created temporary directory … for ephemeral
+docs site", once per gate run in the demo's terminal and every QC flow run's log): data
+docs go to a site added for the directory asked for (`build_data_docs`), never there.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from pathlib import Path
@@ -23,6 +27,8 @@ from expectations.suite_files import SuiteSpec
 __all__ = ["GxRunner", "import_gx"]
 
 _EPISODE_ID = "episode_id"
+_GX_DOCS_LOGGER = "great_expectations.data_context.types.base"
+"""The GX logger announcing the ephemeral context's unused docs directory at INFO."""
 
 
 def import_gx() -> ModuleType:
@@ -35,6 +41,7 @@ def import_gx() -> ModuleType:
             category=DeprecationWarning,
         )
         import great_expectations as gx
+    logging.getLogger(_GX_DOCS_LOGGER).setLevel(logging.WARNING)
     return gx
 
 

@@ -3,6 +3,7 @@ GX vs the polars reference, quality scores, data docs and the trigger."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +331,16 @@ def test_data_docs_are_built(config: QcConfig, tmp_path: Path) -> None:
     assert report.data_docs_index == tmp_path / "docs" / "index.html"
     assert report.data_docs_index.is_file()
     assert any((tmp_path / "docs" / "validations").rglob("*.html"))
+
+
+def test_the_gate_logs_nothing_of_gx_internals_at_info(
+    config: QcConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GX's ephemeral context announces an unused temporary docs directory at INFO on every
+    gate run; in the demo's terminal and the QC flow's run log that line is noise."""
+    with caplog.at_level(logging.INFO):
+        run_gate([oracle(rollout=i) for i in range(2)], config=config, engine="gx")
+    assert not [r for r in caplog.records if r.name.startswith("great_expectations.data_context")]
 
 
 def test_trigger_fires_once_across_gate_reruns(config: QcConfig) -> None:
