@@ -12,9 +12,10 @@ a jail; each concurrency slot starts its next executor while the current one ser
 the platform's warm pool does: no policy, no Prefect, no SQL, no
 object store, no trajectory objects. It is a small separate process (stdlib only, `-I -S`)
 so that its process starts do not pay for a large parent's address space. It prints one
-JSON object: `floor_s`, `episodes`, `requests`, and `mismatched` (answers whose outcome —
+JSON object: `floor_s`, `episodes`, `requests`, `mismatched` (answers whose outcome —
 `ok`, `exit_code`, `timed_out` — differs from the one the jail gave; 0 when the replay did
-what the collection did).
+what the collection did) and `setup_cpu_s` (this process's CPU before the replay began:
+its start and reading the recording, which the caller takes off the floor's CPU).
 """
 
 import json
@@ -118,6 +119,7 @@ def main() -> None:
     for requests in episodes:
         todo.put(requests)
     slots = min(int(recording["concurrency"]), len(episodes))
+    setup_cpu_s = time.process_time()  # start-up and reading the recording: not the floor's
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=slots) as pool:
         mismatched = sum(pool.map(lambda _: worker(recording, todo), range(slots)))
@@ -127,6 +129,7 @@ def main() -> None:
         "episodes": len(episodes),
         "requests": sum(len(e) for e in episodes),
         "mismatched": mismatched,
+        "setup_cpu_s": round(setup_cpu_s, 4),
     }
     print(json.dumps(out))
 

@@ -27,15 +27,29 @@ at the same concurrency:
 to the last one's end (sandboxes, policy, verifiers, and the groups persisted meanwhile):
 `full_s` minus it is the flow's fixed cost (flow and task runs, planning, the run row, the
 last group, the summary and artifacts). Both phases are CPU-bound on a 2-core machine, so
-the ratio moves with the load average (printed at start and end).
+the ratio moves with the load average (printed at start and end): on a machine shared
+with other jobs the two phases, run one after the other, meet different loads, and the
+wall-clock ratio can fall on either side of 1.
+
+So the CPU each phase took is printed too, which other jobs change far less:
+`full_cpu_s` (this process from the flow's start to its end, with every jail it started
+and reaped, and the Prefect server's CPU over the same span: its total when the harness
+stops it, less what it had used when the timing began) and `baseline_cpu_s` (the floor
+process and every executor it reaped, less its own start and reading of the recording).
+`cpu_ratio = full_cpu_s / baseline_cpu_s` (≥ 1 by construction, as the wall-clock one),
+and `cpu_added_ms_per_episode`: what the platform spends per episode on top of the
+floor. Where those milliseconds go (nsjail, the jails' own extra, the collector, the
+server) is measured in docs/architecture.md, "Where a collection's CPU goes".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -92,6 +106,29 @@ class Recorder:
         return [r for r in self.by_jail.values() if any(x["payload"]["op"] != "ping" for x in r)]
 
 
+def _rusage_s(who: int) -> float:
+    """User + system CPU seconds of this process (`RUSAGE_SELF`) or of its reaped
+    children (`RUSAGE_CHILDREN`, with everything they reaped)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _live_children_cpu_s() -> float:
+    """CPU seconds so far of this process's live children and what they reaped (the
+    Prefect server, once warmed): subtracted, since `RUSAGE_CHILDREN` counts all of a
+    child's CPU when it is reaped, also what it spent before the timing started."""
+    me = os.getpid()
+    total = 0.0
+    for task in Path(f"/proc/{me}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for pid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+                    # utime, stime, cutime, cstime (fields 14-17 of proc_pid_stat(5))
+                    total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def floor(recorder: Recorder, concurrency: int, work: Path) -> dict[str, Any]:
     """The recorded requests replayed by the in-jail executor on the host, in a small
     separate process (`bench/collect_floor.py`)."""
@@ -113,6 +150,7 @@ def floor(recorder: Recorder, concurrency: int, work: Path) -> dict[str, Any]:
         )
     )
     script = Path(__file__).resolve().with_name("collect_floor.py")
+    children_before = _rusage_s(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [sys.executable, "-I", "-S", str(script), str(recording)],
         capture_output=True,
@@ -121,6 +159,11 @@ def floor(recorder: Recorder, concurrency: int, work: Path) -> dict[str, Any]:
         timeout=3600,
     )
     result: dict[str, Any] = json.loads(done.stdout)
+    # The floor process and every executor it started and reaped, less the floor
+    # process's own start and reading of the recording.
+    result["cpu_s"] = (
+        _rusage_s(resource.RUSAGE_CHILDREN) - children_before - float(result["setup_cpu_s"])
+    )
     return result
 
 
@@ -162,11 +205,12 @@ def episodes_window(trajectories: list[Trajectory]) -> float:
 
 def collect_timed(
     work: Path, *, tasks: int, concurrency: int, warm: bool = True
-) -> tuple[CollectResult, float, list[Trajectory]]:
+) -> tuple[CollectResult, float, float, list[Trajectory]]:
     """The `collect-episodes` flow over the built-in suite with the scripted oracle, into a
     SQLite database and object directory under `work`, on a Prefect test server (warmed
-    from another process with `warm`; not timed); returns its result, its wall time and
-    the trajectories it stored."""
+    from another process with `warm`; not timed); returns its result, its wall time, the
+    CPU seconds it took (this process, its jails, the server's share) and the
+    trajectories it stored."""
     os.environ["EPIFLOW_DATABASE_URL"] = f"sqlite:///{work / 'bench.db'}"
     os.environ["EPIFLOW_OBJECTS_URL"] = str(work / "objects")
 
@@ -187,6 +231,11 @@ def collect_timed(
     with prefect_test_harness(server_startup_timeout=120):
         if warm:
             warm_server(str(PREFECT_API_URL.value()))
+        cpu_before = (
+            _rusage_s(resource.RUSAGE_SELF)
+            + _rusage_s(resource.RUSAGE_CHILDREN)
+            + _live_children_cpu_s()
+        )
         started = time.perf_counter()
         result = asyncio.run(
             collect_episodes(
@@ -201,10 +250,13 @@ def collect_timed(
             )
         )
         full_s = time.perf_counter() - started
+        self_cpu = _rusage_s(resource.RUSAGE_SELF)
+    # The server is reaped when the harness stops: its CPU is in RUSAGE_CHILDREN now.
+    cpu_s = self_cpu + _rusage_s(resource.RUSAGE_CHILDREN) - cpu_before
     store = make_object_store(settings.objects)
     trajectories = run_trajectories(engine, store, resolve_run(engine, "bench"))
     engine.dispose()
-    return result, full_s, trajectories
+    return result, full_s, cpu_s, trajectories
 
 
 def main() -> None:
@@ -226,7 +278,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-collect-"))
     recorder = Recorder()
     recorder.install()
-    result, full_s, trajectories = collect_timed(
+    result, full_s, full_cpu_s, trajectories = collect_timed(
         work, tasks=args.tasks, concurrency=args.concurrency, warm=not args.cold_server
     )
     calls = sum(
@@ -254,6 +306,12 @@ def main() -> None:
         "overhead_ratio": round(full_s / baseline_s, 3),
         "episodes_ratio": round(window_s / baseline_s, 3),
         "steps_per_s": round(result.steps / full_s, 1),
+        "baseline_cpu_s": round(replayed["cpu_s"], 3),
+        "full_cpu_s": round(full_cpu_s, 3),
+        "cpu_ratio": round(full_cpu_s / replayed["cpu_s"], 3),
+        "cpu_added_ms_per_episode": round(
+            1000 * (full_cpu_s - replayed["cpu_s"]) / max(result.episodes, 1), 1
+        ),
         "server_warmed": not args.cold_server,
         "target_overhead_ratio": 1.3,
         "load_avg_start": [round(x, 2) for x in load_start],

@@ -6,8 +6,9 @@ lent it (`epiflow collect`), and runs its stages as Prefect tasks, named for the
 `plan-collection` (suite, templates, episode ids; part of the open), `open-run` (the
 `collection_run` row), `run-episodes` (the whole plan as one stream, asyncio concurrency
 inside, never a task per step; finished episodes persisted in groups as they complete, a
-progress artifact updated after each group), `finish-run` (how the run ended, totals from
-SQL) and `publish-summary` (two artifacts). With `gate`, the `qc-gate` flow follows as a
+progress artifact updated as groups are stored, at most every `PROGRESS_INTERVAL_S`, and
+for the last one), `finish-run` (how the run ended, totals from SQL) and `publish-summary`
+(two artifacts). With `gate`, the `qc-gate` flow follows as a
 subflow.
 
 One run key, one collection at a time: the collection holds the key's lock
@@ -51,6 +52,10 @@ from config.settings import Settings, load_settings
 from flows import artifact_key, link_objects, route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
 from reports.run_summary import summary_markdown, summary_table
+
+PROGRESS_INTERVAL_S = 2.0
+"""Shortest time between two updates of the progress artifact, seconds (the last group's
+update is never skipped)."""
 
 SHARD_ATTEMPTS = 3
 """Flow runs a shard gets before the sharded run fails: one that crashed (its worker died;
@@ -131,11 +136,12 @@ async def run_episodes_task(collection: Collection) -> int | State[Any]:
         description=_progress_line(done, planned, earlier, by_status, started),
     )
 
-    async def on_persisted(group: PersistedGroup) -> None:
-        nonlocal done
-        done += group.episodes
-        for status, count in group.by_status.items():
-            by_status[status] += count
+    shown = done  # episodes the artifact shows
+    shown_at = time.monotonic()
+
+    async def show_progress() -> None:
+        nonlocal shown, shown_at
+        shown, shown_at = done, time.monotonic()
         try:
             await aupdate_progress_artifact(
                 progress,
@@ -145,8 +151,21 @@ async def run_episodes_task(collection: Collection) -> int | State[Any]:
         except Exception as e:  # progress is for the eyes; the collection goes on
             logger.warning("progress artifact not updated: %r", e)
 
+    async def on_persisted(group: PersistedGroup) -> None:
+        nonlocal done
+        done += group.episodes
+        for status, count in group.by_status.items():
+            by_status[status] += count
+        # Each update costs the API server ~16 ms of CPU: at most one per interval.
+        if done == planned or time.monotonic() - shown_at >= PROGRESS_INTERVAL_S:
+            await show_progress()
+
     try:
-        report = await run_episodes(collection, todo, on_persisted=on_persisted)
+        try:
+            report = await run_episodes(collection, todo, on_persisted=on_persisted)
+        finally:
+            if shown != done:  # the last groups came within the interval (or a stop)
+                await asyncio.shield(show_progress())
     except asyncio.CancelledError:
         # A cancel (from the UI, or a stopping worker) is no crash: the finished episodes
         # are stored (`run_episodes` flushed them), the task run ends Cancelled, and the

@@ -37,12 +37,27 @@ def test_collect_flow_runs_resumes_and_publishes(prefect_harness: None, env_db: 
         tasks=1,
         rollouts=2,
         concurrency=4,
+        batch_size=1,  # six groups, most within the progress artifact's interval
         run_key="flow-test",
         templates=["csv_to_json", "merge_csv", "log_errors"],
     )
     first = asyncio.run(collect_episodes(request=request))
     assert first.planned == 6 and first.executed == 6 and first.episodes == 6
     assert first.by_status == {"success": 6} and first.success_rate == 1.0
+
+    async def progress() -> tuple[object, str | None]:
+        async with get_client() as client:
+            found = await client.read_artifacts()
+        # This run's (the harness may hold earlier tests' runs of the same key).
+        newest = max(
+            (a for a in found if a.key == "collect-progress-flow-test"),
+            key=lambda a: a.created.timestamp() if a.created else 0.0,
+        )
+        return newest.data, newest.description
+
+    # Updates are spaced out, but the last group's is never skipped.
+    shown, line = asyncio.run(progress())
+    assert shown == 100.0 and (line or "").startswith("6 / 6 episodes (success 6)"), line
 
     again = asyncio.run(collect_episodes(request=request))
     assert again.executed == 0 and again.episodes == 6  # resume: nothing left to do
