@@ -34,6 +34,18 @@ compact prompt, the optimiser and schedule, the evaluation limits.
    its verified successes to the snapshot, train on from the last checkpoint for the
    iteration's time share, evaluate again. Completion is reported after every iteration.
 
+`--recipe smollm2` (issue 23) trains a real model instead: step 4 is SmolLM2-135M-Instruct
+(`training.pretrained`, converted once, cached under `$EPIFLOW_HOME/models/`, copied into
+the work directory and registered as the base checkpoint), and steps 5 and 7 serve each
+checkpoint with `transformers serve` (`agent.serving.serve_checkpoint`, the recipe's
+server threads) and run the episodes through the `openai:` policy with the recipe's
+prompt style (`?prompt_style=compact`), turn and token limits and concurrency. After
+training it times `bench/train.py`'s bare torch loop for `bare_torch_steps` steps on the
+snapshot's own chats (`bare_torch`, `trl_vs_bare_torch`). Infrastructure outcomes are
+left out of every rate and counted (`infrastructure_episodes`). Target: base ≤ 0.1,
+trained ≥ 0.5 overall and on ≥ 4 of its 6 templates, ≤ 30 minutes on the quiet 2-core
+machine; `per_template` has {template: {base, trained}}.
+
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
 
@@ -52,6 +64,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -788,6 +801,9 @@ def main() -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args()
+    # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
+    # a server the run started and remove the work directory.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
     with contextlib.redirect_stdout(sys.stderr):
         report = run(args)
