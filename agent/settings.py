@@ -11,6 +11,8 @@ from typing import Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.prompt import PromptStyle
+
 __all__ = ["LoopSettings", "NoisyRates", "PolicySettings"]
 
 
@@ -102,6 +104,10 @@ class PolicySettings(BaseSettings):
     """torch device for `hf:` checkpoints (`cpu`, `cuda`, `cuda:1`, …)."""
     native_tools: bool = False
     """Send `tools=[…]` and accept native `tool_calls` instead of the text protocol."""
+    prompt_style: PromptStyle = PromptStyle.FULL
+    """System prompt style an `openai:` endpoint is shown (`full` for any real model;
+    `compact` for a checkpoint trained on it, whose training config the remote policy
+    cannot read: the `hf:` policy reads it from the checkpoint instead)."""
     outage_episodes: int = Field(default=8, ge=0)
     """Episodes in a row ending `endpoint_error` after which a collection starts no more:
     the endpoint is down, the rest of the plan would only burn retries (the run ends

@@ -34,6 +34,18 @@ compact prompt, the optimiser and schedule, the evaluation limits.
    its verified successes to the snapshot, train on from the last checkpoint for the
    iteration's time share, evaluate again. Completion is reported after every iteration.
 
+`--recipe smollm2` (issue 23) trains a real model instead: step 4 is SmolLM2-135M-Instruct
+(`training.pretrained`, converted once, cached under `$EPIFLOW_HOME/models/`, copied into
+the work directory and registered as the base checkpoint), and steps 5 and 7 serve each
+checkpoint with `transformers serve` (`agent.serving.serve_checkpoint`, the recipe's
+server threads) and run the episodes through the `openai:` policy with the recipe's
+prompt style (`?prompt_style=compact`), turn and token limits and concurrency. After
+training it times `bench/train.py`'s bare torch loop for `bare_torch_steps` steps on the
+snapshot's own chats (`bare_torch`, `trl_vs_bare_torch`). Infrastructure outcomes are
+left out of every rate and counted (`infrastructure_episodes`). Target: base ≤ 0.1,
+trained ≥ 0.5 overall and on ≥ 4 of its 6 templates, ≤ 30 minutes on the quiet 2-core
+machine; `per_template` has {template: {base, trained}}.
+
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
 
@@ -52,6 +64,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -136,22 +149,72 @@ def _gate(
     return qc_run_id, counts
 
 
+def _served_episodes(
+    model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
+) -> tuple[list[Any], dict[str, Any]]:
+    """Greedy `openai:` episodes against `model_dir` served by `transformers serve`, and
+    the serving figures (startup, generated tokens, tokens/s)."""
+    from agent.policies import make_policy
+    from agent.serving import serve_checkpoint
+    from agent.settings import PolicySettings
+    from training.evaluation import run_policy_episodes
+
+    started = time.perf_counter()
+    with serve_checkpoint(
+        model_dir, log_path=args.work / f"serve-{run_key}.log", torch_threads=args.serve_threads
+    ) as served:
+        startup_s = time.perf_counter() - started
+        spec = (
+            f"{served.policy_spec}?max_tokens={args.max_new_tokens}"
+            f"&prompt_style={args.prompt_style}"
+        )
+        policy = make_policy(
+            spec, settings=PolicySettings(request_timeout_s=args.request_timeout_s)
+        )
+        started = time.perf_counter()
+        trajectories = asyncio.run(
+            run_policy_episodes(
+                policy,
+                tasks,
+                run_key=run_key,
+                max_steps=args.eval_max_steps,
+                max_parse_failures=args.eval_max_parse_failures,
+                concurrency=args.eval_concurrency,
+            )
+        )
+        episodes_s = time.perf_counter() - started
+    generated = sum(t.completion_tokens for t in trajectories)
+    return trajectories, {
+        "serve_startup_s": round(startup_s, 1),
+        "generated_tokens": generated,
+        "generation_tokens_per_s": round(generated / episodes_s, 1) if episodes_s else None,
+        "policy": spec.split("#", 1)[0] + "#<dir>?" + spec.split("?", 1)[1],
+        "serve_threads": args.serve_threads,
+        "concurrency": args.eval_concurrency,
+    }
+
+
 def _evaluate(
     model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Greedy `hf:` episodes on the held-out tasks: completion, per template, turn rates."""
+    """Greedy episodes on the held-out tasks (`hf:` in process, or `openai:` on the served
+    checkpoint): completion, per template, turn rates; infrastructure outcomes apart."""
     from training.evaluation import evaluation_metrics, run_model_episodes
 
     started = time.perf_counter()
-    trajectories = asyncio.run(
-        run_model_episodes(
-            model_dir,
-            tasks,
-            run_key=run_key,
-            max_steps=args.eval_max_steps,
-            max_new_tokens=args.max_new_tokens,
+    serving: dict[str, Any] | None = None
+    if args.eval_policy == "openai":
+        trajectories, serving = _served_episodes(model_dir, tasks, run_key=run_key, args=args)
+    else:
+        trajectories = asyncio.run(
+            run_model_episodes(
+                model_dir,
+                tasks,
+                run_key=run_key,
+                max_steps=args.eval_max_steps,
+                max_new_tokens=args.max_new_tokens,
+            )
         )
-    )
     metrics = evaluation_metrics(trajectories, tasks)
     if args.dump is not None:
         with args.dump.open("a", encoding="utf-8") as out:
@@ -173,7 +236,9 @@ def _evaluate(
         "exact_call_rate": r(metrics.exact_call_rate),
         "statuses": dict(Counter(t.status.value for t in trajectories)),
         "episodes": len(trajectories),
+        "infrastructure_episodes": metrics.n_infrastructure,
         "eval_s": round(time.perf_counter() - started, 1),
+        "serving": serving,
         "sample_first_turn": trajectories[0].steps[0].raw_output[:300]
         if trajectories and trajectories[0].steps
         else "",
@@ -199,6 +264,7 @@ class _Curve:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from core.home import epiflow_home
     from expectations.settings import QcConfig
     from storage.db import make_engine
     from storage.migrate import upgrade
@@ -208,6 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.base_model import protocol_corpus
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
+    from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
     from training.recipes import get_recipe
     from training.registry import fetch_checkpoint, get_checkpoint
     from training.snapshots import select_episodes, write_snapshot
@@ -226,6 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "intermediate_size": args.hidden * 4 if args.hidden else None,
             "num_layers": args.layers,
             "save_every_s": args.curve_every_s,
+            "max_steps": args.max_steps,
         }.items()
         if v is not None
     }
@@ -236,9 +304,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     heldout_n = args.heldout if args.heldout is not None else recipe.heldout
     args.eval_max_steps = args.eval_max_steps or recipe.eval_max_steps
     args.max_new_tokens = args.max_new_tokens or recipe.eval_max_new_tokens
+    args.eval_policy = recipe.eval_policy
+    args.eval_concurrency = recipe.eval_concurrency
+    args.eval_max_parse_failures = recipe.eval_max_parse_failures
+    args.serve_threads = recipe.serve_threads
+    args.prompt_style = settings.prompt_style.value
+    args.base_heldout = args.base_heldout or recipe.base_heldout or 2
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-loop-"))
+    args.work = work
     _log(quiet, f"recipe {recipe.name}, work directory {work}")
     iterations: list[dict[str, Any]] = []
     try:
@@ -313,10 +388,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # 4. base model from scratch
         suite = load_suite("builtin")
-        corpus = protocol_corpus(
-            suite.instances(train_tasks, templates=templates),
-            [s.trajectory for s in sources],
-            prompt_style=style,
+        corpus = (
+            protocol_corpus(
+                suite.instances(train_tasks, templates=templates),
+                [s.trajectory for s in sources],
+                prompt_style=style,
+            )
+            if recipe.pretrained is None
+            else ""
         )
         heldout = suite.heldout_instances(heldout_n, templates=templates)
         eval_reserve = args.eval_reserve_s * len(heldout) + SAVE_RESERVE_S
@@ -342,10 +421,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             warmup_s = max(10.0, warm_share * training_left)
         settings = settings.model_copy(update={"copy_warmup_s": warmup_s})
         started = time.perf_counter()
-        base_id = prepare_base_model(
-            engine, store, work_dir=work / "base-build", corpus=corpus, settings=settings
-        )
-        base_dir = fetch_checkpoint(engine, store, base_id, work / "base-eval-model")
+        if recipe.pretrained is not None:
+            # The shipped base, converted once into $EPIFLOW_HOME/models (cached), copied
+            # so that registering it writes its training config here, not in the cache.
+            base_dir = work / "base-eval-model"
+            shutil.copytree(
+                prepare_pretrained(PRETRAINED[recipe.pretrained], home=epiflow_home()),
+                base_dir,
+            )
+            base_id = register_pretrained(engine, store, base_dir, settings=settings)
+        else:
+            base_id = prepare_base_model(
+                engine, store, work_dir=work / "base-build", corpus=corpus, settings=settings
+            )
+            base_dir = fetch_checkpoint(engine, store, base_id, work / "base-eval-model")
         base_build_s = time.perf_counter() - started
         warmup = get_checkpoint(engine, base_id).metrics.get("copy_warmup")
         _log(quiet, f"base model in {base_build_s:.1f}s (copy warm-up: {warmup_s})")
@@ -453,6 +542,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
             parent_id = outcome.checkpoint_id
+        bare_torch = None
+        if recipe.bare_torch_steps > 0 and result is not None:
+            bare_torch = _bare_torch(
+                base_dir,
+                [r["messages"] for r in snapshot_rows],
+                steps=recipe.bare_torch_steps,
+                settings=settings,
+                bf16=result.bf16,
+                threads=result.threads[0] if result.threads else 1,
+            )
+            _log(quiet, f"bare torch: {bare_torch}")
         total_s = time.perf_counter() - t0
 
         curve_points: list[dict[str, Any]] = []
@@ -480,6 +580,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "base_completion_rate": base_eval["completion_rate"],
         "trained_completion_rate": final["completion_rate"],
+        "per_template": {
+            name: {
+                "base": base_eval["by_template"].get(name),
+                "trained": final["by_template"].get(name),
+            }
+            for name in templates
+        },
         "trained_by_template": final["by_template"],
         "completion_by_iteration": [i["completion_rate"] for i in iterations],
         "recipe": recipe.name,
@@ -501,13 +608,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gate": {name: g[1] for name, g in gates.items()},
         "sft_rows": rows_per_run,
         "model": {
-            "hidden": settings.hidden_size,
-            "layers": settings.num_layers,
-            "heads": settings.num_heads,
+            "pretrained": recipe.pretrained,
+            "hidden": int(config_hf.hidden_size),
+            "layers": int(config_hf.num_hidden_layers),
+            "heads": int(config_hf.num_attention_heads),
             "vocab": int(config_hf.vocab_size),
             "params": n_params,
-            "architecture": settings.architecture,
-            "tokenizer_split": settings.tokenizer_split,
+            "architecture": config_hf.model_type,
+            "tokenizer_split": settings.tokenizer_split if recipe.pretrained is None else None,
             "prompt_style": style.value,
         },
         "lr": settings.sft_learning_rate,
@@ -517,6 +625,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trainer_s": round(result.runtime_s, 1),
         "tokens": result.tokens,
         "tokens_per_s": round(result.tokens_per_s, 1),
+        "bare_torch": bare_torch,
+        "trl_vs_bare_torch": round(result.tokens_per_s / bare_torch["tokens_per_s"], 3)
+        if bare_torch and bare_torch["tokens_per_s"]
+        else None,
+        "examples_trained": result.steps * settings.batch_size,
         "cpu_share": round(result.cpu_s / result.runtime_s, 2) if result.runtime_s else None,
         "threads": result.threads,
         "bf16": result.bf16,
@@ -540,7 +653,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "base_eval_s": base_eval["eval_s"],
         "max_new_tokens": args.max_new_tokens,
         "eval_max_steps": args.eval_max_steps,
+        "eval_policy": args.eval_policy,
+        "eval_max_parse_failures": args.eval_max_parse_failures,
         "trained_sample_first_turn": final["sample_first_turn"],
+    }
+
+
+def _bare_torch(
+    model_dir: Path,
+    chats: list[Any],
+    *,
+    steps: int,
+    settings: Any,
+    bf16: bool,
+    threads: int,
+) -> dict[str, Any]:
+    """Tokens/s of `bench/train.py`'s bare torch loop (forward, backward, clip, AdamW) on
+    the base model and the snapshot's own chats, at the trainer's batch size, precision
+    and first thread count, after one untimed step."""
+    from bench.train import tokenized, torch_loop
+    from training.trainers.common import load_tokenizer
+
+    started = time.perf_counter()
+    examples = tokenized(model_dir, chats[: settings.batch_size * (steps + 1)], settings.max_length)
+    pad_id = int(load_tokenizer(model_dir).pad_token_id)
+
+    def timed(n: int) -> float:
+        return torch_loop(
+            model_dir,
+            examples,
+            steps=n,
+            batch=settings.batch_size,
+            lr=settings.sft_learning_rate,
+            pad_id=pad_id,
+            bf16=bf16,
+            threads=threads,
+        )
+
+    timed(1)
+    tokens_per_s = timed(steps)
+    return {
+        "tokens_per_s": round(tokens_per_s, 1),
+        "steps": steps,
+        "threads": threads,
+        "load_avg": round(os.getloadavg()[0], 2),
+        "measure_s": round(time.perf_counter() - started, 1),
     }
 
 
@@ -590,7 +747,16 @@ def main() -> None:
     parser.add_argument("--verdicts", nargs="+", default=["keep", "downweight"])
     parser.add_argument("--heldout", type=int, default=None, help="held-out instances/template")
     parser.add_argument(
-        "--base-heldout", type=int, default=2, help="held-out instances/template for the base"
+        "--base-heldout",
+        type=int,
+        default=None,
+        help="held-out instances/template for the base (default: the recipe's, else 2)",
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=900.0,
+        help="one served turn's deadline (openai: evaluation; a loaded CPU server is slow)",
     )
     parser.add_argument("--budget-s", type=float, default=1200.0, help="whole-run time budget")
     parser.add_argument(
@@ -625,6 +791,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--max-steps", type=int, default=None, help="SFT steps (the recipe's)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--eval-max-steps", type=int, default=None)
@@ -634,6 +801,9 @@ def main() -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args()
+    # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
+    # a server the run started and remove the work directory.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
     with contextlib.redirect_stdout(sys.stderr):
         report = run(args)

@@ -4,7 +4,9 @@
                                  [--variants]
 
 The model shape, prompt style, batch size, sequence length, precision and thread policy
-are the recipe's (`training.recipes`, default `loop`: what `bench/loop.py` trains).
+are the recipe's (`training.recipes`, default `loop`: what `bench/loop.py` trains); a
+recipe with a pretrained base (`--recipe smollm2`) measures that model (SmolLM2-135M,
+converted once and cached) instead of building one.
 Conversations are oracle-style chats built from the built-in suite's reference solutions
 for the recipe's templates (system prompt in the recipe's style, task, each call, a short
 observation, the final answer); no sandbox is involved.
@@ -185,8 +187,10 @@ def flops_per_token(model_dir: Path, *, mean_length: float, trained_fraction: fl
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import polars as pl
 
+    from core.home import epiflow_home
     from suites.registry import load_suite
     from training.base_model import build_base_model, protocol_corpus
+    from training.pretrained import PRETRAINED, prepare_pretrained
     from training.recipes import get_recipe
     from training.threads import choose_threads
     from training.trainers import run_training
@@ -201,11 +205,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tasks = load_suite("builtin").instances(8, templates=recipe.templates)
-        base = build_base_model(
-            root / "base",
-            protocol_corpus(tasks, prompt_style=settings.prompt_style),
-            settings=settings,
-        )
+        if recipe.pretrained is not None:
+            # The recipe's pretrained base (SmolLM2 for `smollm2`), converted once, cached.
+            base = prepare_pretrained(PRETRAINED[recipe.pretrained], home=epiflow_home())
+        else:
+            base = build_base_model(
+                root / "base",
+                protocol_corpus(tasks, prompt_style=settings.prompt_style),
+                settings=settings,
+            )
         chats = conversations(args.examples, recipe.templates, settings.prompt_style)
         frame = pl.DataFrame({"messages": chats, "weight": [1.0] * len(chats)})
         examples = tokenized(base, chats, settings.max_length)
@@ -284,8 +292,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "variants_tokens_per_s": variants or None,
         "steps": args.steps,
         "batch": settings.batch_size,
-        "hidden": settings.hidden_size,
-        "layers": settings.num_layers,
+        "pretrained": recipe.pretrained,
+        "hidden": settings.hidden_size if recipe.pretrained is None else None,
+        "layers": settings.num_layers if recipe.pretrained is None else None,
         "prompt_style": settings.prompt_style.value,
         "examples": len(examples),
         "mean_tokens_per_example": round(mean_length, 1),

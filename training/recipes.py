@@ -14,7 +14,7 @@ so a recipe never hides a setting from the operator.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +53,24 @@ class Recipe(BaseModel):
     (`training.pretrain`); the rest is SFT."""
     settings: dict[str, Any] = Field(default_factory=dict)
     """`TrainingSettings` overrides."""
+    pretrained: str | None = None
+    """A pretrained base (`training.pretrained.PRETRAINED` name, e.g. `smollm2`) trained
+    from instead of a small model built from scratch (the shape settings then unused)."""
+    eval_policy: Literal["hf", "openai"] = "hf"
+    """How checkpoints are evaluated: the in-process `hf:` policy, or `openai:` against the
+    checkpoint served by `transformers serve` (`agent.serving`)."""
+    eval_concurrency: int = Field(default=2, ge=1)
+    """Evaluation episodes at a time (with `openai:`, the server batches their turns)."""
+    eval_max_parse_failures: int | None = Field(default=None, ge=1)
+    """Unparsable turns in a row that end an evaluation episode (None: `eval_max_steps`)."""
+    base_heldout: int | None = Field(default=None, ge=1)
+    """Held-out instances per template for the base model (None: `bench/loop.py`'s
+    `--base-heldout`)."""
+    serve_threads: int | None = Field(default=None, ge=1)
+    """The evaluation server's torch threads (`serve_checkpoint(torch_threads=…)`)."""
+    bare_torch_steps: int = Field(default=0, ge=0)
+    """Steps of the bare torch loop `bench/loop.py` times on the snapshot's own examples
+    after training (tokens/s against the trainer's on the same model; 0: none)."""
 
     def training_settings(self, base: TrainingSettings | None = None) -> TrainingSettings:
         """The recipe's settings over the defaults of `base` (default: `TrainingSettings()`,
@@ -90,6 +108,21 @@ _SMALL_MODEL: dict[str, Any] = {
     "logging_steps": 10,
 }
 
+SMOLLM2_TEMPLATES = [
+    "largest_files",
+    "jsonl_extract",
+    "dir_tree",
+    "checksums",
+    "rename_files",
+    "csv_to_json",
+]
+"""The smollm2 recipe's templates, with why each (docs/training.md, "The smollm2 recipe"):
+largest_files and jsonl_extract are solved by one program that is the same for every
+instance; dir_tree copies the paths of the prompt into one command; checksums runs one
+fixed command and writes the names it reports as failed; rename_files lists a folder and
+writes one `mv` per listed name; csv_to_json rewrites the file it read as JSON (the
+hardest of the six: every value is copied into another format)."""
+
 RECIPES: dict[str, Recipe] = {
     "loop": Recipe(
         name="loop",
@@ -123,6 +156,43 @@ RECIPES: dict[str, Recipe] = {
         # Steps, not seconds: the demo (and its test) must teach the same on a loaded
         # machine; at 180 s of SFT a fully loaded machine left too few steps to learn.
         settings={**_SMALL_MODEL, "max_steps": 200, "copy_warmup_steps": 160},
+    ),
+    "smollm2": Recipe(
+        name="smollm2",
+        summary=(
+            "bench/loop.py --recipe smollm2: SmolLM2-135M-Instruct fine-tuned on the loop's "
+            "own data, served and evaluated through openai: in under 30 minutes on 2 cores"
+        ),
+        templates=SMOLLM2_TEMPLATES,
+        oracle_tasks=30,
+        noisy_tasks=6,
+        heldout=4,
+        base_heldout=2,
+        eval_max_steps=5,
+        eval_max_new_tokens=256,
+        eval_max_parse_failures=2,
+        eval_concurrency=6,
+        pretrained="smollm2",
+        eval_policy="openai",
+        serve_threads=1,
+        bare_torch_steps=3,
+        # Steps and examples, not seconds. The compact prompt: ~90 SmolLM2 tokens against
+        # ~800 for the full one, so an example costs ~600 tokens instead of ~1,300 to train
+        # and each served turn prefills a seventh of the prompt; the openai: policy sends
+        # it with `prompt_style=compact`. Full fine-tune in bf16 autocast (no LoRA: peft
+        # is not a dependency, and the whole model is 134.5 M parameters).
+        settings={
+            "prompt_style": "compact",
+            "max_length": 1536,
+            "sft_learning_rate": 1e-4,
+            "lr_scheduler": "cosine",
+            "min_lr_ratio": 0.1,
+            "warmup_ratio": 0.05,
+            "batch_size": 4,
+            "max_steps": 45,
+            "epochs": 1.0,
+            "logging_steps": 5,
+        },
     ),
 }
 """The presets, by name."""

@@ -9,7 +9,8 @@ Spec strings (documented in docs/protocol.md, "Policies"):
     hf:<checkpoint dir>                     a local transformers checkpoint
 
 `openai:` query keys: temperature, max_tokens, native_tools (true/false), timeout
-(seconds per request), max_retries. `scripted:noisy` keys: the fields of `NoisyRates`.
+(seconds per request), max_retries, prompt_style (full/compact: the system prompt the
+endpoint's model is shown; `compact` for a checkpoint trained on it). `scripted:noisy` keys: the fields of `NoisyRates`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _OPENAI_KEYS = {
     "native_tools": "native_tools",
     "timeout": "request_timeout_s",
     "max_retries": "max_retries",
+    "prompt_style": "prompt_style",
 }
 
 

@@ -9,6 +9,8 @@ retries is an `EndpointError`: the loop ends the episode as `endpoint_error`, an
 infrastructure outcome. What the endpoint refuses on purpose (400, 413, 422: the history
 outgrew the context) and answers over the body cap are `PolicyError`s: `policy_error`.
 Token usage, latency, the retry count and the answering model go on the step.
+The system prompt is the full one unless `PolicySettings.prompt_style` (spec key
+`prompt_style`) says the served checkpoint was trained on the compact one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -30,7 +33,9 @@ from agent.errors import (
     PolicyResponseError,
 )
 from agent.policies.base import Policy, PolicyRequest, PolicyResponse
+from agent.prompt import render_system_prompt
 from agent.settings import PolicySettings
+from sandbox.tool_specs import ToolSpec
 
 __all__ = ["OpenAIPolicy", "probe_endpoint"]
 
@@ -242,6 +247,11 @@ class OpenAIPolicy(Policy):
                 delay *= 2
         assert last is not None
         raise last
+
+    def system_prompt(self, tools: Iterable[ToolSpec]) -> str:
+        """The prompt in `settings.prompt_style` (`full` unless the endpoint serves a
+        checkpoint trained on the compact prompt)."""
+        return render_system_prompt(tools, self.settings.prompt_style)
 
     async def respond(self, request: PolicyRequest) -> PolicyResponse:
         started = time.perf_counter()

@@ -11,6 +11,7 @@ from pydantic import SecretStr
 from agent.errors import PolicyError, PolicyHTTPError, PolicyResponseError, PolicyTimeout
 from agent.loop import run_episode
 from agent.policies import OpenAIPolicy, PolicyRequest, make_policy
+from agent.prompt import PromptStyle, render_system_prompt
 from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind
@@ -150,7 +151,10 @@ def test_oversized_body_is_refused(task) -> None:
 
 def run_with(server, task, spec, settings=None, policy_settings=FAST):
     policy = make_policy(f"openai:{server.base_url}#loop-model", settings=policy_settings)
+    return run_with_policy(policy, task, spec, settings)
 
+
+def run_with_policy(policy, task, spec, settings=None):
     async def go():
         try:
             return await run_episode(
@@ -183,6 +187,19 @@ def test_episode_through_the_endpoint_succeeds(task, spec) -> None:
     assert server.requests[1]["messages"][3]["content"].startswith(
         '<tool_result id="c1" name="list_dir"'
     )
+
+
+def test_the_compact_prompt_is_sent_when_the_spec_asks(task, spec) -> None:
+    # A checkpoint trained on the compact prompt, served: the remote policy cannot read its
+    # training config, the spec says the style.
+    compact = render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.COMPACT)
+    with ChatServer([reply(t) for t in oracle_texts(task)]) as server:
+        policy = make_policy(f"openai:{server.base_url}#m?prompt_style=compact")
+        traj = run_with_policy(policy, task, spec)
+    assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
+    assert all(r["messages"][0]["content"] == compact for r in server.requests)
+    full = make_policy("openai:http://127.0.0.1:1/v1#m").system_prompt(BUILTIN_TOOLS.values())
+    assert full == render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.FULL)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,14 @@ def test_metrics_of_hand_built_episodes():
     assert m.tool_failure_rate == 0.5  # the failed cat and the garbage turn
     assert evaluation_metrics([]).n_episodes == 0
     assert compare_metrics(m, None) == {}
+    # An endpoint that failed is not the agent's failure: counted apart, in no rate.
+    lost = episode(task=3, success=False, steps=[call_step(0, "ls")]).model_copy(
+        update={"status": EpisodeStatus.ENDPOINT_ERROR}
+    )
+    with_lost = evaluation_metrics([ok, bad, lost])
+    assert (with_lost.completion_rate, with_lost.n_episodes) == (0.5, 2)
+    assert with_lost.n_infrastructure == 1
+    assert with_lost.avg_steps == m.avg_steps
     assert compare_metrics(m, m) == {
         "completion_rate": 0.0,
         "avg_steps": 0.0,

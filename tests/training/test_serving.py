@@ -91,3 +91,47 @@ def test_the_server_command_sizes_continuous_batching_for_the_job(tmp_path: Path
     assert "--cb-max-batch-tokens" not in serve_command(tmp_path, port=8123)  # its default
     plain = serve_command(tmp_path, port=8123, continuous_batching=False)
     assert not any(arg.startswith(("--continuous", "--cb-")) for arg in plain)
+
+
+def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
+    tiny_base_model: Path, tmp_path: Path
+) -> None:
+    """`bench/loop.py --recipe smollm2`'s evaluation path on one held-out episode: the
+    checkpoint served with one torch thread, `openai:` with the compact prompt it was
+    trained on, `run_policy_episodes` in a real sandbox, the rates of `evaluation_metrics`."""
+    from agent.policies import make_policy
+    from agent.prompt import PromptStyle, render_system_prompt
+    from sandbox.tool_specs import BUILTIN_TOOLS
+    from suites.registry import load_suite
+    from training.evaluation import evaluation_metrics, run_policy_episodes
+    from training.trainers.common import load_tokenizer
+
+    tasks = load_suite("builtin").heldout_instances(1, templates=["dir_tree"])
+    with serve_checkpoint(
+        tiny_base_model, log_path=tmp_path / "serve.log", torch_threads=1
+    ) as served:
+        policy = make_policy(
+            f"{served.policy_spec}?max_tokens=8&prompt_style=compact",
+            settings=PolicySettings(request_timeout_s=300),
+        )
+        trajectories = asyncio.run(
+            run_policy_episodes(
+                policy, tasks, run_key="served-eval", max_steps=2, max_parse_failures=1
+            )
+        )
+    metrics = evaluation_metrics(trajectories, tasks)
+    assert (metrics.n_episodes, metrics.n_infrastructure) == (1, 0)
+    assert metrics.completion_rate == 0.0  # untrained: the agent's failure, not the server's
+    (first, *_) = trajectories[0].steps
+    # The server was shown the compact prompt: its prompt token count is that chat's.
+    chat = [
+        {
+            "role": "system",
+            "content": render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.COMPACT),
+        },
+        {"role": "user", "content": tasks[0].prompt},
+    ]
+    prompt_ids = load_tokenizer(tiny_base_model).apply_chat_template(
+        chat, add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    assert first.prompt_tokens == len(prompt_ids)

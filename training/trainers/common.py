@@ -135,12 +135,19 @@ def _from_local(auto_class: str, what: str, path: Path) -> Any:
 
 
 def load_tokenizer(path: Path) -> Any:
-    """The tokenizer of a local HF directory.
+    """The tokenizer of a local HF directory, its chat template replaced by the training
+    twin when `training.chat_templates` has one (same rendering, `{% generation %}` marks).
 
     Raises:
         TrainerError: the directory has no loadable tokenizer.
     """
-    return _from_local("AutoTokenizer", "tokenizer", path)
+    from training.chat_templates import training_twin
+
+    tokenizer = _from_local("AutoTokenizer", "tokenizer", path)
+    twin = training_twin(getattr(tokenizer, "chat_template", None))
+    if twin is not None:
+        tokenizer.chat_template = twin
+    return tokenizer
 
 
 def load_model(path: Path) -> Any:
