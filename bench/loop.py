@@ -671,7 +671,9 @@ def _bare_torch(
     """Tokens/s of `bench/train.py`'s bare torch loop (forward, backward, clip, AdamW) on
     the base model and the snapshot's own chats, at the trainer's batch size, precision
     and first thread count, after one untimed step."""
-    from bench.train import tokenized, torch_loop
+    # bench/train.py: this script's folder is sys.path[0] (as mypy maps bench/: no package)
+    from train import tokenized, torch_loop
+
     from training.trainers.common import load_tokenizer
 
     started = time.perf_counter()

@@ -196,7 +196,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-peer-"))
     try:
-        result, epiflow_s, trajectories = collect_timed(
+        result, epiflow_s, _cpu_s, trajectories = collect_timed(
             work, tasks=args.tasks, concurrency=args.concurrency
         )
         from config.settings import load_settings
