@@ -62,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -806,6 +807,12 @@ def main() -> None:
     # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
     # a server the run started and remove the work directory.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if not args.quiet:
+        # The trainer's and the evaluation's progress lines (`core.progress`, INFO on the
+        # `training.progress` logger, every 20 s) on stderr: SFT is minutes to an hour here.
+        progress = logging.getLogger("training.progress")
+        progress.setLevel(logging.INFO)
+        progress.addHandler(logging.StreamHandler(sys.stderr))
     # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
     with contextlib.redirect_stdout(sys.stderr):
         report = run(args)
