@@ -9,11 +9,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,43 +22,13 @@ from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
-
-EPIFLOW = str(Path(sys.executable).parent / "epiflow")
-CGROUP_PARENTS = [Path("/sys/fs/cgroup/memory/NSJAIL"), Path("/sys/fs/cgroup/pids/NSJAIL")]
-
-
-def jail_processes(marker: str) -> list[int]:
-    """Host processes whose command line mentions this test's sandbox state dir."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
-def cgroups() -> set[str]:
-    return {
-        p.name
-        for parent in CGROUP_PARENTS
-        if parent.is_dir()
-        for p in parent.iterdir()
-        if p.is_dir()
-    }
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
+from tests.cli.local import (
+    EPIFLOW,
+    cgroups,
+    private_cgroup_parent,
+    processes_mentioning,
+    wait_until,
+)
 
 
 @pytest.mark.slow
@@ -70,19 +37,23 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, prefect_api_url: str) -> No
     # directories (pytest's tmp root is 0700).
     state_dir = Path(tempfile.mkdtemp(prefix="epiflow-resume-state-"))
     state_dir.chmod(0o755)
+    # A cgroup parent of its own: under pytest-xdist the other worker's jails come and go
+    # under the shared one while this test checks that the killed run left none behind.
     try:
-        _scenario(tmp_path, state_dir, prefect_api_url)
+        with private_cgroup_parent() as cgroup_parent:
+            _scenario(tmp_path, state_dir, prefect_api_url, cgroup_parent)
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
+def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str, cgroup_parent: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
     env.update(
         EPIFLOW_DATABASE_URL=f"sqlite:///{tmp_path / 'resume.db'}",
         EPIFLOW_OBJECTS_URL=str(tmp_path / "objects"),
         EPIFLOW_PREFECT_API_URL=prefect_api_url,
         EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
+        EPIFLOW_SANDBOX_CGROUP_PARENT=cgroup_parent,
     )
     # Injected latency (1-2 s on 30% of calls) keeps jails busy long enough to kill mid-run.
     faults = json.dumps({"latency_p": 0.3})
@@ -108,7 +79,6 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
         == 0
     )
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    cgroups_before = cgroups()
 
     def stored() -> int:
         with engine.connect() as conn:
@@ -127,7 +97,7 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
             assert landed and victim.poll() is None, (
                 "collector ended or stalled early:\n" + log.read_text()[-3000:]
             )
-            assert wait_until(lambda: bool(jail_processes(str(state_dir))), timeout=30), (
+            assert wait_until(lambda: bool(processes_mentioning(str(state_dir))), timeout=30), (
                 "no jail was running"
             )
         finally:
@@ -138,10 +108,10 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
     assert 16 <= before < planned
 
     # The killed collector's jails notice their closed pipe and go away by themselves.
-    assert wait_until(lambda: not jail_processes(str(state_dir)), timeout=30), jail_processes(
-        str(state_dir)
+    assert wait_until(lambda: not processes_mentioning(str(state_dir)), timeout=30), (
+        processes_mentioning(str(state_dir))
     )
-    assert wait_until(lambda: cgroups() <= cgroups_before, timeout=30), cgroups() - cgroups_before
+    assert wait_until(lambda: not cgroups(cgroup_parent), timeout=30), cgroups(cgroup_parent)
 
     rerun = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
@@ -169,8 +139,8 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str) -> None:
         uuid.UUID(k.split("/")[2]) in set(ids) and k.endswith("trajectory.json") for k in orphans
     )
 
-    assert not jail_processes(str(state_dir))
-    assert cgroups() <= cgroups_before
+    assert not processes_mentioning(str(state_dir))
+    assert not cgroups(cgroup_parent)
     leftovers = [p.name for p in state_dir.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # only the shared executor and /etc remain, no per-run temp files
     engine.dispose()
