@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.trajectory import EpisodeStatus
+from core.errors import reason_line
 
 __all__ = ["EndpointOutage"]
 
@@ -46,7 +47,7 @@ class EndpointOutage:
 
     def message(self, run_key: str) -> str:
         """One line for the log: what happened and what to do."""
-        why = (self.last_reason or "").strip().splitlines()[0][:200] if self.last_reason else ""
+        why = reason_line(self.last_reason or "")
         return (
             f"run {run_key}: the model endpoint failed {self.limit} episodes in a row"
             + (f" ({why})" if why else "")

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, cast
 
-from core.errors import EpiflowError
+from core.errors import EpiflowError, reason_line
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -88,7 +88,7 @@ def main() -> None:
         if _is_instance(e, "pydantic_core", "ValidationError"):
             sys.exit(report_line(validation_line(cast("ValidationError", e))))
         if _is_instance(e, "sqlalchemy.exc", "OperationalError"):
-            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+            reason = reason_line(str(getattr(e, "orig", None) or e), 300)
             sys.exit(
                 report_line(
                     f"the database refused a statement: {reason} (check EPIFLOW_DATABASE_URL)"

@@ -17,6 +17,7 @@ import typer
 
 from cli.stores import load_settings, stores
 from cli.terminal import TerminalConsole, console_logs_without_tracebacks
+from core.errors import reason_line
 
 if TYPE_CHECKING:
     from cli.interrupts import Interrupted
@@ -206,9 +207,9 @@ def _database_lost(error: BaseException) -> str | None:
         seen.add(id(cause))
         if isinstance(cause, OperationalError | InterfaceError):
             text = str(cause.orig or cause).strip()
-            return (text.splitlines()[0] if text else type(cause).__name__)[:200]
+            return reason_line(text) if text else type(cause).__name__
         if isinstance(cause, DatabaseUnavailable):
-            return cause.user_message()[:200]
+            return reason_line(cause.user_message())
         cause = cause.__cause__ or cause.__context__
     return None
 
@@ -343,7 +344,7 @@ def _cancel_flow_run(flow_run_id: str, message: str) -> str:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
     except Exception as e:  # the run is saved either way; say why the state is stale
-        return f"not marked Cancelled ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        return f"not marked Cancelled ({type(e).__name__}: {reason_line(str(e), 120)})"
     return "marked Cancelled"
 
 

@@ -56,3 +56,16 @@ class EpiflowError(Exception):
         if self.setting and self.setting not in text:
             text = f"{text} (check {self.setting})"
         return text
+
+
+def reason_line(text: str, limit: int = 200) -> str:
+    """The first line of `text`, at most `limit` characters: a reason for one line of
+    output or one column. A longer line keeps its start (what failed) and its end (the
+    cause, e.g. `: No space left on device`) around an ellipsis: a cut at the limit
+    would drop the cause whenever a long path came before it."""
+    stripped = text.strip()
+    line = stripped.splitlines()[0].strip() if stripped else ""
+    if len(line) <= limit:
+        return line
+    head = (limit - 1) // 2
+    return f"{line[:head]}…{line[len(line) - (limit - 1 - head) :]}"

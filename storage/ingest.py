@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import col
 
 from agent.trajectory import Trajectory
+from core.errors import reason_line
 from models import Artifact, CollectionRun, Episode, Policy, Step, Task
 from models.artifact import ArtifactKind
 from storage.errors import IngestError
@@ -168,7 +169,7 @@ def ingest_episodes(engine: Engine, bundles: Sequence[EpisodeBundle]) -> IngestR
 
 def _first_line(e: Exception) -> str:
     text = str(getattr(e, "orig", None) or e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
+    return reason_line(text, 300) if text.strip() else type(e).__name__
 
 
 def _trajectory_key(b: EpisodeBundle) -> str | None:

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
 from agent.atif_links import DocumentIdentity, DocumentLinks, LinkKind, LinkRef, resolve
+from core.errors import reason_line
 from models import AtifDocument, Episode, EpisodeLink
 from storage.errors import IngestError
 from storage.sanitize import clean_json, clean_text
@@ -149,7 +150,7 @@ def record_links(engine: Engine, documents: Sequence[DocumentLinks]) -> LinkRepo
     except DBAPIError as e:
         raise IngestError(
             f"recording the links of {len(documents)} document(s) failed, nothing was "
-            f"committed (import the file again): {str(e.orig or e).splitlines()[0][:300]}"
+            f"committed (import the file again): {reason_line(str(e.orig or e), 300)}"
         ) from e
     return report
 

@@ -35,6 +35,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from core.errors import reason_line
 from storage.db import SETTING as DATABASE_SETTING
 from storage.db import make_engine
 from storage.errors import DatabaseUnavailable, RunKeyBusy
@@ -140,7 +141,7 @@ def _acquire_postgres(settings: DatabaseSettings, name: str, stack: contextlib.E
         label = (APPLICATION_PREFIX + f"{name} ({_holder()})")[:63]
         conn.execute(text("SELECT set_config('application_name', :n, false)"), {"n": label})
     except DBAPIError as e:
-        reason = str(e.orig or e).strip().splitlines()[0][:300]
+        reason = reason_line(str(e.orig or e), 300)
         raise DatabaseUnavailable(
             f"cannot take the lock of run key {name!r} in {settings.redacted_url()}: {reason}",
             setting=DATABASE_SETTING,

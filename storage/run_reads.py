@@ -47,6 +47,7 @@ from sqlmodel import Session, col
 from sqlmodel import select as select_entity
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
+from core.errors import reason_line
 from models import CollectionRun, Episode, Judgement, QcResult, QcRun, Step, run_id_for
 from models.columns import UTCDateTime
 from models.step import tool_failed
@@ -175,7 +176,7 @@ def rerun_needed(engine: Engine, run_id: uuid.UUID) -> dict[str, RerunNeeded]:
         entry.count += int(n)
         if int(n) > top.get(str(status), 0):
             top[str(status)] = int(n)
-            entry.reason = (reason or "").strip().splitlines()[0][:200] if reason else None
+            entry.reason = reason_line(reason) if reason else None
     return out
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES
+from core.errors import reason_line
 from models import Artifact, CollectionRun, Episode, Step, run_id_for
 from storage.db import SETTING as DATABASE_SETTING
 from storage.errors import DatabaseUnavailable
@@ -121,7 +122,7 @@ def check_writable(engine: Engine) -> None:
         with engine.begin() as conn:
             conn.execute(update(CollectionRun).where(false()).values(status=CollectionRun.status))
     except DBAPIError as e:
-        reason = str(e.orig or e).strip().splitlines()[0][:300]
+        reason = reason_line(str(e.orig or e), 300)
         where = engine.url.render_as_string(hide_password=True)
         raise DatabaseUnavailable(
             f"the database {where} does not take writes: {reason}", setting=DATABASE_SETTING
