@@ -39,6 +39,42 @@ def processes_in_namespace(ns: str) -> list[int]:
     return found
 
 
+def _parent_and_name(pid: int) -> tuple[int, str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = stat[stat.find("(") + 1 : stat.rfind(")")]
+    return int(stat[stat.rfind(")") + 2 :].split()[1]), name
+
+
+def in_another_process_jail(pid: int) -> bool:
+    """Whether `pid` runs under a live nsjail that is not this process's descendant.
+
+    A PID namespace's name is an inode number the kernel reuses once the namespace is
+    gone: after a test's jail ended, a jail another process (the other pytest-xdist
+    worker, a collection beside the suite) starts can get the same name. Such a process
+    is that nsjail's descendant and not this process's; a survivor of this process's
+    jail is either still under its nsjail (a descendant of this process) or, orphaned,
+    under no nsjail at all."""
+    me, seen, under_nsjail = os.getpid(), set(), False
+    current = _parent_and_name(pid)
+    while current is not None and current[0] > 1 and current[0] not in seen:
+        parent = current[0]
+        if parent == me:
+            return False
+        seen.add(parent)
+        current = _parent_and_name(parent)
+        under_nsjail = under_nsjail or (current is not None and current[1] == "nsjail")
+    return under_nsjail
+
+
+def survivors_of(ns: str) -> list[int]:
+    """Processes of this process's ended jail `ns` still on the host (see
+    `in_another_process_jail` for why the namespace's name alone does not tell)."""
+    return [pid for pid in processes_in_namespace(ns) if not in_another_process_jail(pid)]
+
+
 def jail_cgroups(pids: list[int]) -> list[Path]:
     """cgroups nsjail made for these pids (it names them NSJAIL.<pid>) that still exist."""
     found = []
@@ -113,7 +149,7 @@ def jails(sandbox_settings: SandboxSettings) -> Iterator[Jails]:
     tracker = Jails(sandbox_settings)
     yield tracker
     for ns in tracker.namespaces:
-        assert processes_in_namespace(ns) == [], f"processes of jail {ns} survived"
+        assert survivors_of(ns) == [], f"processes of jail {ns} survived"
     for pid in tracker.nsjail_pids:
         assert not Path(f"/proc/{pid}").exists(), f"nsjail {pid} survived"
     assert jail_cgroups(tracker.nsjail_pids + tracker.executor_pids) == [], (
