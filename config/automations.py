@@ -7,9 +7,14 @@ How a crashed run is seen and recovered:
 1. Every flow run sends a heartbeat event (`prefect.flow-run.heartbeat`) every
    PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds (`EPIFLOW_PREFECT_HEARTBEAT_S`, default 60,
    for runs epiflow starts; the worker image sets it for workers).
-2. `ZOMBIE`: a flow run that sent a heartbeat and then, for `zombie_after_s`, neither
-   another heartbeat nor a state that ends or pauses its process, is marked **Crashed**
-   (its process died: SIGKILL, out of memory, a machine or pod lost).
+2. `ZOMBIE`: a flow run that sent a heartbeat, or went Pending or Running, and then, for
+   `zombie_after_s`, neither sent another heartbeat, nor started, nor reached a state
+   that ends or pauses its process, is marked **Crashed** (its process died: SIGKILL, out
+   of memory, a machine or pod lost). Pending counts: a worker that dies between taking a
+   run (Pending) and its process's first heartbeat leaves no heartbeat to miss, and the
+   run would stay Pending forever (a sharded run's parent waiting on it with it). A
+   worker whose runs take longer than `zombie_after_s` to start (an image pull) needs a
+   longer `zombie_after_s`.
 3. `STUCK_CANCEL`: a cancellation no process confirms within `zombie_after_s` (the
    process that would have confirmed it is gone) is marked **Cancelled**.
 4. `RECOVER`: a flow run tagged `epiflow-recover` (the nightly deployments) that turns
@@ -58,6 +63,9 @@ _FINAL = ("Completed", "Failed", "Cancelled", "Crashed")
 # States in which a live flow run stops sending heartbeats: the end, a cancellation in
 # progress, a retry's wait, a pause.
 _QUIET = (*_FINAL, "Cancelling", "AwaitingRetry", "Paused", "Suspended")
+# States that start the silence the zombie automation watches: taken by a worker or
+# runner (its process is about to start) and started (its first heartbeat is due).
+_STARTING = ("Pending", "Running")
 # States of a flow run that is no longer waiting to start.
 _STARTED = (*_FINAL, "Pending", "Running", "Cancelling")
 
@@ -105,12 +113,13 @@ def automations(settings: PrefectSettings, notify_block: UUID | None) -> list[An
         AutomationCore(
             name=ZOMBIE,
             description=(
-                "A flow run that sent a heartbeat and then stayed silent for "
-                f"{settings.zombie_after_s:g} s lost its process: mark it Crashed."
+                "A flow run that sent a heartbeat, or went Pending or Running, and then "
+                f"stayed silent for {settings.zombie_after_s:g} s lost its process: mark it "
+                "Crashed."
             ),
             trigger=EventTrigger(
-                after={"prefect.flow-run.heartbeat"},
-                expect={"prefect.flow-run.heartbeat"} | _flow_run_events(*_QUIET),
+                after={"prefect.flow-run.heartbeat"} | _flow_run_events(*_STARTING),
+                expect={"prefect.flow-run.heartbeat"} | _flow_run_events("Running", *_QUIET),
                 match=every_flow_run,
                 for_each={"prefect.resource.id"},
                 posture=Posture.Proactive,
@@ -122,7 +131,7 @@ def automations(settings: PrefectSettings, notify_block: UUID | None) -> list[An
                     state=StateType.CRASHED,
                     message=(
                         f"no heartbeat for {settings.zombie_after_s:g} s: the process running "
-                        "this flow run died (killed, out of memory, machine lost)"
+                        "(or starting) this flow run died (killed, out of memory, machine lost)"
                     ),
                 )
             ],

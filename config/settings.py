@@ -91,8 +91,9 @@ class PrefectSettings(BaseSettings):
         default=600.0,
         ge=60,
         description=(
-            "A flow run silent this long after a heartbeat (its process died: killed, out of "
-            "memory, machine lost) is marked Crashed, and a cancellation nobody confirms in "
+            "A flow run silent this long after a heartbeat, or after it went Pending or "
+            "Running (its process died: killed, out of memory, machine lost, or never "
+            "started), is marked Crashed, and a cancellation nobody confirms in "
             "this time is marked Cancelled; at least twice the heartbeat period of every "
             "worker (env EPIFLOW_PREFECT_ZOMBIE_AFTER_S; applied by `epiflow prefect setup`)."
         ),

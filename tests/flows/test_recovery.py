@@ -186,6 +186,34 @@ def test_serve_sets_up_the_automations(served: Served) -> None:
     assert zombie["trigger"]["within"] == ZOMBIE_AFTER_S
 
 
+def test_a_run_whose_worker_died_before_its_first_heartbeat_is_crashed(served: Served) -> None:
+    """A worker took a run (Pending) and died before its process started; another run
+    went Running and its process died before its first heartbeat. Neither sent a heartbeat
+    to miss: the silence counts from Pending and Running, so both are marked Crashed
+    instead of waiting forever (a sharded run's parent waits on such a run)."""
+    api = served.api
+    flow = api.post("/flows/", {"name": "epiflow-worker-died-early"})
+    runs = []
+    for states in (["PENDING"], ["PENDING", "RUNNING"]):
+        run = api.post(
+            "/flow_runs/",
+            {
+                "flow_id": flow["id"],
+                "name": "-".join(states).lower(),
+                "state": {"type": "SCHEDULED"},
+            },
+        )
+        for state in states:
+            taken = api.post(f"/flow_runs/{run['id']}/set_state", {"state": {"type": state}})
+            assert taken["status"] == "ACCEPT", taken
+        runs.append(run["id"])
+    for run_id in runs:
+        ended = _wait_final(api, run_id, ZOMBIE_AFTER_S + 180)
+        assert ended["state_type"] == "CRASHED", (ended["state"], _automation_trail(api))
+        assert "no heartbeat" in ended["state"]["message"], ended["state"]
+        api.call("DELETE", f"/flow_runs/{run_id}")
+
+
 def _logs(api: Api, run_id: str) -> list[dict[str, Any]]:
     return list(
         api.post(

@@ -4,7 +4,8 @@ A collection split into shard flow runs of the `collect-shard/shard-process` dep
 (deployed from `prefect.yaml`, from a directory of its own) on a process work pool, two
 workers that each have their own PREFECT_HOME, home, working, temporary and epiflow home
 directory, as two machines would. One worker is killed mid-shard with SIGKILL (itself and
-every process below it). The heartbeat automation marks its shard Crashed, the parent
+every process below it). The heartbeat automation marks its shard Crashed (also when its
+process was killed before its first heartbeat: the silence counts from Pending), the parent
 starts the shard again, the other worker resumes it, and the run completes with the right
 totals read from SQL: every episode exactly once, every object in S3, nothing orphaned,
 and no Prefect result file written on any worker. Real Prefect server, workers, nsjail.
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from storage import migrate
 from storage.db import make_engine
@@ -39,6 +40,21 @@ POOL = "epiflow-process"
 HEARTBEAT_S = 30
 ZOMBIE_AFTER_S = 75
 PLANNED = 8  # 4 templates x 1 task x 2 rollouts, 4 per shard
+# Its own deadlines, inside pytest-timeout's 600 s so that a hang fails with the shards'
+# states, the automations' trail and the logs instead of a stack of `poll()`. Measured:
+# 151 s in all (under pytest-xdist, load 2.3), the kill-to-end part ~2 min (75 s of
+# silence, the automation, the shard's second run).
+BUSY_WITHIN_S = 200
+END_WITHIN_S = 300
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[Engine]:
+    """The test's engine, disposed whatever happens (an open connection left to the
+    garbage collector warns in the next test on this worker)."""
+    made = make_engine(DatabaseSettings(url=pg_url))
+    yield made
+    made.dispose()
 
 
 @pytest.fixture
@@ -78,10 +94,10 @@ def machine_env(server: PrefectServer, root: Path, shared: dict[str, str]) -> di
 def test_isolated_workers_survive_a_killed_worker(
     prefect_server: PrefectServer,
     pg_url: str,
+    engine: Engine,
     s3_settings: ObjectStoreSettings,
     machines: list[Path],
 ) -> None:
-    engine = make_engine(DatabaseSettings(url=pg_url))
     migrate.upgrade(engine)
     assert s3_settings.access_key and s3_settings.secret_key
     shared = {
@@ -180,13 +196,19 @@ def test_isolated_workers_survive_a_killed_worker(
         return all(len(descendants(w.pid)) > 1 for w in workers) and stored() >= 2
 
     try:
-        wait_for("both workers mid-shard", both_busy, 600, every=0.5)
+        wait_for("both workers mid-shard", both_busy, BUSY_WITHIN_S, every=0.5)
         killed = workers[0]
         kill_tree(killed.pid)
         killed.wait()
         before = stored()
         assert before < PLANNED, "the shards finished before a worker could be killed"
-        out, err = collect.communicate(timeout=900)
+        try:
+            out, err = collect.communicate(timeout=END_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the sharded run did not end {END_WITHIN_S} s after the kill: "
+                + _hang_report(api, workers_roots)
+            ) from None
     finally:
         if collect.poll() is None:
             collect.kill()
@@ -227,4 +249,19 @@ def test_isolated_workers_survive_a_killed_worker(
     for root in workers_roots:
         results = [p for p in (root / "prefect").rglob("*") if "storage" in p.parts and p.is_file()]
         assert results == [], results
-    engine.dispose()
+
+
+def _hang_report(api: Api, workers_roots: list[Path]) -> str:
+    """The shards' state histories, what the automations did, the workers' log tails."""
+    shards = api.post("/flow_runs/filter", {"flows": {"name": {"any_": ["collect-shard"]}}})
+    histories = {r["name"]: api.states(r["id"]) for r in shards}
+    events = api.post(
+        "/events/filter",
+        {"filter": {"event": {"prefix": ["prefect.automation."]}}, "limit": 20},
+    )["events"]
+    trail = [f"{e['event']} {e['resource'].get('prefect.resource.name')}" for e in events]
+    logs = "\n".join(
+        f"--- {root.name}:\n" + (root / "worker.log").read_text(errors="replace")[-1500:]
+        for root in workers_roots
+    )
+    return f"shards {histories}; automations {trail}\n{logs}"
