@@ -293,3 +293,22 @@ async def ensure_automations(settings: PrefectSettings) -> SetupReport:
                     await client.delete_automation(stale.id)
                     report.deleted.append(name)
     return report
+
+
+async def crash_detection_gap() -> str | None:
+    """Why a flow run whose process dies would never be marked Crashed in the Prefect API
+    this process points at: `ZOMBIE` not set up, disabled, or set up by an older epiflow
+    (its silence counted only after a heartbeat). None when it would be."""
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        found = [a for a in await client.read_automations_by_name(ZOMBIE) if a.enabled]
+    if not found:
+        return f"the automation {ZOMBIE!r} is not set up (or disabled) in this Prefect API"
+    starting = _flow_run_events(*_STARTING)
+    if not any(starting <= set(getattr(a.trigger, "after", ())) for a in found):
+        return (
+            f"the automation {ZOMBIE!r} was set up by an older epiflow (a run killed before "
+            "its first heartbeat is never marked Crashed)"
+        )
+    return None

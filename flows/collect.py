@@ -47,6 +47,7 @@ from collection.lifecycle import Collection, RunEnding, open_collection, plan_re
 from collection.plan import Plan, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import PersistedGroup, run_episodes
+from config.automations import crash_detection_gap
 from config.retries import fail_once, retry_unless_deterministic
 from config.settings import Settings, load_settings
 from flows import artifact_key, link_objects, route_library_logs
@@ -402,13 +403,22 @@ async def collect_episodes(
 async def fan_out(collection: Collection, *, shards: int, deployment: str) -> CollectResult:
     """Run the collection as `shards` flow runs of `deployment` and wait for them all; a
     shard that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL,
-    never from the shards' Prefect results, which stay on their workers.
+    never from the shards' Prefect results, which stay on their workers. Without the zombie
+    automation (`config.automations.crash_detection_gap`) a lost worker's shard is never
+    seen as crashed: the run warns at its start.
 
     Raises:
         CollectError: a shard did not complete in `SHARD_ATTEMPTS` flow runs.
     """
     started = time.monotonic()
     request = collection.request
+    if gap := await crash_detection_gap():
+        get_run_logger().warning(
+            "run %s: %s: a shard whose worker is lost would leave this run waiting; "
+            "run `epiflow prefect setup` against this Prefect API",
+            request.run_key,
+            gap,
+        )
     await asyncio.to_thread(collection.start)
     episodes_before, steps_before = await asyncio.to_thread(collection.stored_totals)
     # A failure or a cancellation here is recorded when the collection closes.

@@ -18,6 +18,7 @@ from collection.errors import CollectError, RequestError
 from config.retries import is_deterministic, quiet_deterministic_tracebacks
 from core.errors import EpiflowError
 from storage.objects import LocalObjectStore
+from tests.services.prefect_api import wait_for
 
 
 def _history(flow_run_id: Any) -> tuple[Any, list[str]]:
@@ -28,6 +29,20 @@ def _history(flow_run_id: Any) -> tuple[Any, list[str]]:
             run = await client.read_flow_run(flow_run_id)
             states = await client.read_flow_run_states(flow_run_id)
             return run, [s.name or "" for s in sorted(states, key=lambda s: s.timestamp)]
+
+    return asyncio.run(read())
+
+
+def _log_messages(flow_run_id: Any) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            found = await client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            )
+            return [log.message for log in found]
 
     return asyncio.run(read())
 
@@ -73,6 +88,13 @@ def test_a_failure_that_may_pass_is_retried(
     run, history = _history(state.state_details.flow_run_id)
     assert run.run_count == 3, history  # the first attempt and both retries
     assert history.count("AwaitingRetry") == 2
+    # The harness has no automations: the parent says a lost worker's shard would hang it.
+    warned = wait_for(
+        "the crash-detection warning in the run's logs",
+        lambda: [m for m in _log_messages(run.id) if "epiflow prefect setup" in m] or None,
+        60,
+    )
+    assert "not set up" in warned[0] and "shard whose worker is lost" in warned[0], warned
 
 
 def test_deterministic_means_the_input() -> None:
