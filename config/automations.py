@@ -24,8 +24,8 @@ How a crashed run is seen and recovered:
    crashed process, so nothing blocks it. A run started more often than its retries allow
    ends Failed instead (`flows.collect`), so a run that crashes every time stops.
 5. `NOTIFY` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` (the nightly
-   deployments, and the train and evaluate deployments and the evaluation a training
-   runs) that ends Failed or Crashed is announced with a JSON POST to the webhook,
+   and shard deployments, and the train and evaluate deployments and the evaluation a
+   training runs) that ends Failed or Crashed is announced with a JSON POST to the webhook,
    through the `epiflow-notify` Custom Webhook block.
 6. `LATE` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` that Prefect
    marked Late (still Scheduled 15 s after its time) and that has not started
@@ -209,8 +209,9 @@ def automations(settings: PrefectSettings, notify_block: UUID | None) -> list[An
                             "({{ flow_run.id }}) of deployment {{ deployment.name }} ended "
                             "{{ event.resource['prefect.state-name'] }}: "
                             "{{ event.resource['prefect.state-message'] }}. A crashed nightly "
-                            "run is started again automatically; a failed one has used its "
-                            "retries: fix the cause, then re-run its run key."
+                            "run is started again automatically, a crashed or failed shard by "
+                            "its parent; a failed nightly run has used its retries: fix the "
+                            "cause, then re-run its run key."
                         ),
                     )
                 ],

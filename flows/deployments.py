@@ -123,7 +123,8 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         name="shard",
         entrypoint="flows.shard.collect_shard",
         description="One shard of a collection run (scale-out); its parent retries it.",
-        tags=("epiflow", "collect"),
+        # Notified like a night: a shard no worker starts (Late) leaves its parent waiting.
+        tags=("epiflow", "collect", NOTIFY_TAG),
     ),
     DeploymentSpec(
         name="qc-gate",

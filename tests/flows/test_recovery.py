@@ -381,36 +381,52 @@ def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
 
 
 def test_late_nightly_run_notifies(served: Served) -> None:
-    """Nothing serves the deployment (`serve` is down) and a night's run stays Scheduled:
-    the late automation tells the webhook, EPIFLOW_PREFECT_LATE_AFTER_S after Prefect
-    marked it Late."""
+    """Nothing serves the deployments (`serve` is down): a night's run and a shard (whose
+    parent would wait on it in silence) stay Scheduled, and the late automation tells the
+    webhook of each, EPIFLOW_PREFECT_LATE_AFTER_S after Prefect marked it Late."""
     api = served.api
-    nightly = api.deployment("collect-episodes", "nightly-collect")
+    late = {
+        "late-night": (
+            api.deployment("collect-episodes", "nightly-collect"),
+            {"request": {"templates": TEMPLATES[:1]}, "gate": False},
+        ),
+        "late-shard": (
+            api.deployment("collect-shard", "shard"),
+            {"request": {"templates": TEMPLATES[:1]}, "shard_index": 0, "shard_count": 2},
+        ),
+    }
     served.stop_serve()
     try:
         scheduled = datetime.now(UTC) - timedelta(minutes=1)
-        run = api.post(
-            f"/deployments/{nightly['id']}/create_flow_run",
-            {
-                "name": "late-night",
-                "parameters": {"request": {"templates": TEMPLATES[:1]}, "gate": False},
-                "state": {
-                    "type": "SCHEDULED",
-                    "state_details": {"scheduled_time": scheduled.isoformat()},
+        runs = {
+            name: api.post(
+                f"/deployments/{deployment['id']}/create_flow_run",
+                {
+                    "name": name,
+                    "parameters": parameters,
+                    "state": {
+                        "type": "SCHEDULED",
+                        "state_details": {"scheduled_time": scheduled.isoformat()},
+                    },
                 },
-            },
-        )
-        wait_for("Prefect to mark it Late", lambda: "Late" in api.states(run["id"]), 180)
-        posted = wait_for(
-            lambda: f"the late notification ({_automation_trail(api)})",
-            lambda: _notifications_for(served.webhook, "late-night", "late") or None,
-            LATE_AFTER_S + 240,
-            every=2,
-        )
-        assert len(posted) == 1
-        assert "nightly-collect" in posted[0]["body"] and "serve" in posted[0]["body"]
-        assert api.flow_run(run["id"])["state_type"] == "SCHEDULED"  # it never started
-        api.call("DELETE", f"/flow_runs/{run['id']}")
+            )
+            for name, (deployment, parameters) in late.items()
+        }
+        for name, run in runs.items():
+            run_id = run["id"]
+            wait_for(f"Prefect to mark {name} Late", lambda: "Late" in api.states(run_id), 180)  # noqa: B023 (called in this iteration)
+        for name, run in runs.items():
+            posted = wait_for(
+                lambda: f"the late notification of {name} ({_automation_trail(api)})",  # noqa: B023
+                lambda: _notifications_for(served.webhook, name, "late") or None,  # noqa: B023
+                LATE_AFTER_S + 240,
+                every=2,
+            )
+            assert len(posted) == 1
+            deployment = late[name][0]["name"]
+            assert deployment in posted[0]["body"] and "serve" in posted[0]["body"]
+            assert api.flow_run(run["id"])["state_type"] == "SCHEDULED"  # it never started
+            api.call("DELETE", f"/flow_runs/{run['id']}")
     finally:
         served.start_serve()
 
