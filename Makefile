@@ -50,14 +50,13 @@ demo: install
 
 test: install system-deps check pytest
 
-# Serial by default. PYTEST_ARGS="-n 2 --dist loadfile --no-loadscope-reorder" runs it on
-# two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
+# Two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
 # whole file per worker at a time (a file's module-scoped servers stay on one worker),
 # slowest file first (SLOWEST_FILES in tests/conftest.py; --no-loadscope-reorder keeps that
 # order). Each worker has its own Prefect home and harness, PostgreSQL cluster and S3 server.
-# Not yet the default: a run of it under load 8-13 had failures and setup errors that
-# were not diagnosed (issue 21 item 5).
-PYTEST_ARGS ?=
+# Measured here: 1,724-1,811 s against 2,151-3,354 s serial (issue 21 item 5).
+# `make test PYTEST_ARGS=` runs it serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)
