@@ -16,7 +16,6 @@ directory.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -132,21 +131,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def _automation_trail(api: Api) -> str:
-    """What the automations did lately (for a failure message)."""
-    found = api.post(
-        "/events/filter",
-        {
-            "filter": {"event": {"prefix": ["prefect.automation.", "prefect.flow-run.C"]}},
-            "limit": 30,
-        },
-    )
-    return "; ".join(
-        f"{e['event']} {e['resource'].get('prefect.resource.name')} {json.dumps(e.get('payload'))[:300]}"
-        for e in found["events"]
-    )
-
-
 def _wait_final(api: Api, run_id: str, timeout: float) -> dict[str, Any]:
     def ended() -> dict[str, Any] | None:
         run = api.flow_run(run_id)
@@ -209,7 +193,7 @@ def test_a_run_whose_worker_died_before_its_first_heartbeat_is_crashed(served: S
         runs.append(run["id"])
     for run_id in runs:
         ended = _wait_final(api, run_id, ZOMBIE_AFTER_S + 180)
-        assert ended["state_type"] == "CRASHED", (ended["state"], _automation_trail(api))
+        assert ended["state_type"] == "CRASHED", (ended["state"], api.automation_trail())
         assert "no heartbeat" in ended["state"]["message"], ended["state"]
         api.call("DELETE", f"/flow_runs/{run_id}")
 
@@ -417,7 +401,7 @@ def test_late_nightly_run_notifies(served: Served) -> None:
             wait_for(f"Prefect to mark {name} Late", lambda: "Late" in api.states(run_id), 180)  # noqa: B023 (called in this iteration)
         for name, run in runs.items():
             posted = wait_for(
-                lambda: f"the late notification of {name} ({_automation_trail(api)})",  # noqa: B023
+                lambda: f"the late notification of {name} ({api.automation_trail()})",  # noqa: B023
                 lambda: _notifications_for(served.webhook, name, "late") or None,  # noqa: B023
                 LATE_AFTER_S + 240,
                 every=2,
@@ -451,7 +435,7 @@ def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -
         )
         assert crashed
         wait_for(
-            lambda: f"the recovery automation to schedule it again ({_automation_trail(api)})",
+            lambda: f"the recovery automation to schedule it again ({api.automation_trail()})",
             # AwaitingRetry, which turns Late while no `serve` is there to start it.
             lambda: (
                 "AwaitingRetry" in api.states(run_id)

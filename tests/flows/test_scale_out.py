@@ -255,13 +255,8 @@ def _hang_report(api: Api, workers_roots: list[Path]) -> str:
     """The shards' state histories, what the automations did, the workers' log tails."""
     shards = api.post("/flow_runs/filter", {"flows": {"name": {"any_": ["collect-shard"]}}})
     histories = {r["name"]: api.states(r["id"]) for r in shards}
-    events = api.post(
-        "/events/filter",
-        {"filter": {"event": {"prefix": ["prefect.automation."]}}, "limit": 20},
-    )["events"]
-    trail = [f"{e['event']} {e['resource'].get('prefect.resource.name')}" for e in events]
     logs = "\n".join(
         f"--- {root.name}:\n" + (root / "worker.log").read_text(errors="replace")[-1500:]
         for root in workers_roots
     )
-    return f"shards {histories}; automations {trail}\n{logs}"
+    return f"shards {histories}; automations {api.automation_trail()}\n{logs}"

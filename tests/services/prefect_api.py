@@ -4,6 +4,7 @@ loaded server answers 5xx or drops the connection, and waits poll with deadlines
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,22 @@ class Api:
 
     def deployment(self, flow_name: str, name: str) -> dict[str, Any]:
         return dict(self.get(f"/deployments/name/{flow_name}/{name}"))
+
+    def automation_trail(self) -> str:
+        """What the automations did lately, and the flow runs' Crashed/Cancelled/… events
+        (for a failure message)."""
+        found = self.post(
+            "/events/filter",
+            {
+                "filter": {"event": {"prefix": ["prefect.automation.", "prefect.flow-run.C"]}},
+                "limit": 30,
+            },
+        )
+        return "; ".join(
+            f"{e['event']} {e['resource'].get('prefect.resource.name')} "
+            f"{json.dumps(e.get('payload'))[:300]}"
+            for e in found["events"]
+        )
 
 
 def wait_for(
