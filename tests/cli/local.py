@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 from config.prefect_server import process_start_ticks, server_dir, status, stop
+from tests.services.prefect_db import seed_prefect_home
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")]
@@ -28,9 +29,10 @@ CGROUP_ROOTS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")]
 
 @contextmanager
 def local_prefect_home(prefix: str = "epiflow-local-prefect-") -> Iterator[Path]:
-    """A Prefect home for the shared local server of these tests; the server (if any) is
-    stopped and the home removed afterwards."""
-    home = Path(tempfile.mkdtemp(prefix=prefix))
+    """A Prefect home for the shared local server of these tests, its database migrated
+    (`tests.services.prefect_db`); the server (if any) is stopped and the home removed
+    afterwards."""
+    home = seed_prefect_home(Path(tempfile.mkdtemp(prefix=prefix)))
     try:
         yield home
     finally:

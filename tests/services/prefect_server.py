@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.services.postgres import free_port
+from tests.services.prefect_db import seed_prefect_home
 
 BIN = Path(sys.executable).parent
 
@@ -42,6 +43,7 @@ class PrefectServer:
         return base
 
     def start(self, timeout: float = 120) -> None:
+        seed_prefect_home(self.home)  # a migrated database: the start skips Prefect's migrations
         env = self.env(PREFECT_UI_API_URL=self.api_url)
         env.pop("PREFECT_API_URL")
         self.process = subprocess.Popen(
