@@ -50,15 +50,13 @@ demo: install
 
 test: install system-deps check pytest
 
-# Three pytest-xdist workers on a 2-core machine: with two, a quarter of the CPU idled (24 %
-# over a whole run: tests waiting on Prefect automations, heartbeats, servers and jails);
-# with three it is 11 % (issue 21 item 5). A whole file per worker at a time (a file's
-# module-scoped servers stay on one worker), slowest file first (SLOWEST_FILES in
-# tests/conftest.py; --no-loadscope-reorder keeps that order). Each worker has its own
-# Prefect home and harness, PostgreSQL cluster and S3 server. Measured here: pytest
-# 1,519 s on three workers, 1,823 s on two (same code, fresh clones), 2,151-3,354 s serial.
+# Two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
+# whole file per worker at a time (a file's module-scoped servers stay on one worker),
+# slowest file first (SLOWEST_FILES in tests/conftest.py; --no-loadscope-reorder keeps that
+# order). Each worker has its own Prefect home and harness, PostgreSQL cluster and S3 server.
+# Measured here: 1,724-1,811 s against 2,151-3,354 s serial (issue 21 item 5).
 # `make test PYTEST_ARGS=` runs it serially.
-PYTEST_ARGS ?= -n 3 --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)
