@@ -11,6 +11,7 @@ would migrate a database behind its head), then starts as it would on a user's s
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -22,34 +23,30 @@ BIN = Path(sys.executable).parent
 DB_NAME = "prefect.db"
 """Prefect's default database file in its home (sqlite, `PREFECT_HOME/prefect.db`)."""
 
-_migrated: Path | None = None
 
-
+@functools.cache
 def migrated_prefect_db() -> Path:
     """A Prefect database migrated to head by `prefect server database upgrade`, made once
     per process in a temporary home (removed with the machine's temporary files)."""
-    global _migrated
-    if _migrated is None:
-        home = Path(tempfile.mkdtemp(prefix="epiflow-prefect-migrated-"))
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))
-        }
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-        done = subprocess.run(
-            [str(BIN / "prefect"), "server", "database", "upgrade", "-y"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+    home = Path(tempfile.mkdtemp(prefix="epiflow-prefect-migrated-"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))
+    }
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    done = subprocess.run(
+        [str(BIN / "prefect"), "server", "database", "upgrade", "-y"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0 or not (home / DB_NAME).is_file():
+        raise RuntimeError(
+            f"prefect server database upgrade failed ({done.returncode}): {done.stderr[-2000:]}"
         )
-        if done.returncode != 0 or not (home / DB_NAME).is_file():
-            raise RuntimeError(
-                f"prefect server database upgrade failed ({done.returncode}): {done.stderr[-2000:]}"
-            )
-        _migrated = home / DB_NAME
-    return _migrated
+    return home / DB_NAME
 
 
 def seed_prefect_home(home: Path) -> Path:
