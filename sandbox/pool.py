@@ -137,10 +137,13 @@ class WarmPool:
             task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None  # always run as a task, by _refill
         try:
             host = await prepare_host(self.settings)  # cached; re-made if its files vanished
             jail = await start_jail(self.spec, host, self.settings)
         except SandboxUnavailable as e:
+            self._starting.discard(me)
             self.last_error = e
             # Those waiting for this start get nothing and start cold jails themselves
             # (which raise the real error if the host cannot start any).
@@ -150,18 +153,38 @@ class WarmPool:
                     waiter.set_result(None)
             self._jail_ready.set()
             return
+        except BaseException:
+            # Any other end (a bug, a cancel): the episodes this start was backing start
+            # their own jails (and meet the error themselves) instead of waiting forever.
+            self._starting.discard(me)
+            self._release_unbacked()
+            raise
+        # No longer in flight, before anyone is handed the jail: an acquire running in the
+        # same loop step must not wait for this start, and the refill below must count it
+        # as done (the done-callback discard comes a step later).
+        self._starting.discard(me)
         if self._closed:
             await jail.kill()
             return
-        while self._waiters:
+        handed = False
+        while self._waiters and not handed:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(jail)
-                self._refill()
-                return
-        self._ready.append(jail)
-        self._jail_ready.set()
+                handed = True
+        if not handed:
+            self._ready.append(jail)
+            self._jail_ready.set()
         self._refill()
+        self._release_unbacked()
+
+    def _release_unbacked(self) -> None:
+        """Wake the waiters no start in flight will serve (a start ended and the refill
+        started none: a limit, a closed pool): they start cold jails of their own."""
+        while len(self._waiters) > len(self._starting):
+            waiter = self._waiters.pop()
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _take_idle(self) -> Jail | None:
         while self._ready:

@@ -132,6 +132,65 @@ def test_an_acquire_waits_for_a_start_in_flight_instead_of_a_second_jail(jails: 
     asyncio.run(body())
 
 
+def test_an_acquire_arriving_as_a_start_hands_over_its_jail_gets_one(
+    jails: Jails, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background start that hands its jail to a waiting episode is no longer "in
+    flight": an episode acquiring in that same loop step must not wait for it (it would
+    wait forever: the x8 CI hang, an `epiflow collect` idle past 600 s with no jail
+    left). Real jails; the wrapper only times the second acquire into that step."""
+    import sandbox.pool as pool_module
+
+    async def body() -> None:
+        # The limit matters: with the finished start still counted, the refill that would
+        # have started the second episode's jail found no budget left.
+        pool = WarmPool(SMALL, size=1, limit=2, settings=jails.settings)
+        second: list[asyncio.Task[NsjailSandbox]] = []
+
+        async def start_then_acquire(*args: object, **kwargs: object) -> object:
+            jail = await start_jail(*args, **kwargs)  # type: ignore[arg-type]
+            if not second:  # runs right after this start's last step
+                second.append(asyncio.create_task(pool.acquire()))
+            return jail
+
+        monkeypatch.setattr(pool_module, "start_jail", start_then_acquire)
+        await pool.start(wait=False)
+        first = await asyncio.wait_for(pool.acquire(), 120)
+        jails.track(first)
+        other = await asyncio.wait_for(second[0], 120)
+        jails.track(other)
+        assert other.jail is not first.jail
+        await asyncio.gather(first.close(), other.close())
+        await pool.close()
+        assert nsjail_children() == []
+
+    asyncio.run(body())
+
+
+def test_a_start_failing_unexpectedly_leaves_no_episode_waiting(
+    jails: Jails, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background start that ends in an error other than `SandboxUnavailable` still
+    releases the episodes waiting for it: they start a jail of their own and get that
+    error, instead of waiting forever. The failing start is injected (the host cannot be
+    made to fail that way on purpose)."""
+    import sandbox.pool as pool_module
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(0.2)
+        raise RuntimeError("the host's state dir vanished")
+
+    async def body() -> None:
+        monkeypatch.setattr(pool_module, "start_jail", broken)
+        pool = WarmPool(SMALL, size=1, settings=jails.settings)
+        await pool.start(wait=False)
+        with pytest.raises(RuntimeError, match="state dir vanished"):
+            await asyncio.wait_for(pool.acquire(), 60)
+        await pool.close()
+
+    asyncio.run(body())
+
+
 def test_closing_or_cancelling_mid_start_leaves_nothing_behind(
     jails: Jails, own_cgroups: SandboxSettings
 ) -> None:
