@@ -87,9 +87,9 @@ def child(args: argparse.Namespace) -> None:
         fields["load1"] = os.getloadavg()[0]
         os.write(report_fd, (json.dumps(fields) + "\n").encode())
 
-    from collection.lifecycle import open_collection, plan_request
-    from collection.plan import Plan, Shard
-    from collection.runner import PersistedGroup, run_episodes
+    from collection.lifecycle import Collection, Executed, open_collection, plan_request
+    from collection.plan import Plan, PlannedEpisode, Shard
+    from collection.runner import PersistedGroup, stream_work
     from config.settings import Settings, load_settings
     from storage.db import make_engine
     from storage.objects import LocalObjectStore
@@ -123,13 +123,14 @@ def child(args: argparse.Namespace) -> None:
             planner=bench_plan,
         ) as collection:
             emit(event="planned", planned=len(collection.plan.episodes))
-            collection.start()
-            todo = collection.remaining()
-            stored = len(collection.plan.episodes) - len(todo)
-            emit(event="start", todo=len(todo), stored=stored)
-            await run_episodes(collection, todo, on_persisted=on_persisted)
-            collection.end("completed")
-            return len(collection.written.inserted)
+
+            async def work(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
+                nonlocal stored
+                stored = len(collection.plan.episodes) - len(todo)
+                emit(event="start", todo=len(todo), stored=stored)
+                return await stream_work(on_persisted=on_persisted)(collection, todo)
+
+            return (await collection.run(work)).executed
 
     executed = asyncio.run(run())
     emit(event="done", stored=stored, executed=executed)

@@ -158,7 +158,7 @@ def _served_episodes(
     from agent.policies import make_policy
     from agent.serving import serve_checkpoint
     from agent.settings import PolicySettings
-    from training.evaluation import run_policy_episodes
+    from collection.evaluation import run_evaluation
 
     started = time.perf_counter()
     with serve_checkpoint(
@@ -173,16 +173,23 @@ def _served_episodes(
             spec, settings=PolicySettings(request_timeout_s=args.request_timeout_s)
         )
         started = time.perf_counter()
-        trajectories = asyncio.run(
-            run_policy_episodes(
-                policy,
-                tasks,
-                run_key=run_key,
-                max_steps=args.eval_max_steps,
-                max_parse_failures=args.eval_max_parse_failures,
-                concurrency=args.eval_concurrency,
-            )
-        )
+
+        async def episodes() -> list[Any]:
+            try:
+                return await run_evaluation(
+                    policy,
+                    tasks,
+                    run_key=run_key,
+                    suite="builtin",
+                    settings=_eval_settings(args, max_parse_failures=args.eval_max_parse_failures),
+                    engine=args.engine,
+                    store=args.store,
+                    concurrency=args.eval_concurrency,
+                )
+            finally:
+                await policy.aclose()
+
+        trajectories = asyncio.run(episodes())
         episodes_s = time.perf_counter() - started
     generated = sum(t.completion_tokens for t in trajectories)
     return trajectories, {
@@ -195,12 +202,24 @@ def _served_episodes(
     }
 
 
+def _eval_settings(args: argparse.Namespace, *, max_parse_failures: int | None = None) -> Any:
+    """The environment's settings with the recipe's evaluation budget (episodes are stored
+    in the loop's database, `args.engine`, as collection runs `loop-eval-…`)."""
+    from collection.evaluation import evaluation_settings
+    from config.settings import load_settings
+
+    return evaluation_settings(
+        load_settings(), max_steps=args.eval_max_steps, max_parse_failures=max_parse_failures
+    )
+
+
 def _evaluate(
     model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Greedy episodes on the held-out tasks (`hf:` in process, or `openai:` on the served
     checkpoint): completion, per template, turn rates; infrastructure outcomes apart."""
-    from training.evaluation import evaluation_metrics, run_model_episodes
+    from collection.evaluation import run_model_evaluation
+    from training.evaluation import evaluation_metrics
 
     started = time.perf_counter()
     serving: dict[str, Any] | None = None
@@ -208,12 +227,15 @@ def _evaluate(
         trajectories, serving = _served_episodes(model_dir, tasks, run_key=run_key, args=args)
     else:
         trajectories = asyncio.run(
-            run_model_episodes(
+            run_model_evaluation(
                 model_dir,
                 tasks,
                 run_key=run_key,
-                max_steps=args.eval_max_steps,
+                suite="builtin",
+                settings=_eval_settings(args),
                 max_new_tokens=args.max_new_tokens,
+                engine=args.engine,
+                store=args.store,
             )
         )
     metrics = evaluation_metrics(trajectories, tasks)
@@ -322,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         upgrade(engine)
         store = LocalObjectStore(work / "objects")
         store.check()
+        args.engine, args.store = engine, store
 
         # 1. collect
         started = time.perf_counter()

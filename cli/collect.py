@@ -314,7 +314,7 @@ def _abandoned(
     name = signal.Signals(signum).name
 
     def mark() -> bool:
-        collection.end("interrupted")
+        collection.abandon()
         return True
 
     marked = _bounded(mark, ABANDON_WRITE_S)

@@ -3,17 +3,22 @@
     with open_collection(request, settings, preflight=True) as collection:  # the CLI
         ...
     async with open_collection(request, settings) as collection:  # flows, in-process
-        collection.start()                 # the collection_run row (`running`)
-        todo = collection.remaining()      # resume: what is not stored yet
-        await run_episodes(collection, todo)
-        collection.end("completed")        # the one writer of the run's status
+        result = await collection.run(work)  # start, what remains, work, end, totals
 
-Entering plans the request (suite, templates, faults, episode ids), builds the policy,
-the engine and the object store (schema current, store reachable), runs the preflight
+`Collection.run` is the one run sequence every entry point goes through (collection,
+evaluation, RL rollouts, environment sessions): the `collection_run` row (`running`,
+or resumed), what is not stored yet, the caller's `work` on it (`collection.runner`'s
+stream of episodes, or a sharded run's wait for its shards), how the run ended (the
+one writer of the run's status, also when the work failed or was cancelled), and the
+totals. `RunStages` lets the collect flow wrap each stage in a Prefect task.
+
+Entering plans the request (suite, templates, faults, episode ids; or the caller's own
+tasks, `tasks_planner`), builds the policy (unless the caller lends one: an evaluated
+checkpoint, the model being trained), the engine and the object store (schema current, store reachable), runs the preflight
 checks when asked (`collection.preflight`), and takes the run key's lock
 (`storage.run_lock`; a shard takes its shard's lock), in that order: nothing is written
-until `start`. Leaving records how the run ended when nothing did yet (`run_ending`),
-releases the lock, closes the policy and disposes the engine it made.
+until `run` starts. Leaving releases the lock, closes the policy it made and disposes the
+engine it made.
 
 A command that opened a collection lends it to the flow it runs in the same process
 (`Collection.lend`): the flow's `open_collection` of the same request returns that
@@ -25,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -41,7 +47,7 @@ from agent.policies import make_policy
 from agent.policies.base import Policy
 from agent.trajectory import success_rate
 from collection.errors import CollectError, RequestError
-from collection.plan import Plan, PlannedEpisode, Shard, plan_collection
+from collection.plan import Plan, PlannedEpisode, Shard, plan_collection, plan_tasks
 from collection.request import CollectRequest, CollectResult
 from config.settings import Settings
 from models import run_id_for
@@ -52,6 +58,7 @@ from storage.run_reads import RerunNeeded, RunSummary, rerun_needed, run_counts,
 from storage.run_reads import summarize_run as read_summary
 from storage.runs import close_run, open_run, remaining_episodes
 from storage.settings import DatabaseSettings
+from tasks.types import TaskInstance
 
 T = TypeVar("T")
 
@@ -65,6 +72,17 @@ Planner = Callable[[CollectRequest, Settings, Shard | None], Plan]
 def plan_request(request: CollectRequest, settings: Settings, shard: Shard | None) -> Plan:
     """The default `Planner`: `collection.plan.plan_collection` with the suites' settings."""
     return plan_collection(request, settings.suites, shard=shard)
+
+
+def tasks_planner(tasks: Sequence[TaskInstance]) -> Planner:
+    """A `Planner` over the caller's own task instances (evaluation's held-out tasks, an
+    RL batch's prompts) instead of the suite's: each × the request's rollouts."""
+    chosen = list(tasks)
+
+    def plan(request: CollectRequest, settings: Settings, shard: Shard | None) -> Plan:
+        return plan_tasks(request, chosen, shard=shard)
+
+    return plan
 
 
 def make_run_policy(spec: str, settings: Settings) -> Policy:
@@ -110,6 +128,50 @@ def run_ending(error: BaseException | None) -> RunEnding:
     except RuntimeError:  # no running loop
         task = None
     return "interrupted" if task is not None and task.cancelling() else "failed"
+
+
+@dataclass(frozen=True)
+class Executed:
+    """What a run's work did in this process (a sharded run's parent: its shards)."""
+
+    episodes: int = 0
+    """Episodes run and stored now."""
+    steps: int = 0
+    """Their steps."""
+
+
+Work = Callable[["Collection", list[PlannedEpisode]], Awaitable[Executed]]
+"""What a run does with its remaining episodes (`collection.runner.stream_work`, or the
+collect flow's wait for its shards), given the open collection."""
+
+
+class RunStages:
+    """How `Collection.run` calls each stage; by default, as it is. The collect flow
+    subclasses it to run each stage as a Prefect task (named for the UI) and to map
+    Prefect's stop signal to `interrupted`. Each method gets the stage as a coroutine
+    function and must await it exactly once."""
+
+    async def start(
+        self, collection: Collection, stage: Callable[[], Awaitable[uuid.UUID]]
+    ) -> uuid.UUID:
+        """The run row (`running`, or resumed)."""
+        return await stage()
+
+    async def work(
+        self, collection: Collection, stage: Callable[[], Awaitable[Executed]]
+    ) -> Executed:
+        """The work on the remaining episodes."""
+        return await stage()
+
+    async def finish(
+        self, collection: Collection, stage: Callable[[], Awaitable[CollectResult]]
+    ) -> CollectResult:
+        """How the run ended, and its totals."""
+        return await stage()
+
+    def ending(self, error: BaseException) -> RunEnding:
+        """How a run whose work raised `error` ended (`run_ending`)."""
+        return run_ending(error)
 
 
 @dataclass(frozen=True)
@@ -163,6 +225,9 @@ class Collection:
     outage: EndpointOutage = field(default_factory=lambda: EndpointOutage(limit=0))
     """The early-stop rule for a model endpoint that is down (`agent.outage`): the runner
     records each finished episode and starts no more once it trips."""
+    _ending: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Serialises the run's ending: the run path and an abandoning command (another
+    thread) never both write it; the first ending recorded stands."""
 
     @property
     def request(self) -> CollectRequest:
@@ -181,27 +246,69 @@ class Collection:
         """Whether this collection records the run's status (a shard's parent does)."""
         return self.shard is None
 
-    # -------------------------------------------------------------------- writes
+    # -------------------------------------------------------------------- the run
 
-    def start(self) -> uuid.UUID:
-        """Create (or resume) the run row, status `running`."""
-        run_id = start_run(self.engine, self.request)
+    async def run(self, work: Work, *, stages: RunStages | None = None) -> CollectResult:
+        """The run, start to end: the run row (`running`, or resumed), what is not stored
+        yet, `work` on it (which returns what it executed), how the run ended, and the
+        totals (from SQL: every shard's and every earlier attempt's episodes count).
+
+        The ending is recorded also when `work` fails (`failed`) or is cancelled or
+        interrupted (`interrupted`, `run_ending`), shielded from the cancellation; then
+        the error propagates. `stages` wraps each stage (the collect flow's Prefect
+        tasks); by default each runs as it is."""
+        stages = stages if stages is not None else RunStages()
+        started = time.monotonic()
+        executed = Executed()
+        ending: RunEnding = "failed"
+        try:
+            await stages.start(self, self._start)
+            todo = await asyncio.to_thread(self.remaining)
+            executed = await stages.work(self, lambda: work(self, todo))
+            ending = "completed"
+        except BaseException as e:
+            ending = stages.ending(e)
+            raise
+        finally:
+            # Also on failure or cancellation: no run stays `running` once its work ended.
+            result = await asyncio.shield(
+                stages.finish(self, lambda: self._finish(ending, executed, started))
+            )
+        return result
+
+    async def _start(self) -> uuid.UUID:
+        run_id = await asyncio.to_thread(start_run, self.engine, self.request)
         self.started = True
         return run_id
+
+    async def _finish(self, ending: RunEnding, executed: Executed, started: float) -> CollectResult:
+        await asyncio.to_thread(self._end, ending)
+        return await asyncio.to_thread(
+            self.result, executed=executed.episodes, steps=executed.steps, started=started
+        )
+
+    def abandon(self) -> None:
+        """Record the run `interrupted` now, from any thread: the command is leaving
+        without waiting for its run to finish (a second signal, or a stop past its
+        timeout). The run's own ending, should it still come, does not overwrite it."""
+        self._end("interrupted")
+
+    def _end(self, status: RunEnding) -> None:
+        """Record how the run ended: the one writer of `collection_run.status` on the
+        collection path (`run`, or `abandon`), once. A shard records nothing in SQL (its
+        parent ends the run)."""
+        with self._ending:
+            if self.ended is not None:
+                return
+            if self.owns_run:
+                close_run(self.engine, self.run_id, status=status, flow_run_id=self.flow_run_id)
+            self.ended = status
 
     def remaining(self) -> list[PlannedEpisode]:
         """This shard's planned episodes not stored yet (spoiled ones are purged to rerun)."""
         episodes = self.plan.episodes
         todo = remaining_episodes(self.engine, [p.episode_id for p in episodes])
         return [p for p in episodes if p.episode_id in todo]
-
-    def end(self, status: RunEnding, *, flow_run_id: str | None = None) -> None:
-        """Record how the run ended: the one writer of `collection_run.status` on the
-        collection path. A shard records nothing in SQL (its parent ends the run)."""
-        flow_run_id = flow_run_id or self.flow_run_id
-        if self.owns_run:
-            close_run(self.engine, self.run_id, status=status, flow_run_id=flow_run_id)
-        self.ended, self.flow_run_id = status, flow_run_id
 
     # --------------------------------------------------------------------- reads
 
@@ -279,6 +386,7 @@ class CollectionContext:
         engine: Engine | None,
         store: ObjectStore | None,
         planner: Planner,
+        policy: Policy | None,
     ) -> None:
         self._request = request
         self._settings = settings
@@ -287,6 +395,7 @@ class CollectionContext:
         self._engine = engine
         self._store = store
         self._planner = planner
+        self._policy = policy
         self._collection: Collection | None = None
         self._borrowed = False
 
@@ -303,7 +412,7 @@ class CollectionContext:
         from storage.objects import make_object_store
 
         settings = self._settings
-        policy = make_run_policy(plan.request.policy, settings)
+        policy = self._policy or make_run_policy(plan.request.policy, settings)
         engine = self._engine if self._engine is not None else make_engine(settings.database)
         try:
             ensure_current(engine)
@@ -347,17 +456,17 @@ class CollectionContext:
             await asyncio.to_thread(self._lock, collection)
         except BaseException:
             await asyncio.to_thread(self._release, collection)
-            await collection.policy.aclose()
+            await self._close_policy(collection)
             raise
         self._collection = collection
         return collection
 
     # ----------------------------------------------------------------- closing
 
-    def _conclude(self, collection: Collection, error: BaseException | None) -> None:
-        """Record the run's ending when this process started it and nothing ended it."""
-        if collection.started and collection.ended is None:
-            collection.end(run_ending(error))
+    async def _close_policy(self, collection: Collection) -> None:
+        """Close the policy this context made (a lent one is its owner's to close)."""
+        if self._policy is None:
+            await collection.policy.aclose()
 
     def _release(self, collection: Collection) -> None:
         """Free the lock and the engine this context made."""
@@ -386,13 +495,10 @@ class CollectionContext:
         if self._borrowed or collection is None:
             return
         try:
-            # Shielded: a cancelled run still records its ending and frees its lock.
-            await asyncio.shield(asyncio.to_thread(self._conclude, collection, error))
+            # Shielded: a cancelled run still frees its lock (`run` recorded its ending).
+            await asyncio.shield(asyncio.to_thread(self._release, collection))
         finally:
-            try:
-                await asyncio.shield(asyncio.to_thread(self._release, collection))
-            finally:
-                await collection.policy.aclose()
+            await self._close_policy(collection)
 
 
 def open_collection(
@@ -404,14 +510,18 @@ def open_collection(
     engine: Engine | None = None,
     store: ObjectStore | None = None,
     planner: Planner = plan_request,
+    policy: Policy | None = None,
 ) -> CollectionContext:
     """The collection of `request` (which must carry its run key), for `with` or `async
     with`: planned, opened, checked (`preflight`), locked; closed once on exit.
 
     `shard` is the part this process collects (None: the whole run, which records the
     run's status). `engine` and `store` are the caller's to keep (not disposed); the lock
-    is then taken in `engine`'s database. Within a collection's `lend`, the same request
-    and shard return the lent collection, untouched by this context's exit.
+    is then taken in `engine`'s database. `policy` is the caller's too (built and closed
+    by it; `request.policy` is then only its label). `planner` plans the request (the
+    suite's instances; `tasks_planner` for the caller's own). Within a collection's
+    `lend`, the same request and shard return the lent collection, untouched by this
+    context's exit.
 
     Raises:
         RequestError: the suite, a template or the policy spec is invalid.
@@ -427,6 +537,7 @@ def open_collection(
         engine=engine,
         store=store,
         planner=planner,
+        policy=policy,
     )
 
 

@@ -9,6 +9,7 @@ missing".
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +85,22 @@ def plan_collection(
         tasks = pick(request.tasks, seed=request.seed, templates=request.templates)
     except SuiteError as e:
         raise RequestError(f"--suite {request.suite!r}: {e}", setting="--suite") from e
+    return plan_tasks(request, tasks, shard=shard)
+
+
+def plan_tasks(
+    request: CollectRequest, tasks: Sequence[TaskInstance], *, shard: Shard | None = None
+) -> Plan:
+    """The plan of `request` (which must carry a run key) over the given task instances,
+    each × `request.rollouts`, for `shard` (the suite is not consulted: evaluation's
+    held-out tasks, an RL batch's prompts).
+
+    Raises:
+        CollectError: the request has no run key.
+    """
+    if request.run_key is None:
+        raise CollectError("the request has no run key", setting="--run-key")
+    shard = shard or Shard()
     pairs = [(task, rollout) for task in tasks for rollout in range(request.rollouts)]
     episodes = [
         PlannedEpisode(

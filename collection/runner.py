@@ -1,12 +1,12 @@
 """Running a collection: its episodes as one stream, persisted in groups.
 
     async with open_collection(request, settings) as collection:  # collection.lifecycle
-        await collect(collection)    # start, run what remains, end, count
+        await collect(collection)    # Collection.run with this stream as its work
 
 `run_episodes` is the engine every entry point shares (the CLI and the demo through the
-`collect-episodes` flow, the `collect-shard` flow, `collect_in_process`, the
-benchmarks); `collect` chains the lifecycle's steps around it, and the flow calls the same
-steps with a Prefect task around each. Nothing here imports Prefect.
+`collect-episodes` flow, the `collect-shard` flow, `collect_in_process`, evaluation, the
+benchmarks); `stream_work` makes it the work of `Collection.run` (the one run sequence),
+and `collect` runs it so. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,7 +23,7 @@ from sqlalchemy import Engine
 
 from agent.loop import run_episode
 from agent.trajectory import Trajectory
-from collection.lifecycle import Collection, open_collection, run_ending
+from collection.lifecycle import Collection, Executed, Work, open_collection
 from collection.outbox import Outbox
 from collection.plan import PlannedEpisode, Shard
 from collection.request import CollectRequest, CollectResult
@@ -221,20 +220,32 @@ def fault_seed(episode_id: uuid.UUID) -> int:
     return int.from_bytes(episode_id.bytes[:4], "big")
 
 
+def stream_work(
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
+) -> Work:
+    """`run_episodes` over the remaining episodes, as the work of `Collection.run`."""
+
+    async def work(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
+        report = await run_episodes(
+            collection, todo, on_episode=on_episode, on_persisted=on_persisted
+        )
+        return Executed(episodes=len(report.inserted), steps=report.steps)
+
+    return work
+
+
 async def collect(
-    collection: Collection, *, on_episode: Callable[[Trajectory], None] | None = None
+    collection: Collection,
+    *,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
 ) -> CollectResult:
-    """The whole run for an opened collection: start (or resume) the run, run what is
-    missing, persist it, record how it ended (failed or interrupted on error)."""
-    started = time.monotonic()
-    collection.start()
-    try:
-        report = await run_episodes(collection, collection.remaining(), on_episode=on_episode)
-    except BaseException as e:
-        collection.end(run_ending(e))
-        raise
-    collection.end("completed")
-    return collection.result(executed=len(report.inserted), steps=report.steps, started=started)
+    """The whole run for an opened collection (`Collection.run` with `stream_work`):
+    start (or resume) the run, run what is missing, persist it, record how it ended
+    (failed or interrupted on error), read the totals."""
+    return await collection.run(stream_work(on_episode=on_episode, on_persisted=on_persisted))
 
 
 async def collect_in_process(

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -43,8 +45,16 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled
 
 from collection.errors import CollectError
-from collection.lifecycle import Collection, RunEnding, open_collection, plan_request, run_ending
-from collection.plan import Plan, Shard
+from collection.lifecycle import (
+    Collection,
+    Executed,
+    RunEnding,
+    RunStages,
+    open_collection,
+    plan_request,
+    run_ending,
+)
+from collection.plan import Plan, PlannedEpisode, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import PersistedGroup, run_episodes
 from config.automations import crash_detection_gap
@@ -98,16 +108,19 @@ def plan_task(request: CollectRequest, settings: Settings, shard: Shard | None) 
 
 
 @task(name="open-run", cache_policy=NONE, retries=0)
-async def open_run_task(collection: Collection) -> None:
+async def open_run_task(
+    collection: Collection, stage: Callable[[], Awaitable[uuid.UUID]]
+) -> uuid.UUID:
     """Create or resume the run row (the collection is open: policy, database and object
     store checked, the run key's lock held)."""
-    run_id = await asyncio.to_thread(collection.start)
+    run_id = await stage()
     get_run_logger().info(
         "open-run: run %s (%s), policy %s, database and object store checked",
         collection.run_key,
         run_id,
         collection.request.policy,
     )
+    return run_id
 
 
 # Idempotent: episode ids are deterministic and `remaining` skips what is stored, so a
@@ -119,13 +132,14 @@ async def open_run_task(collection: Collection) -> None:
     retry_delay_seconds=5,
     retry_condition_fn=retry_unless_deterministic,
 )
-async def run_episodes_task(collection: Collection) -> int | State[Any]:
-    """Run what is not stored yet as one stream; persist groups as they finish; keep a
-    progress artifact (episodes done / planned, by status) current. Returns episodes run,
-    or a Cancelled state when the run was cancelled."""
+async def run_episodes_task(
+    collection: Collection, todo: list[PlannedEpisode]
+) -> Executed | State[Any]:
+    """Run what is not stored yet (`todo`) as one stream; persist groups as they finish;
+    keep a progress artifact (episodes done / planned, by status) current. Returns what
+    it ran, or a Cancelled state when the run was cancelled."""
     logger = get_run_logger()
     started = time.monotonic()
-    todo = await asyncio.to_thread(collection.remaining)
     planned = len(collection.plan.episodes)
     done = earlier = planned - len(todo)
     if done:
@@ -180,7 +194,7 @@ async def run_episodes_task(collection: Collection) -> int | State[Any]:
         time.monotonic() - started,
         ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "nothing to run",
     )
-    return len(report.inserted)
+    return Executed(episodes=len(report.inserted), steps=report.steps)
 
 
 def _flow_run_id() -> str | None:
@@ -194,42 +208,55 @@ def _flow_run_id() -> str | None:
     retry_delay_seconds=2,
     retry_condition_fn=retry_unless_deterministic,
 )
-async def finish_run_task(
-    collection: Collection, ending: RunEnding, started: float
-) -> CollectResult:
+async def finish_run_task(stage: Callable[[], Awaitable[CollectResult]]) -> CollectResult:
     """Record how the run ended (a shard: nothing; its parent does) and read its totals."""
-    await asyncio.to_thread(collection.end, ending, flow_run_id=_flow_run_id())
-    return await asyncio.to_thread(
-        collection.result,
-        executed=len(collection.written.inserted),
-        steps=collection.written.steps,
-        started=started,
-    )
+    return await stage()
+
+
+async def stream_here(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
+    """This process's share of the run, as the `run-episodes` task (`Collection.run`'s
+    work for a run collected here)."""
+    ran = await run_episodes_task(collection, todo)
+    _raise_if_cancelled()  # the task ended Cancelled: the flow run is being cancelled
+    if isinstance(ran, Executed):
+        return ran
+    # Cancelled, while this flow run is not: what it stored before it stopped.
+    return Executed(episodes=len(collection.written.inserted), steps=collection.written.steps)
+
+
+class FlowStages(RunStages):
+    """`Collection.run`'s stages as the flow's Prefect tasks: `open-run` and
+    `finish-run` (the run-episodes stage is the work's own task, `run-episodes`, or the
+    shards' flow runs); a worker's SIGTERM (Prefect's `TerminationSignal`) is a stop, as
+    in the CLI; the flow run's id goes with the run's ending."""
+
+    async def start(
+        self, collection: Collection, stage: Callable[[], Awaitable[uuid.UUID]]
+    ) -> uuid.UUID:
+        return await open_run_task(collection, stage)
+
+    async def finish(
+        self, collection: Collection, stage: Callable[[], Awaitable[CollectResult]]
+    ) -> CollectResult:
+        collection.flow_run_id = _flow_run_id()
+        result = await finish_run_task(stage)
+        if collection.ended == "interrupted":
+            get_run_logger().warning(resume_hint(result))
+        return result
+
+    def ending(self, error: BaseException) -> RunEnding:
+        return "interrupted" if isinstance(error, TerminationSignal) else run_ending(error)
 
 
 async def collect_here(collection: Collection) -> CollectResult:
-    """Collect this process's share of an open collection: the run row, what remains as
-    one stream, how it ended (also when it failed or was cancelled), the totals."""
-    started = time.monotonic()
-    ending: RunEnding = "failed"
-    try:
-        await open_run_task(collection)
-        await run_episodes_task(collection)
-        _raise_if_cancelled()  # the task ended Cancelled: the flow run is being cancelled
-        ending = "completed"
-    except BaseException as e:
-        # A worker's SIGTERM arrives as Prefect's TerminationSignal: a stop, as in the CLI.
-        ending = "interrupted" if isinstance(e, TerminationSignal) else run_ending(e)
-        raise
-    finally:
-        # Also on failure or cancellation: no run stays `running` once its flow ended.
-        result = await asyncio.shield(finish_run_task(collection, ending, started))
-        if ending == "interrupted":
-            get_run_logger().warning(resume_hint(result))
+    """Collect this process's share of an open collection (`Collection.run` with the
+    flow's stages): the run row, what remains as one stream, how it ended (also when it
+    failed or was cancelled), the totals."""
+    result = await collection.run(stream_here, stages=FlowStages())
     get_run_logger().info(
         "run %s %s: %d / %d episodes stored, success rate %.2f",
         result.run_key,
-        ending,
+        collection.ended or "ended",
         result.episodes,
         result.planned,
         result.success_rate,
@@ -410,7 +437,6 @@ async def fan_out(collection: Collection, *, shards: int, deployment: str) -> Co
     Raises:
         CollectError: a shard did not complete in `SHARD_ATTEMPTS` flow runs.
     """
-    started = time.monotonic()
     request = collection.request
     if gap := await crash_detection_gap():
         get_run_logger().warning(
@@ -419,28 +445,39 @@ async def fan_out(collection: Collection, *, shards: int, deployment: str) -> Co
             request.run_key,
             gap,
         )
-    await asyncio.to_thread(collection.start)
-    episodes_before, steps_before = await asyncio.to_thread(collection.stored_totals)
-    # A failure or a cancellation here is recorded when the collection closes.
-    runs = await asyncio.gather(
-        *(_run_shard(request, i, shards, deployment) for i in range(shards))
-    )
-    failed = [r for r in runs if not (r.state and r.state.is_completed())]
-    ending: RunEnding = "failed" if failed else "completed"
-    await asyncio.to_thread(collection.end, ending, flow_run_id=_flow_run_id())
-    if failed:
-        raise CollectError(
-            f"{len(failed)} of {shards} shard(s) of run {collection.run_key} did not "
-            f"complete in {SHARD_ATTEMPTS} flow runs each: "
-            f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+
+    async def shards_work(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
+        episodes_before, steps_before = await asyncio.to_thread(collection.stored_totals)
+        runs = await asyncio.gather(
+            *(_run_shard(request, i, shards, deployment) for i in range(shards))
         )
-    episodes_after, steps_after = await asyncio.to_thread(collection.stored_totals)
-    return await asyncio.to_thread(
-        collection.result,
-        executed=episodes_after - episodes_before,
-        steps=steps_after - steps_before,
-        started=started,
-    )
+        failed = [r for r in runs if not (r.state and r.state.is_completed())]
+        if failed:
+            raise CollectError(
+                f"{len(failed)} of {shards} shard(s) of run {collection.run_key} did not "
+                f"complete in {SHARD_ATTEMPTS} flow runs each: "
+                f"{[str(r.state) for r in failed]}; re-run the key to finish it"
+            )
+        episodes_after, steps_after = await asyncio.to_thread(collection.stored_totals)
+        return Executed(episodes=episodes_after - episodes_before, steps=steps_after - steps_before)
+
+    return await collection.run(shards_work, stages=_ShardedStages())
+
+
+class _ShardedStages(FlowStages):
+    """A sharded run's parent: the run row and its ending as plain calls (its shards'
+    flow runs show the work)."""
+
+    async def start(
+        self, collection: Collection, stage: Callable[[], Awaitable[uuid.UUID]]
+    ) -> uuid.UUID:
+        return await stage()
+
+    async def finish(
+        self, collection: Collection, stage: Callable[[], Awaitable[CollectResult]]
+    ) -> CollectResult:
+        collection.flow_run_id = _flow_run_id()
+        return await stage()
 
 
 async def _run_shard(request: CollectRequest, index: int, count: int, deployment: str) -> FlowRun:

@@ -1,8 +1,9 @@
 """The `evaluate` flow: a checkpoint as an `hf:` policy on held-out tasks in real sandboxes.
 
 Stages as Prefect tasks: `evaluation-episodes` (one per checkpoint: the model fetched, one
-episode per held-out task, stored under run key `eval-<checkpoint>`; the run row is
-closed `completed` or `failed`, never left `running`), `evaluation-metrics` (completion
+episode per held-out task, run as the collection `eval-<checkpoint>` through
+`collection.evaluation`: the run key's lock, the run row written and ended by the
+collection, never left `running`; a re-run resumes it), `evaluation-metrics` (completion
 rate, average steps, tool-call failure rate) and `compare-checkpoints` (against the
 previous checkpoint on the same tasks, recorded on the checkpoint row). A markdown artifact
 shows the comparison.
@@ -79,60 +80,42 @@ async def evaluation_episodes(
     tasks: list[TaskInstance],
     options: EvaluationOptions,
 ) -> list[Trajectory]:
-    """Run checkpoint `checkpoint_id` on `tasks` and store the episodes (run `eval-<id>`)."""
-    from models import run_id_for
+    """Run checkpoint `checkpoint_id` on `tasks` and store the episodes: the collection
+    run `eval-<id>` (`collection.evaluation.run_evaluation`: the run key's lock, the run
+    row written and ended by the collection, the warm pool, the outbox)."""
+    from collection.evaluation import evaluation_settings, run_model_evaluation
     from storage.db import make_engine
-    from storage.episodes import persist_episodes
     from storage.objects import make_object_store
-    from storage.runs import close_run, open_run
-    from training.evaluation import run_model_episodes
     from training.registry import fetch_checkpoint, link_policy_to_checkpoint
 
     started = time.monotonic()
     spec = f"hf:checkpoint/{checkpoint_id}"
-    run_key = f"eval-{checkpoint_id}"
     engine = make_engine(settings.database)
     store = make_object_store(settings.objects)
-    status = "failed"
     try:
-        await asyncio.to_thread(
-            open_run,
-            engine,
-            run_key=run_key,
-            suite=options.suite,
-            policy=spec,
-            parameters=options.model_dump(mode="json"),
-            sandbox_spec={},
-            fault_profile={},
-        )
         with scratch_dir("epiflow-eval-") as tmp:
             model_dir = await asyncio.to_thread(
                 fetch_checkpoint, engine, store, checkpoint_id, tmp / "model"
             )
-            trajectories = await run_model_episodes(
+            labelled = await run_model_evaluation(
                 model_dir,
                 tasks,
-                run_key=run_key,
-                max_steps=options.max_steps,
+                run_key=f"eval-{checkpoint_id}",
+                suite=options.suite,
+                settings=evaluation_settings(settings, max_steps=options.max_steps),
                 max_new_tokens=options.max_new_tokens,
-                rewards=settings.rewards,
+                spec=spec,
+                engine=engine,
+                store=store,
+                flow_run_id=str(flow_run.id) if flow_run.id else None,
             )
-        labelled = [t.model_copy(update={"policy": spec}) for t in trajectories]
-        await asyncio.to_thread(persist_episodes, engine, store, labelled)
         await asyncio.to_thread(link_policy_to_checkpoint, engine, spec, checkpoint_id)
-        status = "completed"
     finally:
-        flow_run_id = str(flow_run.id) if flow_run.id else None
-        await asyncio.shield(
-            asyncio.to_thread(
-                close_run, engine, run_id_for(run_key), status=status, flow_run_id=flow_run_id
-            )
-        )
         engine.dispose()
     get_run_logger().info(
         "evaluation-episodes: checkpoint %s, %d episodes in %.1f s",
         checkpoint_id,
-        len(trajectories),
+        len(labelled),
         time.monotonic() - started,
     )
     return labelled

@@ -2,10 +2,9 @@
 
 Seed 000 §4.5 names what to monitor after deployment: task completion rate, average
 steps and tool-call failure rate; the same three measure a checkpoint here, against the
-previous checkpoint. `evaluation_metrics` is pure (trajectories in, numbers out);
-`evaluate_model_dir` runs the episodes with the `hf:` policy through the real loop;
-`run_policy_episodes` with any policy (`openai:` on a served checkpoint, `bench/loop.py
---recipe smollm2`).
+previous checkpoint. `evaluation_metrics` is pure (trajectories in, numbers out); the episodes themselves
+run as a collection (`collection.evaluation`: `hf:` in process, or any policy such as
+`openai:` on a served checkpoint), one floor up.
 
 Definitions:
 
@@ -37,14 +36,10 @@ assistant turns, and are training's own definitions (not the shared failed-call 
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from agent.policies.base import Policy
 from agent.policies.scripted import reference_cursor
 from agent.trajectory import (
     INFRASTRUCTURE_STATUSES,
@@ -53,17 +48,13 @@ from agent.trajectory import (
     Step,
     Trajectory,
 )
-from core.progress import PROGRESS_EVERY_S, ProgressReporter, log_lines
-from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
 
 __all__ = [
     "EvaluationMetrics",
     "EvaluationReport",
     "compare_metrics",
-    "evaluate_model_dir",
     "evaluation_metrics",
-    "run_model_episodes",
     "turn_kind",
 ]
 
@@ -217,129 +208,3 @@ def compare_metrics(
         name: getattr(current, name) - getattr(previous, name)
         for name in ("completion_rate", "avg_steps", "tool_failure_rate")
     }
-
-
-async def run_model_episodes(
-    model_dir: Path,
-    tasks: Sequence[TaskInstance],
-    *,
-    run_key: str,
-    max_steps: int = 8,
-    max_new_tokens: int = 256,
-    concurrency: int = 2,
-    torch_threads: int = 0,
-    rewards: RewardSettings | None = None,
-    progress_every_s: float = PROGRESS_EVERY_S,
-) -> list[Trajectory]:
-    """One episode per task with the `hf:` policy at `model_dir`, in real sandboxes (async).
-
-    Generation runs with `torch_threads` intra-op threads (0: `training.threads`' choice
-    for the machine's load; on a busy machine one thread decodes many times faster).
-    The rest is `run_policy_episodes`.
-    """
-    from agent.policies.hf import HFPolicy
-    from agent.settings import PolicySettings
-    from training.threads import tuned_threads
-
-    policy = HFPolicy(model_dir, PolicySettings(max_tokens=max_new_tokens))
-    with tuned_threads(torch_threads):
-        return await run_policy_episodes(
-            policy,
-            tasks,
-            run_key=run_key,
-            max_steps=max_steps,
-            concurrency=concurrency,
-            rewards=rewards,
-            progress_every_s=progress_every_s,
-        )
-
-
-async def run_policy_episodes(
-    policy: Policy,
-    tasks: Sequence[TaskInstance],
-    *,
-    run_key: str,
-    max_steps: int = 8,
-    max_parse_failures: int | None = None,
-    concurrency: int = 2,
-    rewards: RewardSettings | None = None,
-    progress_every_s: float = PROGRESS_EVERY_S,
-) -> list[Trajectory]:
-    """One episode per task with `policy` (an `hf:` checkpoint, or `openai:` on a served
-    one), in real sandboxes, `concurrency` at a time; the policy is closed afterwards.
-
-    Each episode is rewarded as a collected one (`scoring.rewards.apply_rewards` with
-    `rewards`, the entry point's `Settings.rewards`; `RewardSettings()` when not given), so
-    a stored evaluation episode carries the same final reward as any other.
-    `max_parse_failures` ends an episode after that many unparsable turns in a row
-    (None: `max_steps`, so an untrained model runs its whole budget).
-    Progress (episodes done / total, successes, rate, ETA) is a line on the
-    `training.progress` logger at least every `progress_every_s` (`core.progress`).
-    """
-    from agent.loop import run_episode
-    from agent.settings import LoopSettings
-    from sandbox import SandboxSpec
-    from scoring.rewards import apply_rewards
-
-    loop = LoopSettings(
-        max_steps=max_steps,
-        max_consecutive_parse_failures=max_parse_failures or max_steps,
-    )
-    spec = SandboxSpec()
-    reward_settings = rewards if rewards is not None else RewardSettings()
-    gate = asyncio.Semaphore(concurrency)
-    progress = ProgressReporter(
-        f"evaluate {run_key}",
-        total=len(tasks),
-        unit="episode",
-        every_s=progress_every_s,
-        emit=log_lines(logging.getLogger("training.progress")),
-    )
-    finished = {"done": 0, "successes": 0}
-
-    async def one(task: TaskInstance) -> Trajectory:
-        async with gate:
-            trajectory = await run_episode(task, policy, spec=spec, run_key=run_key, settings=loop)
-        finished["done"] += 1
-        finished["successes"] += trajectory.status == EpisodeStatus.SUCCESS
-        progress.update(finished["done"], successes=finished["successes"])
-        return apply_rewards(trajectory, reward_settings)
-
-    with progress:
-        progress.update(0, successes=0)
-        try:
-            return list(await asyncio.gather(*(one(t) for t in tasks)))
-        finally:
-            await policy.aclose()
-
-
-def evaluate_model_dir(
-    model_dir: Path,
-    tasks: Sequence[TaskInstance],
-    *,
-    run_key: str,
-    max_steps: int = 8,
-    max_new_tokens: int = 256,
-    concurrency: int = 2,
-    rewards: RewardSettings | None = None,
-) -> tuple[EvaluationMetrics, list[Trajectory]]:
-    """Run every task once with the `hf:` policy at `model_dir` in real sandboxes (sync;
-    inside a running event loop use `run_model_episodes` + `evaluation_metrics`).
-
-    Returns the metrics and the trajectories (persist them with
-    `storage.episodes.persist_episodes` to keep the evaluation episodes as data).
-    `max_new_tokens` caps each turn; `max_steps` also bounds consecutive parse failures,
-    so an untrained model runs its full budget instead of stopping at the first garbage.
-    """
-    trajectories = asyncio.run(
-        run_model_episodes(
-            model_dir,
-            tasks,
-            run_key=run_key,
-            max_steps=max_steps,
-            max_new_tokens=max_new_tokens,
-            concurrency=concurrency,
-            rewards=rewards,
-        )
-    )
-    return evaluation_metrics(trajectories, tasks), trajectories

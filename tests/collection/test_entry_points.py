@@ -3,7 +3,8 @@
 Run for real (nsjail, SQLite, Prefect), each entry point holds the run key's lock while
 its episodes run: `epiflow collect` (a subprocess; its flow runs on the collection the
 command opened), the `collect-episodes` and `collect-shard` flows (Prefect's test
-harness) and `collect_in_process`. The policy is the `openai:` policy talking to a real
+harness), `collect_in_process` and an evaluation (`collection.evaluation`). The policy is
+the `openai:` policy talking to a real
 loopback chat server (`tests.agent.chat_server`), which tries to take the lock itself
 each time an episode asks it for a completion, before it answers; once the entry point
 has returned, the lock is free. The demo runs the `collect-episodes` flow and the
@@ -17,11 +18,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from collection.request import CollectRequest
 from storage import migrate
@@ -133,6 +136,49 @@ def test_collect_shard_flow_holds_its_shard_lock(
         probe.assert_held_while_episodes_ran(1)
 
 
+def test_an_evaluation_holds_the_lock_and_ends_its_run(
+    database: DatabaseSettings, tmp_path: Path
+) -> None:
+    """An evaluation is a collection run: the caller's policy on the caller's tasks, the
+    run key's lock held while its episodes run, its run row ended by the collection."""
+    from agent.policies import make_policy
+    from collection.evaluation import evaluation_settings, run_evaluation
+    from config.settings import load_settings
+    from suites.registry import load_suite
+
+    settings = evaluation_settings(load_settings(), max_steps=2)
+    tasks = load_suite("builtin").heldout_instances(1, templates=TEMPLATES)
+    with LockProbe(database, "eval-probe") as probe:
+        engine = make_engine(database)
+        policy = make_policy(f"openai:{probe.base_url}#lock-probe")
+
+        async def evaluate() -> list[Any]:
+            try:
+                return await run_evaluation(
+                    policy,
+                    tasks,
+                    run_key="eval-probe",
+                    suite="builtin",
+                    settings=settings,
+                    engine=engine,
+                    store=LocalObjectStore(tmp_path / "objects"),
+                )
+            finally:
+                await policy.aclose()
+
+        try:
+            episodes = asyncio.run(evaluate())
+            with engine.connect() as conn:
+                status = conn.execute(
+                    text("SELECT status FROM collection_run WHERE run_key = 'eval-probe'")
+                ).scalar_one()
+        finally:
+            engine.dispose()
+        assert [e.task_id for e in episodes] == [t.task_id for t in tasks]
+        assert status == "completed"
+        probe.assert_held_while_episodes_ran(2)
+
+
 @pytest.fixture
 def cli_homes() -> Iterator[tuple[Path, Path]]:
     with local_prefect_home() as prefect_home, sandbox_state_dir() as state_dir:
@@ -163,6 +209,7 @@ COLLECTION_PATH = [
     *sorted((ROOT / "collection").glob("*.py")),
     ROOT / "flows" / "collect.py",
     ROOT / "flows" / "shard.py",
+    ROOT / "flows" / "evaluate.py",
     ROOT / "cli" / "collect.py",
     ROOT / "cli" / "demo.py",
     *sorted((ROOT / "bench").glob("*.py")),
@@ -213,6 +260,29 @@ def test_the_collection_path_plans_opens_locks_and_ends_in_one_place() -> None:
         "open_run": 1,
         "close_run": 1,
     }, counts
+
+
+PACKAGES = sorted(
+    path
+    for path in ROOT.glob("*/**/*.py")
+    if path.relative_to(ROOT).parts[0] not in {"tests", "storage", "migrations", ".venv"}
+)
+"""Every module of the project but storage's own (and the tests)."""
+
+
+def test_run_rows_are_written_by_storage_and_the_lifecycle_alone() -> None:
+    """A run's row is opened and closed (its status written) only by `storage` and
+    `collection/lifecycle.py`; `Collection._end`, the one status writer, is called only
+    there (by `Collection.run` and `Collection.abandon`)."""
+    writers = {"open_run", "close_run", "_end"}
+    where = {
+        str(path.relative_to(ROOT)): sorted(_called(path) & writers)
+        for path in PACKAGES
+        if _called(path) & writers
+    }
+    assert where == {LIFECYCLE: ["_end", "close_run", "open_run"]}, where
+    # run (its finish stage) and abandon:
+    assert len(re.findall(r"self\._end\b", (ROOT / LIFECYCLE).read_text())) == 2
 
 
 def test_the_collect_command_reads_no_storage_of_its_own() -> None:

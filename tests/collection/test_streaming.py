@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from agent.trajectory import Trajectory
-from collection.lifecycle import Collection, open_collection
+from collection.lifecycle import Collection, open_collection, start_run
 from collection.request import CollectRequest
 from collection.runner import PersistedGroup, run_episodes
 from config.settings import load_settings
@@ -34,7 +34,7 @@ def _open(tmp_path: Path, request: CollectRequest) -> Iterator[tuple[Engine, Col
     store = LocalObjectStore(tmp_path / "objects")
     try:
         with open_collection(request, load_settings(), engine=engine, store=store) as collection:
-            collection.start()
+            start_run(engine, collection.request)  # these tests drive the stream alone
             yield engine, collection
     finally:
         engine.dispose()

@@ -6,20 +6,26 @@ PostgreSQL too in test_snapshots.py.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import Session, select
 
+from agent.trajectory import Trajectory
+from collection.evaluation import evaluation_settings, run_model_evaluation
+from config.settings import load_settings
 from models import Checkpoint, QcResult, QcRun, TrainingRun, run_id_for
 from sandbox.tool_specs import BUILTIN_TOOLS
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
 from suites.registry import load_suite
+from tasks.types import TaskInstance
 from tests.training.factory import call_step, episode, final_step
 from training.errors import TrainerError
-from training.evaluation import compare_metrics, evaluate_model_dir
+from training.evaluation import EvaluationMetrics, compare_metrics, evaluation_metrics
 from training.pipeline import prepare_base_model, train_checkpoint
 from training.registry import (
     fetch_checkpoint,
@@ -119,9 +125,7 @@ def test_train_register_fetch_and_evaluate_in_sandboxes(
     # the checkpoint, fetched from the store, is an hf: policy in real nsjail sandboxes
     model_dir = fetch_checkpoint(engine, store, outcome.checkpoint_id, tmp_path / "fetched")
     tasks = load_suite("builtin").heldout_instances(1, templates=["csv_to_json", "dir_tree"])
-    metrics, trajectories = evaluate_model_dir(
-        model_dir, tasks, run_key="eval", max_steps=2, max_new_tokens=12
-    )
+    metrics, trajectories = _evaluate(engine, store, model_dir, tasks, run_key="eval")
     assert metrics.n_episodes == 2 and len(trajectories) == 2
     assert all(t.policy == f"hf:{model_dir}" for t in trajectories)
     assert all(t.n_steps >= 1 and t.steps[0].raw_output for t in trajectories)
@@ -131,13 +135,46 @@ def test_train_register_fetch_and_evaluate_in_sandboxes(
     previous = previous_checkpoint(engine, outcome.checkpoint_id)
     assert previous == base_id
     base_dir = fetch_checkpoint(engine, store, base_id, tmp_path / "base")
-    base_metrics, _ = evaluate_model_dir(
-        base_dir, tasks, run_key="eval-base", max_steps=2, max_new_tokens=12
-    )
+    base_metrics, _ = _evaluate(engine, store, base_dir, tasks, run_key="eval-base")
     delta = compare_metrics(metrics, base_metrics)
     assert set(delta) == {"completion_rate", "avg_steps", "tool_failure_rate"}
     record_evaluation(engine, outcome.checkpoint_id, {**metrics.model_dump(), "delta": delta})
     assert get_checkpoint(engine, outcome.checkpoint_id).evaluation["n_episodes"] == 2
+
+
+def _evaluate(
+    engine: Engine,
+    store: LocalObjectStore,
+    model_dir: Path,
+    tasks: list[TaskInstance],
+    *,
+    run_key: str,
+) -> tuple[EvaluationMetrics, list[Trajectory]]:
+    """The checkpoint at `model_dir` on `tasks` (two turns of 12 tokens), as an evaluation
+    collection run stored in `engine`: its metrics and episodes."""
+    settings = evaluation_settings(load_settings(), max_steps=2)
+    trajectories = asyncio.run(
+        run_model_evaluation(
+            model_dir,
+            tasks,
+            run_key=run_key,
+            suite="builtin",
+            settings=settings,
+            max_new_tokens=12,
+            engine=engine,
+            store=store,
+        )
+    )
+    with engine.connect() as conn:  # a run like any collection: ended, every episode stored
+        status, stored = conn.execute(
+            text(
+                "SELECT r.status, COUNT(e.id) FROM collection_run r "
+                "JOIN episode e ON e.run_id = r.id WHERE r.run_key = :k GROUP BY r.status"
+            ),
+            {"k": run_key},
+        ).one()
+    assert (status, stored) == ("completed", len(tasks))
+    return evaluation_metrics(trajectories, tasks), trajectories
 
 
 def test_failed_training_is_recorded(engine, store, tmp_path, tiny_base_model, tiny_settings):

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 
 from agent.serving import serve_checkpoint, serve_command
 from agent.settings import LoopSettings, PolicySettings
+from agent.trajectory import Trajectory
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
 from config.settings import load_settings
@@ -94,16 +95,17 @@ def test_the_server_command_sizes_continuous_batching_for_the_job(tmp_path: Path
 
 
 def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
-    tiny_base_model: Path, tmp_path: Path
+    tiny_base_model: Path, engine: Engine, store: LocalObjectStore, tmp_path: Path
 ) -> None:
     """`bench/loop.py --recipe smollm2`'s evaluation path on one held-out episode: the
     checkpoint served with one torch thread, `openai:` with the compact prompt it was
-    trained on, `run_policy_episodes` in a real sandbox, the rates of `evaluation_metrics`."""
+    trained on, `run_evaluation` in a real sandbox, the rates of `evaluation_metrics`."""
     from agent.policies import make_policy
     from agent.prompt import PromptStyle, render_system_prompt
+    from collection.evaluation import evaluation_settings, run_evaluation
     from sandbox.tool_specs import BUILTIN_TOOLS
     from suites.registry import load_suite
-    from training.evaluation import evaluation_metrics, run_policy_episodes
+    from training.evaluation import evaluation_metrics
     from training.trainers.common import load_tokenizer
 
     tasks = load_suite("builtin").heldout_instances(1, templates=["dir_tree"])
@@ -114,11 +116,23 @@ def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
             f"{served.policy_spec}?max_tokens=8&prompt_style=compact",
             settings=PolicySettings(request_timeout_s=300),
         )
-        trajectories = asyncio.run(
-            run_policy_episodes(
-                policy, tasks, run_key="served-eval", max_steps=2, max_parse_failures=1
-            )
-        )
+        settings = evaluation_settings(load_settings(), max_steps=2, max_parse_failures=1)
+
+        async def episodes() -> list[Trajectory]:
+            try:
+                return await run_evaluation(
+                    policy,
+                    tasks,
+                    run_key="served-eval",
+                    suite="builtin",
+                    settings=settings,
+                    engine=engine,
+                    store=store,
+                )
+            finally:
+                await policy.aclose()
+
+        trajectories = asyncio.run(episodes())
     metrics = evaluation_metrics(trajectories, tasks)
     assert (metrics.n_episodes, metrics.n_infrastructure) == (1, 0)
     assert metrics.completion_rate == 0.0  # untrained: the agent's failure, not the server's
