@@ -1,7 +1,7 @@
 """Progress lines for long work: a line at least every `every_s` seconds while it runs.
 
 Training (`training.callbacks.TrainingProgress`), evaluation
-(`training.evaluation.run_model_episodes`) and the demo's stages report what is done so
+(`collection.evaluation.run_evaluation`) and the demo's stages report what is done so
 far, e.g. `train sft: 40/200 steps (20%), loss 1.234, 1.9 s/step, elapsed 1m17s, ETA
 5m08s`. A line goes out when an update comes `every_s` after the previous line (the
 first update and the one that reaches the total always print). When no update comes for
