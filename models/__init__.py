@@ -12,6 +12,7 @@ from models.episode import Episode
 from models.episode_link import AtifDocument, EpisodeLink
 from models.harbor import HarborEpisode, HarborTest
 from models.judgement import Judgement
+from models.model_alias import ModelAliasChange
 from models.policy import Policy
 from models.qc_result import QcResult
 from models.qc_run import QcRun
@@ -32,6 +33,7 @@ __all__ = [
     "HarborEpisode",
     "HarborTest",
     "Judgement",
+    "ModelAliasChange",
     "Policy",
     "QcResult",
     "QcRun",

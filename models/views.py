@@ -19,6 +19,7 @@ from models.dataset import Dataset
 from models.dataset_episode import DatasetEpisode
 from models.episode import Episode
 from models.episode_link import AtifDocument
+from models.model_alias import ModelAliasChange
 from models.qc_result import QcResult
 from models.qc_run import QcRun
 from models.step import Step
@@ -122,6 +123,20 @@ VIEW_COLUMNS: dict[str, dict[str, Source]] = {
         "identical_episodes": "Replays whose every step gave the same observation.",
         "reproducibility_rate": "identical_episodes / replays.",
         "step_reproducibility": "Identical steps over all replayed steps.",
+    },
+    "model_history": {
+        "alias": (ModelAliasChange, "alias"),
+        "seq": (ModelAliasChange, "seq"),
+        "action": (ModelAliasChange, "action"),
+        "checkpoint_id": (ModelAliasChange, "checkpoint_id"),
+        "policy_spec": (ModelAliasChange, "policy_spec"),
+        "previous_checkpoint_id": (ModelAliasChange, "previous_checkpoint_id"),
+        "valid_from": "When the alias started pointing here (the change's `changed_at`, UTC).",
+        "valid_to": "When the next change of the alias replaced it; NULL while it is current.",
+        "is_current": "Whether this is the alias's current target (its latest change).",
+        "reason": (ModelAliasChange, "reason"),
+        "evidence": (ModelAliasChange, "evidence"),
+        "actor": (ModelAliasChange, "actor"),
     },
     "episode_tree": {
         "root_episode_id": "The tree's root: an imported ATIF episode no other episode links to "
