@@ -4,6 +4,7 @@ wins). SQLite and PostgreSQL (`migrated_engine`), a local object store for the c
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -26,6 +27,7 @@ from training.aliases import (
     rollback_alias,
 )
 from training.errors import RegistryError
+from training.settings import TrainingSettings
 from training.training_config import TokenizerInfo, TrainingConfig
 
 
@@ -161,3 +163,53 @@ def test_two_promotions_racing_on_one_alias_one_wins(
     assert "changed meanwhile" in str(conflicts[0]) and "nothing written" in str(conflicts[0])
     history = alias_history(migrated_engine, "champion")
     assert len(history) == 2 and history[-1].checkpoint_id in challengers
+
+
+@pytest.mark.slow
+def test_a_collection_runs_the_model_an_alias_names(
+    engine: Engine,
+    store: LocalObjectStore,
+    tiny_base_model: Path,
+    tiny_settings: TrainingSettings,
+    tmp_path: Path,
+) -> None:
+    """`--policy hf:alias/champion`: the collection fetches the checkpoint the alias names
+    when it opens and labels its episodes with that checkpoint (the alias moves; the
+    model that collected must stay known). An alias never set is the request's error,
+    before anything is written. Real nsjail, the tiny local model, SQLite."""
+    import asyncio
+    import dataclasses
+    import shutil
+
+    from agent.settings import LoopSettings, PolicySettings
+    from collection.errors import RequestError
+    from collection.request import CollectRequest
+    from collection.runner import collect_in_process
+    from config.settings import load_settings
+    from training.pretrained import register_pretrained
+
+    model_dir = tmp_path / "base"
+    shutil.copytree(tiny_base_model, model_dir)
+    checkpoint_id = register_pretrained(engine, store, model_dir, settings=tiny_settings)
+    settings = dataclasses.replace(
+        load_settings(), policy=PolicySettings(max_tokens=4), loop=LoopSettings(max_steps=1)
+    )
+
+    def collect(key: str, policy: str) -> object:
+        request = CollectRequest(run_key=key, policy=policy, templates=["dir_tree"])
+        return asyncio.run(
+            collect_in_process(request, engine=engine, store=store, settings=settings)
+        )
+
+    with pytest.raises(RequestError, match="alias 'champion' was never set"):
+        collect("before", "hf:alias/champion")
+    point_alias(engine, store, "champion", checkpoint_id, reason="the base", actor="t")
+    collect("nightly", "hf:alias/champion")
+    with engine.connect() as conn:
+        runs = conn.execute(text("SELECT run_key, policy_id FROM collection_run")).all()
+        policies = conn.execute(text("SELECT DISTINCT policy_id FROM episode")).scalars().all()
+    assert [tuple(r) for r in runs] == [("nightly", "hf:alias/champion")]
+    assert policies == [f"hf:checkpoint/{checkpoint_id}"]
+    assert not list(
+        Path(tempfile.gettempdir()).glob("epiflow-policy-*")
+    )  # the model's copy is gone
