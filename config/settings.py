@@ -23,7 +23,7 @@ from typing import TypeVar
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.settings import LoopSettings, NoisyRates, PolicySettings
+from agent.settings import LoopSettings, NoisyRates, PolicySettings, SuccessSettings
 from core.errors import EpiflowError
 from expectations.settings import GateSettings
 from sandbox.settings import SandboxSettings
@@ -179,6 +179,7 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     PrefectSettings,
     SandboxSettings,
     LoopSettings,
+    SuccessSettings,
     NoisyRates,
     PolicySettings,
     RewardSettings,
