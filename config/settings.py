@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import LoopSettings, NoisyRates, PolicySettings, SuccessSettings
 from core.errors import EpiflowError
-from expectations.settings import GateSettings
+from expectations.settings import GateSettings, QcConfig
 from sandbox.settings import SandboxSettings
 from scoring.settings import GrmSettings, QualitySettings, RewardSettings, RuleJudgeSettings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
@@ -267,4 +267,19 @@ def load_settings() -> Settings:
         policy=_build(PolicySettings),
         rewards=_build(RewardSettings),
         suites=_build(SuitesSettings),
+    )
+
+
+def load_qc_config() -> QcConfig:
+    """Read the quality gate's settings from the environment (the gate's entry points:
+    the qc-gate flow, benchmarks).
+
+    Raises:
+        ConfigError: a variable is invalid; the message names every such variable.
+    """
+    return QcConfig(
+        gate=_build(GateSettings),
+        rewards=_build(RewardSettings),
+        judge=_build(RuleJudgeSettings),
+        quality=_build(QualitySettings),
     )

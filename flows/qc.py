@@ -26,7 +26,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.trajectory import Trajectory, utcnow
-from config.settings import Settings, load_settings
+from config.settings import Settings, load_qc_config, load_settings
 from expectations.report import GateReport
 from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
@@ -507,7 +507,7 @@ async def qc_gate(
     )
     started = utcnow()
     settings = load_settings()
-    config = QcConfig.from_env()
+    config = load_qc_config()
     threshold = options.training_threshold or config.quality.training_trigger_volume
     qc_run_id = uuid.uuid4()
     loaded = await load_episodes(settings, run)

@@ -52,11 +52,10 @@ PROBE_SEED = 0
 _Loc = tuple[str | int, ...]
 
 
-def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> Suite:
+def load_user_suite(folder: Path, *, sandbox: SandboxSettings) -> Suite:
     """Load the suite in `folder` (which holds `suite.yaml`).
 
-    `sandbox` configures the jails generator scripts run in (default: `SandboxSettings()`,
-    built when a generator first runs). Tasks with parameters but no generator are
+    `sandbox` configures the jails generator scripts run in (the entry point's settings). Tasks with parameters but no generator are
     rendered once here (seed `PROBE_SEED`), so their template errors are load errors;
     a generator's values can only be checked when it runs (`suites check` does).
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.expressions import RenderError, names_in, render_text, render_value
-from suites.generator import GeneratedParts, GeneratorJob, run_generator
+from suites.generator import GeneratedParts, GeneratorJob
 from suites.params import draw_params
 from suites.template import TaskDraft, TaskTemplate
 from suites.user_decl import TaskDecl, tool_args_problems
@@ -200,15 +200,14 @@ def build_template(
     verifier_files: dict[str, str],
     generator: GeneratorJob | None,
     on_failure: Callable[[RenderFailure, int], Exception],
-    run: Callable[[GeneratorJob, list[tuple[int, dict[str, Any]]]], list[GeneratedParts]]
-    | None = None,
+    run: Callable[[GeneratorJob, list[tuple[int, dict[str, Any]]]], list[GeneratedParts]],
 ) -> TaskTemplate:
     """The `TaskTemplate` of `task` (the `index`-th task of its suite).
 
     `from_texts` holds the text of every `from` file, `verifier_files` the in-jail path →
     text of the verifier's files; `on_failure(failure, seed)` makes the exception a
-    rendering failure raises at generation time; `run` runs the generator (default: in
-    nsjail, `suites.generator.run_generator`).
+    rendering failure raises at generation time; `run` runs the generator (in nsjail:
+    `suites.generator.run_generator` with the entry point's sandbox settings).
     """
     summary = task.summary or task.prompt.strip().splitlines()[0][:80]
     if not task.generated:
@@ -238,7 +237,7 @@ def build_template(
         )
 
     job = generator
-    run_job = run if run is not None else run_generator
+    run_job = run
     cache: dict[int, TaskDraft] = {}
 
     def build_generated(seeds: Sequence[int]) -> list[TaskDraft]:
