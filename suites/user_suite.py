@@ -32,7 +32,7 @@ from suites.user_decl import SuiteDecl, TaskDecl, tool_args_problems
 from suites.user_template import (
     PARAMS_NAME,
     VERIFIER_DIR,
-    RenderFailure,
+    ExpansionFailure,
     build_template,
     name_problems,
     read_texts,
@@ -73,7 +73,7 @@ def load_user_suite(folder: Path, *, sandbox: SandboxSettings) -> Suite:
             [_issue(path, _mark_for(root, loc), _dotted(loc), msg) for loc, msg in problems]
         )
 
-    def on_failure(failure: RenderFailure, seed: int) -> SuiteFormatError:
+    def on_failure(failure: ExpansionFailure, seed: int) -> SuiteFormatError:
         message = f"seed {seed}: {failure.message}"
         return SuiteFormatError(
             [_issue(path, _mark_for(root, failure.loc), _dotted(failure.loc), message)]
