@@ -7,7 +7,7 @@ propagate; the sandbox is closed on every path.
 
 How an episode ends (status / failure category):
 
-- `<final>` and verifier score ≥ `success_threshold` → success / success
+- `<final>` and a verifier score that `settings.success` calls a success → success / success
 - `<final>` and a lower score → failed / verifier_failed
 - `max_steps` turns, or the same call `repeat_abort_after` times in a row → failed / max_steps
 - `max_consecutive_parse_failures` unparsable turns in a row → failed / parse_failures
@@ -383,8 +383,7 @@ async def _drive(episode: _Episode, verify: Verifier) -> None:
     if ended is not None:
         _finish(traj, ended.status, ended.category, ended.reason)
         return
-    score = traj.verifier_score if traj.verifier_score is not None else 0.0
-    if score >= settings.success_threshold:
+    if settings.success.is_success(traj.verifier_score):
         _finish(traj, EpisodeStatus.SUCCESS, FailureCategory.SUCCESS, None)
     else:
         _finish(traj, EpisodeStatus.FAILED, FailureCategory.VERIFIER_FAILED, traj.verifier_reason)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.protocol import CALL_ID_PATTERN, TOOL_NAME_PATTERN
-from sandbox.types import ToolResult
+from sandbox.types import ToolResult, output_text
 
 __all__ = [
     "cdata",
@@ -79,7 +79,7 @@ def decode_step_text(data: bytes, max_chars: int) -> tuple[str, bool]:
 
     The text a step and its observation show (`storage.sanitize.decode_row_text` is the
     stored row's, which also flags lossy decoding)."""
-    text = data.decode("utf-8", errors="replace").replace("\x00", "")
+    text = output_text(data)
     if len(text) > max_chars:
         return text[:max_chars], True
     return text, False

@@ -126,6 +126,7 @@ def serve_checkpoint(
     model_dir: Path,
     *,
     log_path: Path,
+    policy: PolicySettings,
     startup_timeout_s: float = 600.0,
     continuous_batching: bool = True,
     cache_tokens: int = CACHE_TOKENS,
@@ -133,7 +134,8 @@ def serve_checkpoint(
     torch_threads: int | None = None,
 ) -> Iterator[ServedModel]:
     """Start `transformers serve` for `model_dir`, wait until it answers, yield it, stop it
-    (`cache_tokens`, `max_batch_tokens`: the continuous-batching sizes, `serve_command`;
+    (`policy`: the entry point's policy settings, whose API key the readiness probe sends;
+    `cache_tokens`, `max_batch_tokens`: the continuous-batching sizes, `serve_command`;
     `torch_threads`: the server's intra-op threads, `OMP_NUM_THREADS`; None: torch's
     default, every core).
 
@@ -161,7 +163,7 @@ def serve_checkpoint(
             start_new_session=True,  # its own process group: stopped as one
         )
     try:
-        _wait_ready(process, base_url, str(model_dir), log_path, startup_timeout_s)
+        _wait_ready(process, base_url, str(model_dir), log_path, startup_timeout_s, policy)
         yield ServedModel(
             base_url=base_url, model=str(model_dir), log_path=log_path, pid=process.pid
         )
@@ -190,6 +192,7 @@ def _wait_ready(
     model: str,
     log_path: Path,
     timeout_s: float,
+    policy: PolicySettings,
 ) -> None:
     """Wait until the port listens (polled), then for one 1-token completion with the
     rest of the deadline: the first completion of a continuous-batching server on a CPU
@@ -216,7 +219,7 @@ def _wait_ready(
         time.sleep(0.5)
     left = max(1.0, deadline - time.monotonic())
     try:
-        asyncio.run(probe_endpoint(base_url, model, PolicySettings(), deadline_s=left))
+        asyncio.run(probe_endpoint(base_url, model, policy, deadline_s=left))
     except EndpointError as e:
         if process.poll() is not None:
             raise exited() from e

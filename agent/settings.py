@@ -13,7 +13,26 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.prompt import PromptStyle
 
-__all__ = ["LoopSettings", "NoisyRates", "PolicySettings"]
+__all__ = ["LoopSettings", "NoisyRates", "PolicySettings", "SuccessSettings"]
+
+
+class SuccessSettings(BaseSettings):
+    """The one success rule: when a verifier score makes an episode a success.
+
+    The loop's status, the final reward (`scoring.rewards.final_reward`), the rule judge's
+    false-claim check and the QC feature `success` all ask `is_success`, so an episode's
+    status and its reward cannot disagree at the threshold.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="EPIFLOW_SUCCESS_", frozen=True, extra="forbid")
+
+    threshold: float = Field(default=1.0, gt=0, le=1)
+    """Verifier score at or above which an episode is a success; above 0, so an episode
+    whose verifier scored 0 or did not run never is."""
+
+    def is_success(self, verifier_score: float | None) -> bool:
+        """Whether this verifier score (None: the verifier did not run) is a success."""
+        return verifier_score is not None and verifier_score >= self.threshold
 
 
 class LoopSettings(BaseSettings):
@@ -40,8 +59,8 @@ class LoopSettings(BaseSettings):
     episode_timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit of the whole episode in the loop (→ `timeout`); the sandbox's hard
     timeout applies independently."""
-    success_threshold: float = Field(default=1.0, ge=0, le=1)
-    """Verifier score at or above which an episode that gave `<final>` is a success."""
+    success: SuccessSettings = Field(default_factory=SuccessSettings)
+    """When an episode that gave `<final>` is a success (`EPIFLOW_SUCCESS_THRESHOLD`)."""
     verify_after_limits: bool = True
     """Run the verifier also when the episode ended by max steps or parse failures (partial credit)."""
 

@@ -160,18 +160,20 @@ def _served_episodes(
     from agent.settings import PolicySettings
     from collection.evaluation import run_evaluation
 
+    policy_settings = PolicySettings(request_timeout_s=args.request_timeout_s)
     started = time.perf_counter()
     with serve_checkpoint(
-        model_dir, log_path=args.work / f"serve-{run_key}.log", torch_threads=args.serve_threads
+        model_dir,
+        log_path=args.work / f"serve-{run_key}.log",
+        policy=policy_settings,
+        torch_threads=args.serve_threads,
     ) as served:
         startup_s = time.perf_counter() - started
         spec = (
             f"{served.policy_spec}?max_tokens={args.max_new_tokens}"
             f"&prompt_style={args.prompt_style}"
         )
-        policy = make_policy(
-            spec, settings=PolicySettings(request_timeout_s=args.request_timeout_s)
-        )
+        policy = make_policy(spec, settings=policy_settings)
         started = time.perf_counter()
 
         async def episodes() -> list[Any]:
@@ -287,8 +289,8 @@ class _Curve:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from config.settings import load_qc_config
     from core.home import epiflow_home
-    from expectations.settings import QcConfig
     from storage.db import make_engine
     from storage.migrate import upgrade
     from storage.objects import LocalObjectStore
@@ -374,7 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # 2. gate every run
         started = time.perf_counter()
-        config = QcConfig.from_env()
+        config = load_qc_config()
         gates = {name: _gate(engine, store, r, config) for name, r in runs.items()}
         gate_s = time.perf_counter() - started
         _log(quiet, f"gated in {gate_s:.1f}s: {[g[1] for g in gates.values()]}")

@@ -230,11 +230,15 @@ def main() -> None:
             figures = run(args, args.base_url, args.model or "", home)
         else:
             from agent.serving import serve_checkpoint
+            from agent.settings import PolicySettings
             from core.home import epiflow_home
             from training.pretrained import SMOLLM2, prepare_pretrained
 
             model_dir = args.model_dir or prepare_pretrained(SMOLLM2, home=epiflow_home())
-            with serve_checkpoint(model_dir, log_path=home / "serve.log") as served:
+            serving = serve_checkpoint(
+                model_dir, log_path=home / "serve.log", policy=PolicySettings()
+            )
+            with serving as served:
                 figures = run(args, served.base_url, served.model, home)
     finally:
         if not args.keep:

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from agent.serving import serve_checkpoint
+from agent.settings import PolicySettings
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, max_tokens: int, i: int) -> int:
@@ -111,6 +112,7 @@ def main() -> None:
             serve_checkpoint(
                 args.model_dir,
                 log_path=Path(work) / "serve.log",
+                policy=PolicySettings(),
                 continuous_batching=not args.no_continuous_batching,
             ) as served,
         ):

@@ -51,19 +51,20 @@ def list_suites(
     """List suites and their templates (versions, difficulty); malformed user suites are reported."""
     from rich.table import Table
 
+    from sandbox.settings import SandboxSettings
     from suites.errors import SuiteError
     from suites.registry import load_all_suites, load_suite
     from suites.settings import SuitesSettings
 
-    settings = SuitesSettings()
+    settings, sandbox = SuitesSettings(), SandboxSettings()
     errors: list[SuiteError] = []
     if suite is not None:
         try:
-            suites = [load_suite(suite, settings=settings)]
+            suites = [load_suite(suite, settings=settings, sandbox=sandbox)]
         except SuiteError as e:
             raise _fail(str(e)) from e
     else:
-        suites, errors = load_all_suites(settings)
+        suites, errors = load_all_suites(settings, sandbox=sandbox)
     if as_json:
         payload = {
             "suites": [_suite_json(s) for s in suites],

@@ -55,20 +55,6 @@ class SandboxCheck:
     """`cgroup_v1`, `cgroup_v2` or `rlimit`."""
 
 
-def _sandbox_setting(message: str) -> str:
-    """The `EPIFLOW_SANDBOX_*` variable a sandbox failure message points at."""
-    for needle, setting in (
-        ("nsjail_path", "EPIFLOW_SANDBOX_NSJAIL_PATH"),
-        ("no nsjail binary", "EPIFLOW_SANDBOX_NSJAIL_PATH"),
-        ("python_path", "EPIFLOW_SANDBOX_PYTHON_PATH"),
-        ("cgroups are required", "EPIFLOW_SANDBOX_CGROUPS"),
-        ("cannot be mounted into jails", "EPIFLOW_SANDBOX_STATE_DIR"),
-    ):
-        if needle in message:
-            return setting
-    return "EPIFLOW_SANDBOX_NSJAIL_PATH"
-
-
 async def check_sandbox(settings: SandboxSettings) -> SandboxCheck:
     """Find nsjail and start one probe jail with the configured limits.
 
@@ -79,12 +65,15 @@ async def check_sandbox(settings: SandboxSettings) -> SandboxCheck:
         find_nsjail(settings)
         host = await prepare_host(settings)
     except SandboxUnavailable as e:
-        raise SandboxUnavailable(f"sandbox: {e}", setting=_sandbox_setting(str(e))) from e
+        # The error names its setting where it was raised (sandbox/host.py); the binary is
+        # the likeliest culprit of one that names none.
+        setting = e.setting or SandboxSettings.variable("nsjail_path")
+        raise SandboxUnavailable(f"sandbox: {e}", setting=setting) from e
     except OSError as e:  # the state dir cannot be created or written
         raise SandboxUnavailable(
             f"sandbox: cannot prepare the jails' host files in {settings.state_dir}: "
             f"{e.strerror or e}",
-            setting="EPIFLOW_SANDBOX_STATE_DIR",
+            setting=SandboxSettings.variable("state_dir"),
         ) from e
     return SandboxCheck(nsjail=str(host.nsjail), limit_mode=host.limit_mode)
 

@@ -31,6 +31,7 @@ from storage.objects import ObjectStore
 from storage.replays import record_replay
 from storage.run_reads import run_sandbox_spec
 from suites.registry import load_suite
+from suites.settings import SuitesSettings
 
 
 class ReplayReport(BaseModel):
@@ -79,10 +80,15 @@ def result_fields(result: ToolResult, text_cap: int) -> dict[str, Any]:
 
 
 async def replay_trajectory(
-    t: Trajectory, spec: SandboxSpec, *, text_cap: int, sandbox: SandboxSettings | None = None
+    t: Trajectory,
+    spec: SandboxSpec,
+    *,
+    text_cap: int,
+    sandbox: SandboxSettings,
+    suites: SuitesSettings,
 ) -> ReplayReport:
     """Replay `t` in a fresh jail and compare each tool-call step."""
-    suite = load_suite(t.suite)
+    suite = load_suite(t.suite, settings=suites, sandbox=sandbox)
     task = suite.generate(t.template, t.instance_seed)
     calls = [
         s for s in t.steps if s.parse_kind == ParseKind.TOOL_CALL and s.tool and s.args is not None
@@ -142,7 +148,11 @@ async def replay_episode(
             f"({trajectory.sandbox_spec_hash[:12]}…); cannot replay faithfully"
         )
     report = await replay_trajectory(
-        trajectory, spec, text_cap=settings.loop.step_text_max_chars, sandbox=settings.sandbox
+        trajectory,
+        spec,
+        text_cap=settings.loop.step_text_max_chars,
+        sandbox=settings.sandbox,
+        suites=settings.suites,
     )
     record_replay(
         engine,

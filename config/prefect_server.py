@@ -15,7 +15,8 @@ Lifecycle. The first command takes the lock, starts `python -m config.prefect_se
 its own session (so no signal meant for the command reaches it), waits until `/health`
 answers, and writes its lease; later commands find it healthy and only write a lease.
 A lease is removed when its command exits; one whose process is gone (`kill -9`) counts
-as gone too (the start time tells a reused pid apart). The server checks the leases every
+as gone too (the start time tells a reused pid apart; `core.owner.process_alive`, the one
+process-identity rule). The server checks the leases every
 second and stops `local_idle_s` seconds after the last one went away (5 minutes by
 default, so consecutive commands and a look at the UI reuse it). `stop` ends it at once.
 The server uses the Prefect home's database, so `prefect server start` on the same home
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import ConfigError, PrefectSettings
+from core.owner import process_alive, process_start_ticks
 
 SERVER_DIR_NAME = "epiflow-server"
 HOST = "127.0.0.1"
@@ -112,27 +114,6 @@ def server_dir(home: Path | None = None) -> Path:
     return (home or prefect_home()) / SERVER_DIR_NAME
 
 
-# --- processes ---------------------------------------------------------------------------
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot; None when there is no such process
-    (or it is a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
-def _alive(pid: int, start_ticks: int) -> bool:
-    return process_start_ticks(pid) == start_ticks
-
-
 # --- files ---------------------------------------------------------------------------------
 
 
@@ -190,7 +171,7 @@ def live_leases(directory: Path, *, prune: bool = False) -> list[str]:
             pid, ticks = (int(part) for part in lease.name.split("-", 1))
         except ValueError:
             continue
-        if _alive(pid, ticks):
+        if process_alive(pid, ticks):
             alive.append(lease.name)
         elif prune:
             lease.unlink(missing_ok=True)
@@ -286,7 +267,7 @@ def attach(settings: PrefectSettings, *, directory: Path | None = None) -> Attac
         try:
             state = read_state(directory)
             started = False
-            if state is None or not _alive(state.pid, state.start_ticks):
+            if state is None or not process_alive(state.pid, state.start_ticks):
                 port = settings.local_port if _port_free(settings.local_port) else _free_port()
                 state = _start(directory, settings, port)
                 started = True
@@ -376,7 +357,7 @@ def _wait_healthy(
         problem = api_healthy(state.api_url, timeout_s=5.0)
         if problem is None:
             return
-        if not _alive(state.pid, state.start_ticks):
+        if not process_alive(state.pid, state.start_ticks):
             _clear_state(directory, state)
             last = _last_log_line(directory)
             error = _PortTaken if "address already in use" in last.lower() else PrefectUnavailable
@@ -410,7 +391,7 @@ def status(directory: Path | None = None) -> ServerStatus:
     """The local server of `directory` (default: the current Prefect home's)."""
     directory = directory or server_dir()
     state = read_state(directory)
-    running = state is not None and _alive(state.pid, state.start_ticks)
+    running = state is not None and process_alive(state.pid, state.start_ticks)
     return ServerStatus(
         directory=str(directory),
         running=running,
@@ -441,16 +422,16 @@ def stop(directory: Path | None = None, *, timeout_s: float = 30.0) -> bool:
     directory = directory or server_dir()
     with _locked(directory, None):
         state = read_state(directory)
-        if state is None or not _alive(state.pid, state.start_ticks):
+        if state is None or not process_alive(state.pid, state.start_ticks):
             if state is not None:
                 _clear_state(directory, state)
             return False
         _clear_state(directory, state)
         _signal_group(state.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _alive(state.pid, state.start_ticks) and time.monotonic() < deadline:
+        while process_alive(state.pid, state.start_ticks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(state.pid, state.start_ticks):
+        if process_alive(state.pid, state.start_ticks):
             _signal_group(state.pid, signal.SIGKILL)
     return True
 
@@ -474,7 +455,7 @@ def _watch(directory: Path, idle_s: float, should_exit: threading.Event, server:
         state = read_state(directory)
         if state is not None and state.pid == me:
             recorded = True
-        elif recorded or (state is not None and _alive(state.pid, state.start_ticks)):
+        elif recorded or (state is not None and process_alive(state.pid, state.start_ticks)):
             # Stopped (`stop` cleared the record) or replaced by another server.
             server.should_exit = True
             return

@@ -23,9 +23,9 @@ from typing import TypeVar
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.settings import LoopSettings, NoisyRates, PolicySettings
+from agent.settings import LoopSettings, NoisyRates, PolicySettings, SuccessSettings
 from core.errors import EpiflowError
-from expectations.settings import GateSettings
+from expectations.settings import GateSettings, QcConfig
 from sandbox.settings import SandboxSettings
 from scoring.settings import GrmSettings, QualitySettings, RewardSettings, RuleJudgeSettings
 from storage.settings import DatabaseSettings, ObjectStoreSettings
@@ -179,6 +179,7 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     PrefectSettings,
     SandboxSettings,
     LoopSettings,
+    SuccessSettings,
     NoisyRates,
     PolicySettings,
     RewardSettings,
@@ -266,4 +267,19 @@ def load_settings() -> Settings:
         policy=_build(PolicySettings),
         rewards=_build(RewardSettings),
         suites=_build(SuitesSettings),
+    )
+
+
+def load_qc_config() -> QcConfig:
+    """Read the quality gate's settings from the environment (the gate's entry points:
+    the qc-gate flow, benchmarks).
+
+    Raises:
+        ConfigError: a variable is invalid; the message names every such variable.
+    """
+    return QcConfig(
+        gate=_build(GateSettings),
+        rewards=_build(RewardSettings),
+        judge=_build(RuleJudgeSettings),
+        quality=_build(QualitySettings),
     )

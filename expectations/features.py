@@ -121,6 +121,15 @@ def _final_reward(rewards: RewardSettings) -> pl.Expr:
     )
 
 
+def _success(rewards: RewardSettings) -> pl.Expr:
+    """The one success rule per episode (`SuccessSettings.is_success`, the rule of the status)."""
+    return pl.col("verifier_score").map_elements(
+        lambda score: int(rewards.success.is_success(score)),
+        return_dtype=pl.Int8,
+        skip_nulls=False,
+    )
+
+
 def compute_features(
     frames: QcFrames, judge: pl.DataFrame, *, gate: GateSettings, rewards: RewardSettings
 ) -> pl.DataFrame:
@@ -163,9 +172,7 @@ def compute_features(
             .otherwise(0.0)
             .alias("parse_error_rate"),
             _final_reward(rewards).alias("final_reward"),
-            (pl.col("verifier_score").fill_null(0.0) >= rewards.success_threshold)
-            .cast(pl.Int8)
-            .alias("success"),
+            _success(rewards).alias("success"),
             (
                 pl.col("status").is_in(list(gate.env_error_statuses))
                 | (pl.col("failure_category") == "env_error")

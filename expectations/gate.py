@@ -1,6 +1,6 @@
 """The quality gate, without any database: trajectories (or feature frames) in, verdicts out.
 
-    run_gate(trajectories, config=QcConfig.from_env())          # the usual entry
+    run_gate(trajectories, config=load_qc_config())             # the usual entry (config.settings)
     evaluate_features(features, config=..., engine="gx")         # features already built
 
 Verdict per episode (seed 000 §3.3, §6 pitfall 4):

@@ -56,7 +56,8 @@ class GateSettings(BaseSettings):
 
 
 class QcConfig(BaseModel):
-    """Everything the gate needs, built once at the entry point."""
+    """Everything the gate needs, built once at the entry point
+    (`config.settings.load_qc_config` reads it from the environment)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -68,13 +69,3 @@ class QcConfig(BaseModel):
     """Rule-judge points and budgets."""
     quality: QualitySettings
     """Quality multipliers and the training trigger threshold."""
-
-    @classmethod
-    def from_env(cls) -> QcConfig:
-        """All four settings from the environment (call at the entry point only)."""
-        return cls(
-            gate=GateSettings(),
-            rewards=RewardSettings(),
-            judge=RuleJudgeSettings(),
-            quality=QualitySettings(),
-        )

@@ -26,12 +26,13 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.trajectory import Trajectory, utcnow
-from config.settings import Settings, load_settings
+from config.settings import Settings, load_qc_config, load_settings
 from expectations.report import GateReport
 from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions
 from flows.train import TrainFlowResult, flow_run_link
+from reports.gate_summary import gate_markdown
 from scoring.rubric import Judgement
 
 TriggerMode = Literal["deployment", "inline", "none"]
@@ -430,36 +431,6 @@ async def _start_training(options: GateOptions, gates: list[uuid.UUID]) -> Trigg
     return TriggeredTraining(flow_run_id=str(run.id), deployment=options.train_deployment)
 
 
-def gate_markdown(result: QcGateResult, report: GateReport) -> str:
-    """The gate's artifact: the report, the trigger decision, a link to the training."""
-    from expectations.report import render_markdown
-
-    fired = "no"
-    if result.training is not None:
-        fired = f"yes, {flow_run_link(result.training.flow_run_id)}"
-        if result.training.deployment:
-            fired += f" (deployment `{result.training.deployment}`)"
-    unscored = (
-        f"\n\nLLM judge: {result.grm_unscored} episode(s) unscored (the rule judge stands)."
-        if result.grm_unscored
-        else ""
-    )
-    return (
-        render_markdown(report)
-        + unscored
-        + f"\n\nQuality-weighted volume since the last training: "
-        f"**{result.quality_volume_since_last_training:.1f}** "
-        f"(threshold {result.training_threshold:.1f}); training triggered: **{fired}**.\n"
-        + (
-            f"\nThe training draws on {len(result.training_qc_runs)} gate run(s): "
-            + ", ".join(f"`{q}`" for q in result.training_qc_runs)
-            + ".\n"
-            if result.training_qc_runs
-            else ""
-        )
-    )
-
-
 @flow(name="qc-gate", flow_run_name="qc-{run}", log_prints=False, persist_result=False)
 async def qc_gate(
     run: str,
@@ -507,7 +478,7 @@ async def qc_gate(
     )
     started = utcnow()
     settings = load_settings()
-    config = QcConfig.from_env()
+    config = load_qc_config()
     threshold = options.training_threshold or config.quality.training_trigger_volume
     qc_run_id = uuid.uuid4()
     loaded = await load_episodes(settings, run)
@@ -538,7 +509,17 @@ async def qc_gate(
         training_qc_runs=decision.qc_runs,
     )
     await acreate_markdown_artifact(
-        markdown=gate_markdown(result, report),
+        markdown=gate_markdown(
+            report,
+            volume=result.quality_volume_since_last_training,
+            threshold=result.training_threshold,
+            training_link=(
+                flow_run_link(result.training.flow_run_id) if result.training is not None else None
+            ),
+            training_deployment=result.training.deployment if result.training else None,
+            training_qc_runs=result.training_qc_runs,
+            grm_unscored=result.grm_unscored,
+        ),
         key=artifact_key("qc", loaded.run_key),
         description="QC gate",
     )

@@ -99,6 +99,9 @@ async def open_sandbox(
         SandboxUnavailable: nsjail is missing or cannot start a jail here.
         TransferError: a file path would leave the workspace, or the files are too large.
     """
+    # Read from the environment when not passed, for the callers that still pass none
+    # (tests/test_settings_at_entry_points.py lists them); every other passes its entry
+    # point's settings.
     settings = settings if settings is not None else SandboxSettings()
     if spec.image is not None:  # the workdir tmpfs starts as a copy of the image's workdir
         from sandbox.image_jail import workdir_seed

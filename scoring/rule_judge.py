@@ -127,7 +127,7 @@ def judge_trajectory(trajectory: Trajectory, settings: RuleJudgeSettings) -> Rub
     rel = Dimension.RELIABILITY
     for finding in fabricated_claims(trajectory):
         deduct(rel, settings.fabrication_points, [finding.step], finding.detail, finding.code)
-    false_final = false_final_claim(trajectory, settings.success_threshold)
+    false_final = false_final_claim(trajectory, settings.success)
     if false_final is not None:
         deduct(
             rel,

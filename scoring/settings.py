@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.settings import SuccessSettings
 from scoring.errors import ScoringConfigError
 
 __all__ = ["GrmSettings", "QualitySettings", "RewardSettings", "RuleJudgeSettings"]
@@ -26,11 +27,11 @@ class RewardSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_SCORING_", frozen=True, extra="forbid")
 
     success_reward: float = 1.0
-    """Final reward of a fully verified success (verifier score ≥ `success_threshold`)."""
+    """Final reward of a fully verified success (`success.is_success` of the verifier score)."""
     failure_reward: float = -0.5
     """Final reward of a failure (verifier score 0 or no verifier result); seed 000 §5.5 uses -0.5, not -1."""
-    success_threshold: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Verifier score at or above which the episode counts as a full success."""
+    success: SuccessSettings = Field(default_factory=SuccessSettings)
+    """When the episode counts as a full success: the loop's rule (`EPIFLOW_SUCCESS_THRESHOLD`)."""
     gamma: float = Field(default=0.99, gt=0.0, le=1.0)
     """Discount factor of the returns."""
     format_ok_reward: float = 0.01
@@ -95,8 +96,9 @@ class RuleJudgeSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_JUDGE_", frozen=True, extra="forbid")
 
-    success_threshold: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Verifier score at or above which `<final>`'s success claim counts as confirmed."""
+    success: SuccessSettings = Field(default_factory=SuccessSettings)
+    """When `<final>`'s success claim counts as confirmed: the loop's rule
+    (`EPIFLOW_SUCCESS_THRESHOLD`)."""
     known_tools: frozenset[str] = frozenset(
         {"execute_shell", "read_file", "write_file", "list_dir"}
     )

@@ -31,7 +31,8 @@ from storage.errors import ImportFormatError
 from storage.ingest import existing_episode_ids
 from storage.links import embedded_episode_ids, record_links
 from storage.objects import ObjectStore
-from storage.run_reads import STEP_FRAME_FORMAT, resolve_run, run_step_frame, run_trajectories
+from storage.run_frames import STEP_FRAME_FORMAT, run_step_frame
+from storage.run_reads import resolve_run, run_trajectories
 from storage.runs import close_run, open_run
 
 OPENAI_IMPORT_RUN_KEY = "import:openai"
@@ -47,7 +48,7 @@ def export_run(
     """Write the episodes of run `run` (key or id) as `fmt`; returns how many.
 
     `parquet` is one row per step with the episode's columns beside it, read from SQL
-    (`storage.run_reads.run_step_frame`); `atif` and `openai` are JSON lines, one episode each.
+    (`storage.run_frames.run_step_frame`); `atif` and `openai` are JSON lines, one episode each.
 
     Raises:
         RunNotFound: no run has that key or id.

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from sandbox.types import output_text
+
 _BAD = re.compile("[\x00\ud800-\udfff]")
 REPLACEMENT = "\ufffd"
 
@@ -66,8 +68,7 @@ def decode_row_text(data: bytes, cap_chars: int) -> tuple[str, bool, bool]:
     `lossy` is True when the bytes were not clean UTF-8 or held NULs, i.e. the row's text
     differs from the raw bytes for a reason other than truncation.
     """
-    text = data.decode("utf-8", errors="replace")
-    lossy = "\x00" in text or (REPLACEMENT in text and REPLACEMENT.encode() not in data)
-    text = clean_text(text)
+    text = output_text(data)
+    lossy = b"\x00" in data or (REPLACEMENT in text and REPLACEMENT.encode() not in data)
     truncated = len(text) > cap_chars
     return (text[:cap_chars] if truncated else text), truncated, lossy

@@ -3,15 +3,16 @@
 No code runs: an expression is a parameter name (with `.key` / `[index]` steps into the
 values a generator returned), or a JSON string/number literal, followed by filters from a
 fixed table. There is no attribute access on Python objects, no calls, no loops, so
-rendering a template can neither touch the host nor run away.
+expanding a template can neither touch the host nor run away. (To "render" is
+`agent.render`'s word: protocol messages for the model.)
 
     expr    := head ("|" filter)*
     head    := NAME ("." NAME | "[" INT "]")*  |  JSON string  |  number
     filter  := NAME | NAME "(" JSON literal ("," JSON literal)* ")"
 
-`render_text` puts each expression's value into the string (numbers as digits, booleans as
+`expand_text` puts each expression's value into the string (numbers as digits, booleans as
 `true`/`false`; a list or mapping must be turned into text with `join`, `lines` or
-`json`). `render_value` returns the native value when the whole string is one expression
+`json`). `expand_value` returns the native value when the whole string is one expression
 (a reference argument `timeout: "{{ t }}"` stays an integer). Pure functions.
 """
 
@@ -28,7 +29,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPEN, _CLOSE = "{{", "}}"
 
 
-class RenderError(ValueError):
+class ExpressionError(ValueError):
     """A template is malformed, names an unknown value, or a filter got the wrong type."""
 
 
@@ -61,7 +62,7 @@ def parse(text: str) -> list[Piece]:
     """Split `text` into literal strings and expressions.
 
     Raises:
-        RenderError: an unclosed `{{`, an empty or malformed expression, an unknown filter,
+        ExpressionError: an unclosed `{{`, an empty or malformed expression, an unknown filter,
             or a filter with the wrong number of arguments.
     """
     pieces: list[Piece] = []
@@ -97,23 +98,23 @@ def _find_close(text: str, start: int) -> int:
         elif text.startswith(_OPEN, i):
             break
         i += 1
-    raise RenderError(f"unclosed {_OPEN!r} at character {start + 1}")
+    raise ExpressionError(f"unclosed {_OPEN!r} at character {start + 1}")
 
 
 def names_in(text: str) -> set[str]:
     """The parameter names `text` refers to.
 
     Raises:
-        RenderError: as `parse`.
+        ExpressionError: as `parse`.
     """
     return {p.name for p in parse(text) if isinstance(p, Expr) and p.name is not None}
 
 
-def render_text(text: str, values: Mapping[str, Any]) -> str:
+def expand_text(text: str, values: Mapping[str, Any]) -> str:
     """`text` with every expression replaced by its value as text.
 
     Raises:
-        RenderError: as `parse`, or an unknown name, a bad filter input, a value that has no
+        ExpressionError: as `parse`, or an unknown name, a bad filter input, a value that has no
             text form (a list or mapping without `join`/`lines`/`json`).
     """
     out: list[str] = []
@@ -122,23 +123,23 @@ def render_text(text: str, values: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def render_value(text: str, values: Mapping[str, Any]) -> Any:
-    """The native value when `text` is exactly one expression, else `render_text(text, values)`.
+def expand_value(text: str, values: Mapping[str, Any]) -> Any:
+    """The native value when `text` is exactly one expression, else `expand_text(text, values)`.
 
     Raises:
-        RenderError: as `render_text`.
+        ExpressionError: as `expand_text`.
     """
     pieces = parse(text)
     if len(pieces) == 1 and isinstance(pieces[0], Expr):
         return evaluate(pieces[0], values)
-    return render_text(text, values)
+    return expand_text(text, values)
 
 
 def evaluate(expr: Expr, values: Mapping[str, Any]) -> Any:
     """The value of one expression.
 
     Raises:
-        RenderError: an unknown name, a missing key or index, a filter given the wrong type.
+        ExpressionError: an unknown name, a missing key or index, a filter given the wrong type.
     """
     if expr.name is None:
         value = expr.literal
@@ -146,21 +147,21 @@ def evaluate(expr: Expr, values: Mapping[str, Any]) -> Any:
         value = values[expr.name]
     else:
         known = ", ".join(sorted(values)) or "none"
-        raise RenderError(f"unknown parameter {expr.name!r} (known: {known})")
+        raise ExpressionError(f"unknown parameter {expr.name!r} (known: {known})")
     for step in expr.path:
         value = _step_into(value, step, expr)
     for f in expr.filters:
         func = FILTERS[f.name][0]
         try:
             value = func(value, *f.args)
-        except RenderError as e:
-            raise RenderError(f"`{f.name}` in {{{{ {expr.source} }}}}: {e}") from None
+        except ExpressionError as e:
+            raise ExpressionError(f"`{f.name}` in {{{{ {expr.source} }}}}: {e}") from None
     return value
 
 
 def _parse_expr(source: str) -> Expr:
     if not source:
-        raise RenderError("empty expression {{ }}")
+        raise ExpressionError("empty expression {{ }}")
     parts = _split_top(source, "|")
     head = parts[0].strip()
     name, literal, path = _parse_head(head, source)
@@ -173,13 +174,13 @@ def _parse_head(head: str, source: str) -> tuple[str | None, Any, tuple[str | in
         try:
             literal = json.loads(head)
         except json.JSONDecodeError:
-            raise RenderError(f"bad literal {head!r} in {{{{ {source} }}}}") from None
+            raise ExpressionError(f"bad literal {head!r} in {{{{ {source} }}}}") from None
         if not isinstance(literal, str | int | float):
-            raise RenderError(f"bad literal {head!r} in {{{{ {source} }}}}")
+            raise ExpressionError(f"bad literal {head!r} in {{{{ {source} }}}}")
         return None, literal, ()
     match = _NAME.match(head)
     if match is None:
-        raise RenderError(
+        raise ExpressionError(
             f"{{{{ {source} }}}}: expected a parameter name or a quoted string, got {head!r}"
         )
     path: list[str | int] = []
@@ -187,7 +188,7 @@ def _parse_head(head: str, source: str) -> tuple[str | None, Any, tuple[str | in
     while rest:
         step = re.match(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?\d+)\]", rest)
         if step is None:
-            raise RenderError(f"{{{{ {source} }}}}: unexpected {rest!r} after the name")
+            raise ExpressionError(f"{{{{ {source} }}}}: unexpected {rest!r} after the name")
         path.append(step.group(1) if step.group(1) is not None else int(step.group(2)))
         rest = rest[step.end() :]
     return match.group(0), None, tuple(path)
@@ -196,10 +197,10 @@ def _parse_head(head: str, source: str) -> tuple[str | None, Any, tuple[str | in
 def _parse_filter(text: str, source: str) -> _Filter:
     match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?", text, re.S)
     if match is None:
-        raise RenderError(f"{{{{ {source} }}}}: malformed filter {text!r}")
+        raise ExpressionError(f"{{{{ {source} }}}}: malformed filter {text!r}")
     name, raw_args = match.group(1), match.group(2)
     if name not in FILTERS:
-        raise RenderError(
+        raise ExpressionError(
             f"{{{{ {source} }}}}: unknown filter {name!r} (known: {', '.join(sorted(FILTERS))})"
         )
     args: tuple[Any, ...] = ()
@@ -207,7 +208,7 @@ def _parse_filter(text: str, source: str) -> _Filter:
         try:
             parsed = json.loads(f"[{raw_args}]")
         except json.JSONDecodeError:
-            raise RenderError(
+            raise ExpressionError(
                 f"{{{{ {source} }}}}: arguments of `{name}` must be JSON literals "
                 f'(e.g. join(", ")), got ({raw_args})'
             ) from None
@@ -215,7 +216,9 @@ def _parse_filter(text: str, source: str) -> _Filter:
     _, low, high = FILTERS[name]
     if not low <= len(args) <= high:
         want = str(low) if low == high else f"{low} to {high}"
-        raise RenderError(f"{{{{ {source} }}}}: `{name}` takes {want} argument(s), got {len(args)}")
+        raise ExpressionError(
+            f"{{{{ {source} }}}}: `{name}` takes {want} argument(s), got {len(args)}"
+        )
     return _Filter(name=name, args=args)
 
 
@@ -250,10 +253,10 @@ def _step_into(value: Any, step: str | int, expr: Expr) -> Any:
     if isinstance(step, str):
         if isinstance(value, dict) and step in value:
             return value[step]
-        raise RenderError(f"{{{{ {expr.source} }}}}: no key {step!r} in {_kind(value)}")
+        raise ExpressionError(f"{{{{ {expr.source} }}}}: no key {step!r} in {_kind(value)}")
     if isinstance(value, list) and -len(value) <= step < len(value):
         return value[step]
-    raise RenderError(f"{{{{ {expr.source} }}}}: no index [{step}] in {_kind(value)}")
+    raise ExpressionError(f"{{{{ {expr.source} }}}}: no index [{step}] in {_kind(value)}")
 
 
 def _as_text(value: Any, expr: Expr) -> str:
@@ -263,7 +266,7 @@ def _as_text(value: Any, expr: Expr) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
-    raise RenderError(
+    raise ExpressionError(
         f"{{{{ {expr.source} }}}} is {_kind(value)}; turn it into text with "
         "`join`, `lines` or `json`"
     )
@@ -290,20 +293,20 @@ def _kind(value: Any) -> str:
 
 def _list(value: Any) -> list[Any]:
     if not isinstance(value, list):
-        raise RenderError(f"needs a list, got {_kind(value)}")
+        raise ExpressionError(f"needs a list, got {_kind(value)}")
     return value
 
 
 def _numbers(value: Any) -> list[float]:
     items = _list(value)
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
-        raise RenderError("needs a list of numbers")
+        raise ExpressionError("needs a list of numbers")
     return items
 
 
 def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RenderError(f"needs a number, got {_kind(value)}")
+        raise ExpressionError(f"needs a number, got {_kind(value)}")
     return value
 
 
@@ -314,7 +317,7 @@ def _text_of(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
-    raise RenderError(f"needs text or numbers, got {_kind(value)} inside")
+    raise ExpressionError(f"needs text or numbers, got {_kind(value)} inside")
 
 
 def _sort(value: Any) -> list[Any]:
@@ -322,7 +325,7 @@ def _sort(value: Any) -> list[Any]:
     try:
         return sorted(items)
     except TypeError:
-        raise RenderError("cannot sort a list that mixes numbers and strings") from None
+        raise ExpressionError("cannot sort a list that mixes numbers and strings") from None
 
 
 def _unique(value: Any) -> list[Any]:
@@ -345,7 +348,7 @@ def _minmax(func: Callable[[Sequence[float]], float]) -> Callable[[Any], float]:
     def apply(value: Any) -> float:
         items = _numbers(value)
         if not items:
-            raise RenderError("needs a non-empty list")
+            raise ExpressionError("needs a non-empty list")
         return func(items)
 
     return apply
@@ -354,13 +357,13 @@ def _minmax(func: Callable[[Sequence[float]], float]) -> Callable[[Any], float]:
 def _len(value: Any) -> int:
     if isinstance(value, str | list | dict):
         return len(value)
-    raise RenderError(f"needs a list, string or mapping, got {_kind(value)}")
+    raise ExpressionError(f"needs a list, string or mapping, got {_kind(value)}")
 
 
 def _str_method(method: Callable[[str], str]) -> Callable[[Any], str]:
     def apply(value: Any) -> str:
         if not isinstance(value, str):
-            raise RenderError(f"needs a string, got {_kind(value)}")
+            raise ExpressionError(f"needs a string, got {_kind(value)}")
         return method(value)
 
     return apply
@@ -368,7 +371,7 @@ def _str_method(method: Callable[[str], str]) -> Callable[[Any], str]:
 
 def _fixed(value: Any, digits: Any) -> str:
     if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 12:
-        raise RenderError(f"digits must be an integer 0..12, got {digits!r}")
+        raise ExpressionError(f"digits must be an integer 0..12, got {digits!r}")
     return f"{_number(value):.{digits}f}"
 
 
@@ -383,7 +386,7 @@ def _pick(index: int) -> Callable[[Any], Any]:
     def apply(value: Any) -> Any:
         items = _list(value)
         if not items:
-            raise RenderError("needs a non-empty list")
+            raise ExpressionError("needs a non-empty list")
         return items[index]
 
     return apply

@@ -81,7 +81,7 @@ def run_generator(
     job: GeneratorJob,
     requests: Sequence[tuple[int, dict[str, Any]]],
     *,
-    sandbox_settings: SandboxSettings | None = None,
+    sandbox_settings: SandboxSettings,
 ) -> list[GeneratedParts]:
     """Run `job` once per `(seed, declarative params)` request, each in a fresh jail.
 
@@ -97,11 +97,10 @@ def run_generator(
 async def _run_all(
     job: GeneratorJob,
     requests: Sequence[tuple[int, dict[str, Any]]],
-    sandbox_settings: SandboxSettings | None,
+    settings: SandboxSettings,
 ) -> list[GeneratedParts]:
-    from sandbox import SandboxError, SandboxSettings, SandboxSpec, open_sandbox
+    from sandbox import SandboxError, SandboxSpec, open_sandbox
 
-    settings = sandbox_settings if sandbox_settings is not None else SandboxSettings()
     spec = SandboxSpec()
     gate = asyncio.Semaphore(GENERATOR_CONCURRENCY)
 

@@ -71,10 +71,9 @@ def harbor_datasets(settings: SuitesSettings) -> list[Path]:
     return found
 
 
-def available_suites(settings: SuitesSettings | None = None) -> list[SuiteEntry]:
+def available_suites(settings: SuitesSettings) -> list[SuiteEntry]:
     """The built-in suite, every user suite folder found (by declared name) and every
     Harbor dataset (by folder name)."""
-    settings = settings if settings is not None else SuitesSettings()
     entries = [SuiteEntry(name=BUILTIN_NAME, source=None)]
     entries += [SuiteEntry(name=_declared_name(f), source=f) for f in suite_folders(settings)]
     entries += [SuiteEntry(name=f.name, source=f) for f in harbor_datasets(settings)]
@@ -86,12 +85,19 @@ def load_suite(
 ) -> Suite:
     """The suite called `name`; `sandbox` configures the jails of user generator scripts.
 
+    Settings not passed are read from the environment here, the one place below an entry
+    point that still does: `training/pipeline.py` and `training/rewards.py` load suites
+    without them (`tests/test_settings_at_entry_points.py` lists it until they pass them
+    and both parameters become required).
+
     Raises:
         SuiteNotFound: no built-in or user suite has that name.
         SuiteConflict: several folders declare that name (or a folder claims `builtin`).
         SuiteFormatError: the user suite's `suite.yaml` is malformed (file, line, field).
         HarborDatasetError: a Harbor dataset holds malformed or unsupported tasks.
     """
+    if settings is None:
+        settings = SuitesSettings()
     entries = [e for e in available_suites(settings) if e.name == name]
     if not entries:
         known = ", ".join(sorted({e.name for e in available_suites(settings)}))
@@ -103,7 +109,11 @@ def load_suite(
     if source is None:
         return builtin_suite()
     if not (source / SUITE_FILE).is_file():
-        return _load_harbor(source, name, settings if settings is not None else SuitesSettings())
+        return _load_harbor(source, name, settings)
+    if sandbox is None:
+        from sandbox.settings import SandboxSettings
+
+        sandbox = SandboxSettings()
     return load_user_suite(source, sandbox=sandbox)
 
 
@@ -118,7 +128,7 @@ def _load_harbor(source: Path, name: str, settings: SuitesSettings) -> Suite:
 
 
 def load_all_suites(
-    settings: SuitesSettings | None = None, *, sandbox: SandboxSettings | None = None
+    settings: SuitesSettings, *, sandbox: SandboxSettings
 ) -> tuple[list[Suite], list[SuiteError]]:
     """Every suite that loads, plus the errors of those that do not (for listings)."""
     loaded: list[Suite] = []

@@ -32,7 +32,7 @@ from suites.user_decl import SuiteDecl, TaskDecl, tool_args_problems
 from suites.user_template import (
     PARAMS_NAME,
     VERIFIER_DIR,
-    RenderFailure,
+    ExpansionFailure,
     build_template,
     name_problems,
     read_texts,
@@ -52,11 +52,10 @@ PROBE_SEED = 0
 _Loc = tuple[str | int, ...]
 
 
-def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> Suite:
+def load_user_suite(folder: Path, *, sandbox: SandboxSettings) -> Suite:
     """Load the suite in `folder` (which holds `suite.yaml`).
 
-    `sandbox` configures the jails generator scripts run in (default: `SandboxSettings()`,
-    built when a generator first runs). Tasks with parameters but no generator are
+    `sandbox` configures the jails generator scripts run in (the entry point's settings). Tasks with parameters but no generator are
     rendered once here (seed `PROBE_SEED`), so their template errors are load errors;
     a generator's values can only be checked when it runs (`suites check` does).
 
@@ -74,7 +73,7 @@ def load_user_suite(folder: Path, *, sandbox: SandboxSettings | None = None) -> 
             [_issue(path, _mark_for(root, loc), _dotted(loc), msg) for loc, msg in problems]
         )
 
-    def on_failure(failure: RenderFailure, seed: int) -> SuiteFormatError:
+    def on_failure(failure: ExpansionFailure, seed: int) -> SuiteFormatError:
         message = f"seed {seed}: {failure.message}"
         return SuiteFormatError(
             [_issue(path, _mark_for(root, failure.loc), _dotted(failure.loc), message)]

@@ -1,14 +1,14 @@
-"""A user task (`TaskDecl`) as a `TaskTemplate`: static, or rendered from seeded values.
+"""A user task (`TaskDecl`) as a `TaskTemplate`: static, or expanded from seeded values.
 
 A static task (no `params`, no `generator`) yields the same draft for every seed. A
 generated task draws its `params` from `random.Random(seed)`, runs its generator (if any)
-in a jail with the seed, and renders `{{ … }}` (see `suites.expressions`) in the prompt, the
+in a jail with the seed, and expands `{{ … }}` (see `suites.expressions`) in the prompt, the
 workspace paths and inline files (and `from` files marked `render: true`), the reference
 calls' string arguments (an argument the tool wants as an integer keeps the type of a
 whole `{{ … }}`), the reference final text and the verifier's command or argv. The
 verifier also gets every value as JSON in `PARAMS_FILE`.
 
-Rendering failures carry the location of the field (`RenderFailure.loc`); the loader turns
+Expansion failures carry the location of the field (`ExpansionFailure.loc`); the loader turns
 them into `SuiteFormatError`s with file and line.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.expressions import RenderError, names_in, render_text, render_value
-from suites.generator import GeneratedParts, GeneratorJob, run_generator
+from suites.expressions import ExpressionError, expand_text, expand_value, names_in
+from suites.generator import GeneratedParts, GeneratorJob
 from suites.params import draw_params
 from suites.template import TaskDraft, TaskTemplate
 from suites.user_decl import TaskDecl, tool_args_problems
@@ -42,8 +42,8 @@ DRAFT_CACHE_SIZE = 4096
 Loc = tuple[str | int, ...]
 
 
-class RenderFailure(Exception):
-    """A field of a generated task could not be rendered for a seed."""
+class ExpansionFailure(Exception):
+    """A field of a generated task could not be expanded for a seed."""
 
     def __init__(self, loc: Loc, message: str) -> None:
         super().__init__(message)
@@ -60,7 +60,7 @@ class _Text:
 
 
 def template_texts(index: int, task: TaskDecl, from_texts: dict[str, str]) -> list[_Text]:
-    """Every field of `task` that is rendered, located (`from_texts`: files marked `render`)."""
+    """Every field of `task` that is expanded, located (`from_texts`: files marked `render`)."""
     base: Loc = ("tasks", index)
     out = [_Text((*base, "prompt"), task.prompt)]
     for rel, src in task.files.items():
@@ -88,7 +88,7 @@ def name_problems(index: int, task: TaskDecl, from_texts: dict[str, str]) -> lis
     for field in template_texts(index, task, from_texts):
         try:
             unknown = sorted(names_in(field.text) - known)
-        except RenderError as e:
+        except ExpressionError as e:
             problems.append((field.loc, str(e)))
             continue
         if unknown:
@@ -99,8 +99,8 @@ def name_problems(index: int, task: TaskDecl, from_texts: dict[str, str]) -> lis
     return problems
 
 
-class _Renderer:
-    """Renders one generated task's draft from its values."""
+class _Expander:
+    """Expands one generated task's draft from its values."""
 
     def __init__(
         self, index: int, task: TaskDecl, from_texts: dict[str, str], verifier_files: dict[str, str]
@@ -117,11 +117,11 @@ class _Renderer:
             loc: Loc = (*base, "files", rel)
             path = self._text(loc, rel, values)
             if not is_workspace_relative(path):
-                raise RenderFailure(
+                raise ExpansionFailure(
                     loc, f"workspace path renders as {path!r}: not inside /workspace"
                 )
             if path in files:
-                raise RenderFailure(loc, f"two workspace paths render as {path!r}")
+                raise ExpansionFailure(loc, f"two workspace paths render as {path!r}")
             if src.text is not None:
                 files[path] = self._text(loc, src.text, values)
             elif src.from_ is not None:
@@ -129,7 +129,7 @@ class _Renderer:
                 files[path] = self._text((*loc, "from"), text, values) if src.render else text
         for path, text in (generated.files if generated else {}).items():
             if path in files:
-                raise RenderFailure(
+                raise ExpansionFailure(
                     (*base, "generator", "script"),
                     f"the generator returned file {path!r}, which `files` already declares",
                 )
@@ -146,7 +146,7 @@ class _Renderer:
             }
             problems = tool_args_problems(call.tool, args)
             if problems:
-                raise RenderFailure(loc, "once rendered: " + "; ".join(problems))
+                raise ExpansionFailure(loc, "once rendered: " + "; ".join(problems))
             calls.append(ReferenceCall(tool=call.tool, args=args))
         decl = task.verifier
         argv = (
@@ -175,16 +175,16 @@ class _Renderer:
 
     def _text(self, loc: Loc, text: str, values: dict[str, Any]) -> str:
         try:
-            return render_text(text, values)
-        except RenderError as e:
-            raise RenderFailure(loc, str(e)) from e
+            return expand_text(text, values)
+        except ExpressionError as e:
+            raise ExpansionFailure(loc, str(e)) from e
 
     def _value(self, loc: Loc, value: Any, values: dict[str, Any]) -> Any:
         try:
             if isinstance(value, str):
-                return render_value(value, values)
-        except RenderError as e:
-            raise RenderFailure(loc, str(e)) from e
+                return expand_value(value, values)
+        except ExpressionError as e:
+            raise ExpansionFailure(loc, str(e)) from e
         if isinstance(value, list):
             return [self._value(loc, v, values) for v in value]
         if isinstance(value, dict):
@@ -199,16 +199,15 @@ def build_template(
     from_texts: dict[str, str],
     verifier_files: dict[str, str],
     generator: GeneratorJob | None,
-    on_failure: Callable[[RenderFailure, int], Exception],
-    run: Callable[[GeneratorJob, list[tuple[int, dict[str, Any]]]], list[GeneratedParts]]
-    | None = None,
+    on_failure: Callable[[ExpansionFailure, int], Exception],
+    run: Callable[[GeneratorJob, list[tuple[int, dict[str, Any]]]], list[GeneratedParts]],
 ) -> TaskTemplate:
     """The `TaskTemplate` of `task` (the `index`-th task of its suite).
 
     `from_texts` holds the text of every `from` file, `verifier_files` the in-jail path →
     text of the verifier's files; `on_failure(failure, seed)` makes the exception a
-    rendering failure raises at generation time; `run` runs the generator (default: in
-    nsjail, `suites.generator.run_generator`).
+    expansion failure raises at generation time; `run` runs the generator (in nsjail:
+    `suites.generator.run_generator` with the entry point's sandbox settings).
     """
     summary = task.summary or task.prompt.strip().splitlines()[0][:80]
     if not task.generated:
@@ -220,25 +219,25 @@ def build_template(
 
         return TaskTemplate(task.name, task.version, task.difficulty, summary, build=build_static)
 
-    renderer = _Renderer(index, task, from_texts, verifier_files)
+    expander = _Expander(index, task, from_texts, verifier_files)
 
-    def render(seed: int, values: dict[str, Any], parts: GeneratedParts | None) -> TaskDraft:
+    def expand(seed: int, values: dict[str, Any], parts: GeneratedParts | None) -> TaskDraft:
         try:
-            return renderer.draft(values, parts)
-        except RenderFailure as failure:
+            return expander.draft(values, parts)
+        except ExpansionFailure as failure:
             raise on_failure(failure, seed) from failure
 
     if generator is None:
 
         def build_declared(seeds: Sequence[int]) -> list[TaskDraft]:
-            return [render(s, draw_params(task.params, random.Random(s)), None) for s in seeds]
+            return [expand(s, draw_params(task.params, random.Random(s)), None) for s in seeds]
 
         return TaskTemplate(
             task.name, task.version, task.difficulty, summary, build_seeds=build_declared
         )
 
     job = generator
-    run_job = run if run is not None else run_generator
+    run_job = run
     cache: dict[int, TaskDraft] = {}
 
     def build_generated(seeds: Sequence[int]) -> list[TaskDraft]:
@@ -247,7 +246,7 @@ def build_template(
         declared = {s: draw_params(task.params, random.Random(s)) for s in todo}
         outputs = run_job(job, [(s, declared[s]) for s in todo])
         for seed, parts in zip(todo, outputs, strict=True):
-            drafts[seed] = render(seed, {**declared[seed], **parts.params}, parts)
+            drafts[seed] = expand(seed, {**declared[seed], **parts.params}, parts)
             if len(cache) >= DRAFT_CACHE_SIZE:
                 cache.pop(next(iter(cache)))
             cache[seed] = drafts[seed]

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.interface import Sandbox
-from sandbox.types import CommandResult
+from sandbox.types import CommandResult, output_text
 from tasks.types import TaskInstance
 
 __all__ = ["Verifier", "VerifierOutcome", "parse_verifier_stdout", "run_verifier"]
@@ -153,7 +153,7 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
             stdin=json.dumps(spec.files, ensure_ascii=False).encode() + b"\n",
         )
         if installed.exit_code != 0 or installed.timed_out:
-            detail = _clip(_decode(installed.stderr).strip(), 200)
+            detail = _clip(output_text(installed.stderr).strip(), 200)
             return _outcome(installed, f"could not install verifier files: {detail}", elapsed_ms())
 
     inline = spec.inline_python
@@ -169,12 +169,12 @@ async def run_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierOutcome:
     if result.timed_out:
         return _outcome(result, f"timed out after {spec.timeout_s:g}s", elapsed_ms())
     if result.exit_code != 0:
-        stderr = _decode(result.stderr).strip()
+        stderr = output_text(result.stderr).strip()
         tail = _clip(stderr.splitlines()[-1], 200) if stderr else "no stderr"
         how = f"exit code {result.exit_code}" if result.exit_code is not None else "a signal"
         return _outcome(result, f"crashed with {how}: {tail}", elapsed_ms())
     try:
-        score, reason = parse_verifier_stdout(_decode(result.stdout))
+        score, reason = parse_verifier_stdout(output_text(result.stdout))
     except ValueError as e:
         return _outcome(result, str(e), elapsed_ms())
     return _outcome(result, reason, elapsed_ms(), score=score)
@@ -191,8 +191,8 @@ def _outcome(
         error=error,
         exit_code=result.exit_code,
         timed_out=result.timed_out,
-        stdout=_clip(_decode(result.stdout), MAX_RAW_CHARS),
-        stderr=_clip(_decode(result.stderr), MAX_RAW_CHARS),
+        stdout=_clip(output_text(result.stdout), MAX_RAW_CHARS),
+        stderr=_clip(output_text(result.stderr), MAX_RAW_CHARS),
         duration_ms=duration_ms,
     )
 
@@ -200,10 +200,6 @@ def _outcome(
 def _is_outside_workspace(path: str) -> bool:
     norm = posixpath.normpath(path)
     return norm.startswith("/") and not (norm == "/workspace" or norm.startswith("/workspace/"))
-
-
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace").replace("\x00", "")
 
 
 def _clip(text: str, limit: int) -> str:

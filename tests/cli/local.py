@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-from config.prefect_server import process_start_ticks, server_dir, status, stop
+from config.prefect_server import server_dir, status, stop
+from core.owner import process_start_ticks
 from tests.services.prefect_db import seed_prefect_home
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")

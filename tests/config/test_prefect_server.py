@@ -24,10 +24,10 @@ from config.prefect_server import (
     _write_state,
     attach,
     live_leases,
-    process_start_ticks,
     read_state,
 )
 from config.settings import PrefectSettings
+from core.owner import process_start_ticks
 
 
 class FakeServer:

@@ -25,16 +25,18 @@ from collection.lifecycle import start_run
 from collection.replay import ReplayReport, replay_trajectory
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
+from config.settings import load_qc_config
 from expectations.gate import run_gate
 from expectations.report import GateReport
-from expectations.settings import QcConfig
 from models import Checkpoint, ReplayResult, run_id_for
+from sandbox.settings import SandboxSettings
 from scoring.rubric import Judgement
 from scoring.rule_judge import rule_judgement
 from storage.episodes import persist_episodes
 from storage.objects import ObjectStore
 from storage.qc import write_qc_run
 from storage.runs import close_run
+from suites.settings import SuitesSettings
 from tests.agent.chat_server import ChatServer, reply
 from training.registry import checkpoint_prefix, finish_training_run, start_training_run
 from training.snapshots import DatasetInfo, build_snapshot
@@ -172,7 +174,7 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         corpus.requests["endpoint"] = request
         corpus.trajectories["endpoint"] = collect(engine, store, request)
 
-    config = QcConfig.from_env()
+    config = load_qc_config()
     started = utcnow() - timedelta(minutes=10)
     episodes = corpus.trajectories["noisy"]
     # The noisy run is gated twice: early on part of it, then whole; the second is "latest".
@@ -200,7 +202,10 @@ def collect_corpus(engine: Engine, store: ObjectStore) -> Corpus:
         ("oracle", corpus.trajectories["oracle"][0]),
     ]:
         spec = corpus.requests[name].sandbox_spec
-        corpus.replays.append(asyncio.run(replay_trajectory(t, spec, text_cap=text_cap)))
+        replay = replay_trajectory(
+            t, spec, text_cap=text_cap, sandbox=SandboxSettings(), suites=SuitesSettings()
+        )
+        corpus.replays.append(asyncio.run(replay))
     return corpus
 
 

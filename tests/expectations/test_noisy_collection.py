@@ -18,8 +18,8 @@ from agent.loop import run_episode
 from agent.policies.scripted import PERTURBATION_KINDS, NoisyPolicy, OraclePolicy
 from agent.settings import LoopSettings, NoisyRates
 from agent.trajectory import EpisodeStatus, Trajectory
+from config.settings import load_qc_config
 from expectations.gate import run_gate
-from expectations.settings import QcConfig
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 from suites.builtin import builtin_suite
@@ -79,7 +79,7 @@ def test_noisy_collection_lands_in_the_seed_verdicts(tasks: list[TaskInstance]) 
         policy = NoisyPolicy(NoisyRates(**{**zero, kind: 0.35}))
         jobs += [(t, policy, 1 + 10 * i + j) for j, t in enumerate(tasks[:5])]
     episodes = collect(jobs)
-    config = QcConfig.from_env()
+    config = load_qc_config()
     report = run_gate(episodes, config=config)
     assert report.batch_passed, report.batch_failures
     rows = {r["episode_id"]: r for r in report.verdicts.iter_rows(named=True)}
@@ -120,7 +120,7 @@ def test_broken_sandbox_fails_the_batch(tasks: list[TaskInstance]) -> None:
 
     broken = collect([(t, OraclePolicy(), 1) for t in tasks[:2]], open_sandbox=broken_opener)
     assert all(t.status is EpisodeStatus.ENV_ERROR for t in broken)
-    report = run_gate([*healthy, *broken], config=QcConfig.from_env())
+    report = run_gate([*healthy, *broken], config=load_qc_config())
     assert not report.batch_passed
     assert [c.expectation for c in report.batch_failures] == ["environment.error_rate"]
     rows = {r["episode_id"]: r for r in report.verdicts.iter_rows(named=True)}

@@ -17,8 +17,8 @@ from sqlmodel import col
 from agent.trajectory import EpisodeStatus, FailureCategory, Trajectory, utcnow
 from collection.request import CollectRequest
 from collection.runner import collect_in_process
+from config.settings import load_qc_config
 from expectations.gate import run_gate
-from expectations.settings import QcConfig
 from models import Episode
 from scoring.rule_judge import rule_judgement
 from storage.episodes import load_trajectory, persist_episodes
@@ -120,7 +120,7 @@ def build_gated_run(engine: Engine, store: LocalObjectStore, run_key: str) -> No
             conn.execute(select(col(Episode.id)).where(col(Episode.run_id) == run_id)).scalars()
         )
     trajectories = [load_trajectory(engine, store, i) for i in ids]
-    config = QcConfig.from_env()
+    config = load_qc_config()
     started = utcnow()
     write_qc_run(
         engine,

@@ -24,8 +24,9 @@ def test_wheel_binary_is_found_first() -> None:
 
 def test_a_binary_that_cannot_jail_is_a_clear_error(tmp_path: Path) -> None:
     settings = SandboxSettings(nsjail_path=Path("/bin/false"))
-    with pytest.raises(SandboxUnavailable, match="cannot start a jail"):
+    with pytest.raises(SandboxUnavailable, match="cannot start a jail") as raised:
         asyncio.run(prepare_host(settings))
+    assert raised.value.setting == "EPIFLOW_SANDBOX_NSJAIL_PATH"
     with pytest.raises(SandboxUnavailable, match="not an executable"):
         find_nsjail(SandboxSettings(nsjail_path=tmp_path / "missing"))
 

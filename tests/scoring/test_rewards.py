@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from agent.settings import SuccessSettings
 from scoring.rewards import (
     apply_rewards,
     compute_rewards,
@@ -98,7 +99,7 @@ def test_final_reward_interpolates_between_failure_and_success(
 
 
 def test_failure_reward_and_success_threshold_are_configurable() -> None:
-    s = RewardSettings(failure_reward=-1.0, success_threshold=0.8)
+    s = RewardSettings(failure_reward=-1.0, success=SuccessSettings(threshold=0.8))
     assert final_reward(0.0, s) == -1.0
     assert final_reward(0.8, s) == 1.0
     assert final_reward(0.5, s) == pytest.approx(0.0)

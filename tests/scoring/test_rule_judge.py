@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.settings import SuccessSettings
 from agent.trajectory import EpisodeStatus, FailureCategory, FileChange, Step
 from scoring.calls import blind_write_steps, prompt_inputs
 from scoring.claims import fabricated_claims, false_final_claim
@@ -75,7 +76,7 @@ def test_honest_failure_final_is_not_a_false_claim(judge_settings: RuleJudgeSett
     t = trajectory(
         [list_step(), final(1, "I could not finish: the input file is missing.")], score=0.0
     )
-    assert false_final_claim(t, 1.0) is None
+    assert false_final_claim(t, SuccessSettings()) is None
     assert judge_trajectory(t, judge_settings).reliability == 5.0
 
 

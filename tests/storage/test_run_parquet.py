@@ -15,7 +15,7 @@ from models import QcResult, QcRun, Step, run_id_for
 from storage.episodes import persist_episodes
 from storage.exchange import export_run
 from storage.objects import LocalObjectStore
-from storage.run_reads import EPISODE_COLUMNS, STEP_FRAME_FORMAT, step_frame_schema
+from storage.run_frames import EPISODE_COLUMNS, STEP_FRAME_FORMAT, step_frame_schema
 from tests.storage.builders import make_trajectory
 
 

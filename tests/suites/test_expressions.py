@@ -7,7 +7,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from suites.expressions import RenderError, names_in, render_text, render_value
+from suites.expressions import ExpressionError, expand_text, expand_value, names_in
 from suites.params import ParamDecl, draw_params
 
 VALUES = {
@@ -42,14 +42,14 @@ VALUES = {
         ("no template } here }}", "no template } here }}"),
     ],
 )
-def test_render_text(template, expected):
-    assert render_text(template, VALUES) == expected
+def test_expand_text(template, expected):
+    assert expand_text(template, VALUES) == expected
 
 
 def test_a_whole_expression_keeps_its_type():
-    assert render_value("{{ n }}", VALUES) == 7
-    assert render_value("{{ numbers | sort }}", VALUES) == [4, 12, 30, 30]
-    assert render_value(" {{ n }}", VALUES) == " 7"
+    assert expand_value("{{ n }}", VALUES) == 7
+    assert expand_value("{{ numbers | sort }}", VALUES) == [4, 12, 30, 30]
+    assert expand_value(" {{ n }}", VALUES) == " 7"
 
 
 def test_names_in():
@@ -76,9 +76,9 @@ def test_names_in():
         ("{{ [1] | sort }}", "expected a parameter name or a quoted string"),
     ],
 )
-def test_render_errors_say_what_is_wrong(template, message):
-    with pytest.raises(RenderError) as info:
-        render_text(template, VALUES)
+def test_expansion_errors_say_what_is_wrong(template, message):
+    with pytest.raises(ExpressionError) as info:
+        expand_text(template, VALUES)
     assert message in str(info.value)
 
 

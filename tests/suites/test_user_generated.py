@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.settings import SandboxSettings
 from suites.check import replay_reference
 from suites.errors import GeneratorError, SuiteFormatError
 from suites.generator import parse_generator_output
@@ -121,7 +122,7 @@ def write_suite(folder: Path, text: str, extra: dict[str, str] | None = None) ->
 
 
 def test_params_render_into_every_field(tmp_path):
-    suite = load_user_suite(write_suite(tmp_path / "s", PARAMS_SUITE))
+    suite = load_user_suite(write_suite(tmp_path / "s", PARAMS_SUITE), sandbox=SandboxSettings())
     task = suite.generate("repeat", 3)
     values = json.loads(task.verifier.files[PARAMS_FILE])
     word, n = values["word"], values["n"]
@@ -145,7 +146,7 @@ def test_params_render_into_every_field(tmp_path):
 
 
 def test_written_generated_suite_runs_on_nsjail(tmp_path, open_task_sandbox):
-    suite = load_user_suite(write_suite(tmp_path / "s", PARAMS_SUITE))
+    suite = load_user_suite(write_suite(tmp_path / "s", PARAMS_SUITE), sandbox=SandboxSettings())
 
     async def body() -> list[tuple[float, float]]:
         return [await oracle_and_idle(open_task_sandbox, t) for t in suite.instances(3)]
@@ -205,7 +206,7 @@ def test_malformed_generated_task_is_located(tmp_path, old, new, field, line, me
     folder = write_suite(tmp_path / "s", PARAMS_SUITE.replace(old, new, 1))
     (folder / "params.json").write_text("{}")
     with pytest.raises(SuiteFormatError) as info:
-        load_user_suite(folder)
+        load_user_suite(folder, sandbox=SandboxSettings())
     matching = [i for i in info.value.issues if i.field == field]
     assert matching, [str(i) for i in info.value.issues]
     assert matching[0].line == line, str(matching[0])
@@ -222,7 +223,7 @@ def test_render_on_a_static_task_is_refused(tmp_path):
         '      command: "true"\n'
     )
     with pytest.raises(SuiteFormatError) as info:
-        load_user_suite(write_suite(tmp_path / "s", static))
+        load_user_suite(write_suite(tmp_path / "s", static), sandbox=SandboxSettings())
     assert [(i.field, i.line) for i in info.value.issues] == [
         ("tasks[0].files['notes.txt'].render", 8)
     ]
@@ -284,7 +285,7 @@ def test_generator_runs_in_a_jail_per_seed(tmp_path):
     host_dir = tmp_path / "host-only"
     host_dir.mkdir()
     folder = generator_suite(tmp_path, f"HOST_DIR = {str(host_dir)!r}\n" + GOOD_GENERATOR)
-    suite = load_user_suite(folder)
+    suite = load_user_suite(folder, sandbox=SandboxSettings())
     tasks = suite.instances(6)
     for task in tasks:
         values = json.loads(task.verifier.files[PARAMS_FILE])
@@ -300,7 +301,7 @@ def test_generator_runs_in_a_jail_per_seed(tmp_path):
     assert not (host_dir / "escaped.txt").exists()
     assert len(digests(tasks)) == 6
     # Deterministic across fresh jails, and the same alone as in a batch.
-    assert load_user_suite(folder).generate("made", 4) == tasks[4]
+    assert load_user_suite(folder, sandbox=SandboxSettings()).generate("made", 4) == tasks[4]
 
 
 @pytest.mark.parametrize(
@@ -320,7 +321,7 @@ def test_generator_runs_in_a_jail_per_seed(tmp_path):
     ],
 )
 def test_generator_failures_name_template_seed_and_stderr(tmp_path, script, message):
-    suite = load_user_suite(generator_suite(tmp_path, script))
+    suite = load_user_suite(generator_suite(tmp_path, script), sandbox=SandboxSettings())
     with pytest.raises(GeneratorError) as info:
         suite.generate("made", 7)
     error = info.value
@@ -333,7 +334,7 @@ def test_generator_failures_name_template_seed_and_stderr(tmp_path, script, mess
 
 def test_template_errors_on_generated_values_are_located(tmp_path):
     script = 'print(\'{"params": {"word": 1, "where": [1]}}\')\n'
-    suite = load_user_suite(generator_suite(tmp_path, script))
+    suite = load_user_suite(generator_suite(tmp_path, script), sandbox=SandboxSettings())
     with pytest.raises(SuiteFormatError) as info:
         suite.generate("made", 2)
     [issue] = info.value.issues
@@ -346,7 +347,7 @@ def test_generator_declaration_problems_are_located(tmp_path):
         "provides: [word, where]", "provides: [word, where, k]"
     )
     with pytest.raises(SuiteFormatError) as info:
-        load_user_suite(generator_suite(tmp_path, GOOD_GENERATOR, text))
+        load_user_suite(generator_suite(tmp_path, GOOD_GENERATOR, text), sandbox=SandboxSettings())
     found = {(i.field, i.line): i.message for i in info.value.issues}
     assert "does not exist" in found[("tasks[0].generator.script", 9)]
     assert "also declared under `params`" in found[("tasks[0].generator.provides[2]", 11)]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.settings import SandboxSettings
 from suites.check import replay_reference
 from suites.errors import SuiteConflict, SuiteFormatError, SuiteNotFound
 from suites.registry import EXAMPLES_DIR, available_suites, load_suite
@@ -47,12 +48,12 @@ def write_suite(folder: Path, text: str) -> Path:
 
 def format_error(tmp_path: Path, text: str) -> SuiteFormatError:
     with pytest.raises(SuiteFormatError) as info:
-        load_user_suite(write_suite(tmp_path / "s", text))
+        load_user_suite(write_suite(tmp_path / "s", text), sandbox=SandboxSettings())
     return info.value
 
 
 def test_valid_suite_loads(tmp_path):
-    suite = load_user_suite(write_suite(tmp_path / "s", VALID))
+    suite = load_user_suite(write_suite(tmp_path / "s", VALID), sandbox=SandboxSettings())
     assert (suite.name, suite.version, list(suite.templates)) == ("mini", "2", ["hello"])
     task = suite.generate("hello", 5)
     assert task.files == {"seed.txt": "inline text", "data/in.csv": "a,b\n1,2\n"}
@@ -211,7 +212,7 @@ def test_example_suite_oracle_and_idle_on_nsjail(open_task_sandbox):
 
 
 def test_written_suite_runs_on_nsjail(tmp_path, open_task_sandbox):
-    suite = load_user_suite(write_suite(tmp_path / "s", VALID))
+    suite = load_user_suite(write_suite(tmp_path / "s", VALID), sandbox=SandboxSettings())
     task = suite.generate("hello", 0)
 
     async def body():

@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from agent.render import render_final, render_tool_call
+from agent.settings import SuccessSettings
 from agent.trajectory import Trajectory
 from models import Episode
 from scoring.rewards import final_reward
@@ -89,7 +90,7 @@ def test_the_reward_grpo_optimises_is_the_reward_stored_with_the_episode(
     """GRPO's reward of a turn is the stored reward of that turn's episode: the final reward
     stored with it is `scoring.rewards.final_reward` (the one formula) of its verifier
     score, and the GRPO reward is that plus the stored step shaping — nothing else."""
-    rewards = RewardSettings(failure_reward=-0.4, success_threshold=0.9)
+    rewards = RewardSettings(failure_reward=-0.4, success=SuccessSettings(threshold=0.9))
     task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
     texts, columns = _rollouts(task)
     grpo = SandboxReward(rewards)

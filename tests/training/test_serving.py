@@ -32,7 +32,9 @@ def test_collect_through_transformers_serve(
         policy=PolicySettings(max_tokens=8, request_timeout_s=300),
         loop=LoopSettings(max_steps=2),
     )
-    with serve_checkpoint(tiny_base_model, log_path=tmp_path / "serve.log") as served:
+    with serve_checkpoint(
+        tiny_base_model, log_path=tmp_path / "serve.log", policy=settings.policy
+    ) as served:
         request = CollectRequest(
             run_key="served",
             policy=served.policy_spec,
@@ -109,12 +111,12 @@ def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
     from training.trainers.common import load_tokenizer
 
     tasks = load_suite("builtin").heldout_instances(1, templates=["dir_tree"])
+    policy_settings = PolicySettings(request_timeout_s=300)
     with serve_checkpoint(
-        tiny_base_model, log_path=tmp_path / "serve.log", torch_threads=1
+        tiny_base_model, log_path=tmp_path / "serve.log", policy=policy_settings, torch_threads=1
     ) as served:
         policy = make_policy(
-            f"{served.policy_spec}?max_tokens=8&prompt_style=compact",
-            settings=PolicySettings(request_timeout_s=300),
+            f"{served.policy_spec}?max_tokens=8&prompt_style=compact", settings=policy_settings
         )
         settings = evaluation_settings(load_settings(), max_steps=2, max_parse_failures=1)
 
