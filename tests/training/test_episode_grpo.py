@@ -211,13 +211,13 @@ def test_grpo_over_episodes_in_real_jails(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import trl
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     capture = _Capture()
     monkeypatch.setattr(
-        trl.GRPOTrainer,
+        GRPOTrainer,
         "_generate_and_score_completions",
-        capture.wrap(trl.GRPOTrainer._generate_and_score_completions),
+        capture.wrap(GRPOTrainer._generate_and_score_completions),
     )
     tasks = load_suite("builtin").instances(1, templates=["dir_tree", "checksums", "largest_files"])
     settings = dataclasses.replace(

@@ -46,6 +46,7 @@ def test_turns_and_observations_in_order_with_observations_masked() -> None:
     assert r.env_mask == [1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1]
     # The prompt plus the completion is the last turn's prompt plus what it sampled.
     last = traj.steps[-1]
+    assert last.prompt_token_ids is not None and last.completion_token_ids is not None
     assert r.prompt_ids + r.completion_ids == last.prompt_token_ids + last.completion_token_ids
     # Sampled ids are exactly the recorded completion ids, in order.
     assert r.sampled_ids == [t for s in traj.steps for t in s.completion_token_ids or []]
