@@ -85,11 +85,14 @@ class _ListSource:
 
 
 def _trainer(step: int = 3) -> Any:
+    logged: dict[str, float] = {}
     return SimpleNamespace(
         processing_class=SimpleNamespace(pad_token_id=0),
         state=SimpleNamespace(global_step=step),
         accelerator=SimpleNamespace(unwrap_model=lambda m: m),
         model="the model",
+        logged=logged,
+        _log_metric=logged.__setitem__,
     )
 
 
@@ -100,7 +103,8 @@ def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
     source = _ListSource([mixed, flat, broken])
     rollouts = EpisodeRollouts(source=source, rollouts_per_task=2)
     prompts = [t[0].task_id for t in (mixed, mixed, flat, flat, broken, broken)]
-    out = rollouts(prompts, _trainer(step=3))
+    trainer = _trainer(step=3)
+    out = rollouts(prompts, trainer)
 
     batch = source.batches[0]
     assert batch.task_ids == [mixed[0].task_id, flat[0].task_id, broken[0].task_id]
@@ -126,6 +130,13 @@ def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
     assert rollouts.counts.as_dict()["groups_dropped_zero_variance"] == 1
     assert rollouts.counts.infrastructure_rollouts == 1
     assert rollouts.last is judged
+    assert trainer.logged == {
+        "grpo/groups_used": 1.0,
+        "grpo/groups_dropped_zero_variance": 1.0,
+        "grpo/groups_dropped_infrastructure": 1.0,
+        "grpo/infrastructure_rollouts": 1.0,
+        "grpo/sampled_tokens": 8.0,
+    }
 
 
 def test_rollout_func_refuses_a_batch_that_is_not_whole_groups() -> None:
@@ -324,7 +335,9 @@ def test_grpo_over_episodes_in_real_jails(
     assert counts["groups_dropped_zero_variance"] == 2
     assert counts["groups_dropped_infrastructure"] == 2
     assert counts["infrastructure_rollouts"] == 2
-    assert result.metrics["grpo/groups_dropped_zero_variance"] == 2.0
+    assert result.metrics["grpo_run/groups_dropped_zero_variance"] == 2.0  # the run's
+    assert result.metrics["grpo/groups_dropped_zero_variance"] == 1.0  # the last step's
+    assert result.metrics["grpo/groups_used"] == 1.0
     assert any("dropped 2 of 4 groups" in w for w in result.warnings) is False  # 50 % is not above
     solved = [t for t in stored.values() if t.template == "dir_tree" and t.policy_seed % 2 == 0]
     assert solved and all(t.status == EpisodeStatus.SUCCESS and t.n_steps == 3 for t in solved)

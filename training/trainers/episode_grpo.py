@@ -58,6 +58,7 @@ __all__ = [
     "JudgedBatch",
     "RolloutBatch",
     "RolloutSource",
+    "batch_metrics",
     "episode_reward",
     "run_episode_grpo",
 ]
@@ -121,7 +122,21 @@ def episode_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
     return list(kwargs[REWARD_FIELD])
 
 
-episode_reward.__name__ = "episode_reward"
+def batch_metrics(judged: JudgedBatch) -> dict[str, float]:
+    """What one generation batch's groups became, as TRL metrics (`grpo/…`, logged with
+    the step's loss and KL, so `on_metrics` and the progress lines see them)."""
+    counts = GroupCounts()
+    for group in judged.groups:
+        counts.add(group)
+    return {
+        "grpo/groups_used": counts.trained,
+        "grpo/groups_dropped_zero_variance": counts.dropped_zero_variance,
+        "grpo/groups_dropped_infrastructure": counts.dropped_infrastructure,
+        "grpo/infrastructure_rollouts": counts.infrastructure_rollouts,
+        "grpo/sampled_tokens": sum(
+            sum(r.env_mask) for rs in judged.rollouts for r in rs if r is not None
+        ),
+    }
 
 
 @dataclass
@@ -185,6 +200,10 @@ class EpisodeRollouts:
         if warning is not None and not self.warned:
             logger.warning(warning)
             self.warned = True
+        log_metric = getattr(trainer, "_log_metric", None)  # what TRL hands reward functions
+        if callable(log_metric):
+            for name, value in batch_metrics(judged).items():
+                log_metric(name, float(value))
         filler = placeholder_rollout(int(tokenizer.pad_token_id))
         slots = [r if r is not None else filler for rs in rollouts for r in rs]
         output = rollout_func_output(slots)
@@ -253,5 +272,5 @@ def run_episode_grpo(
     warning = zero_variance_warning(rollouts.counts, warn_above=settings.zero_variance_warn_share)
     if warning is not None and warning not in result.warnings:
         result.warnings.append(warning)
-    result.metrics.update({f"grpo/{k}": float(v) for k, v in rollouts.counts.as_dict().items()})
+    result.metrics.update({f"grpo_run/{k}": float(v) for k, v in rollouts.counts.as_dict().items()})
     return result, rollouts
