@@ -170,6 +170,14 @@ class EpisodeRollouts:
         return [str(g[0]) for g in groups]
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """The rollouts of one generation batch, as TRL's `rollout_func` returns them.
+
+        Raises:
+            TrainerError: the batch is not whole groups, or the source did not fill it.
+            RolloutTokenError: a trained episode has no token ids or its prompts do not
+                extend (the run stops: the policy does not record what it sampled).
+            EpiflowError: the source could not run, store or record the episodes.
+        """
         tokenizer = trainer.processing_class
         batch = RolloutBatch(
             task_ids=self.task_ids(prompts),
