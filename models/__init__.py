@@ -10,6 +10,7 @@ from models.dataset import Dataset
 from models.dataset_episode import DatasetEpisode
 from models.episode import Episode
 from models.episode_link import AtifDocument, EpisodeLink
+from models.grpo_rollout import GrpoRollout
 from models.harbor import HarborEpisode, HarborTest
 from models.judgement import Judgement
 from models.model_alias import ModelAliasChange
@@ -30,6 +31,7 @@ __all__ = [
     "DatasetEpisode",
     "Episode",
     "EpisodeLink",
+    "GrpoRollout",
     "HarborEpisode",
     "HarborTest",
     "Judgement",

@@ -27,7 +27,7 @@ from sqlmodel import col
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES
 from core.errors import reason_line
-from models import Artifact, CollectionRun, Episode, Step, run_id_for
+from models import Artifact, CollectionRun, Episode, GrpoRollout, Step, run_id_for
 from storage.db import SETTING as DATABASE_SETTING
 from storage.errors import DatabaseUnavailable
 from storage.rows import collection_run_row
@@ -89,7 +89,7 @@ def close_run(
 
 def remaining_episodes(engine: Engine, episode_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
     """The ids of `episode_ids` still to run; deletes stored episodes in `RETRIED_STATUSES`
-    (rows, steps, artifact rows) so that they run again."""
+    (rows, steps, artifact rows, GRPO rollout rows) so that they run again."""
     done: set[uuid.UUID] = set()
     retry: set[uuid.UUID] = set()
     ids = list(episode_ids)
@@ -106,6 +106,7 @@ def remaining_episodes(engine: Engine, episode_ids: Sequence[uuid.UUID]) -> set[
         for i in range(0, len(targets), 500):
             chunk = targets[i : i + 500]
             conn.execute(delete(Artifact).where(col(Artifact.episode_id).in_(chunk)))
+            conn.execute(delete(GrpoRollout).where(col(GrpoRollout.episode_id).in_(chunk)))
             conn.execute(delete(Step).where(col(Step.episode_id).in_(chunk)))
             conn.execute(delete(Episode).where(col(Episode.id).in_(chunk)))
     return set(ids) - done

@@ -5,7 +5,10 @@ TrainingError
 │   └── EmptySnapshot      the selection matched no usable episode
 ├── BaseModelError         the local tokenizer / model cannot be built
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
-│   └── TrainingStopped    its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)
+│   ├── TrainingStopped    its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)
+│   └── RolloutTokenError  an episode cannot be a token-exact GRPO rollout
+│       ├── MissingTokenIds   a step recorded no prompt or completion ids
+│       └── TokenPrefixError  a turn's prompt does not extend the previous turn's ids
 ├── RegistryError          checkpoint / training-run bookkeeping failed
 │   └── CheckpointNotFound no checkpoint (or no files) under that id
 ├── DatasetSelectionError  the train parameters select nothing to train on
@@ -40,6 +43,27 @@ class TrainerError(TrainingError):
 
 class TrainingStopped(TrainerError):
     """Training was stopped because its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)."""
+
+
+class RolloutTokenError(TrainerError):
+    """An episode cannot be turned into a token-exact GRPO rollout. Names the episode and
+    the step (`episode_id`, `step_index`); the ids are never re-tokenized from text to
+    paper over it."""
+
+    def __init__(self, message: str, *, episode_id: str, step_index: int) -> None:
+        super().__init__(message)
+        self.episode_id = episode_id
+        self.step_index = step_index
+
+
+class MissingTokenIds(RolloutTokenError):
+    """A step recorded no prompt or completion token ids (the policy does not capture them),
+    or its logprobs do not align with its completion ids."""
+
+
+class TokenPrefixError(RolloutTokenError):
+    """A turn's prompt ids do not start with the previous turn's prompt ids followed by its
+    sampled completion ids: the policy re-rendered the history instead of extending it."""
 
 
 class RegistryError(TrainingError):

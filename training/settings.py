@@ -97,6 +97,11 @@ class TrainingSettings(BaseSettings):
     """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of GRPO rollouts."""
+    zero_variance_warn_share: float = Field(default=0.5, ge=0, le=1)
+    """Share of judged GRPO groups dropped for zero reward variance above which the run
+    warns (`training.groups.zero_variance_warning`). Past half, most of the generation is
+    wasted: seed 000 §5.3 wants a task difficulty of 30-70 % success, where most groups of
+    4-8 rollouts see both outcomes."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO weight of desirable (successful) examples."""
     kto_undesirable_weight: float = Field(default=1.0, gt=0)

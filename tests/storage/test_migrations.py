@@ -35,6 +35,7 @@ TABLES = {
     "dataset_episode",
     "training_run",
     "checkpoint",
+    "grpo_rollout",
 }
 
 

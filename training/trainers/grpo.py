@@ -25,7 +25,7 @@ from training.trainers.common import (
     train_with,
 )
 
-__all__ = ["run_grpo"]
+__all__ = ["run_grpo", "use_reference"]
 
 _TASK_COLUMNS = ("task_id", "suite", "template", "instance_seed")
 
@@ -73,12 +73,12 @@ def run_grpo(
         dataset,
         job,
         n_examples=len(rows),
-        prepare=(lambda trainer: _use_reference(trainer, reference)) if reference else None,
+        prepare=(lambda trainer: use_reference(trainer, reference)) if reference else None,
         reward_funcs=list(reward_fns),
     )
 
 
-def _use_reference(trainer: Any, path: Path) -> None:
+def use_reference(trainer: Any, path: Path) -> None:
     """Load the reference weights from `path`.
 
     TRL's GRPO builds its reference from the policy's own path (the base model directory

@@ -1,0 +1,262 @@
+"""GRPO's rollouts as episodes of one collection run: the source `training` is passed.
+
+    with open_rollout_collection(training_run_key, tasks, settings, engine=…, store=…) as source:
+        result, rollouts = run_episode_grpo(task_ids, job, source)
+
+One collection run per training run, keyed `grpo-rollouts-<training run key>`
+(`rollout_run_key`), opened once through the one lifecycle (`open_collection`: the run
+key's lock, the run row, the engine and the store) and ended `completed` when training
+returns, `failed` or `interrupted` when it raises. Each generation batch is one
+`run_episodes` call: the episode loop in real nsjail sandboxes from a warm pool, the same
+protocol v1, tools, limits, fault profile and verifier as any collection, rewards from
+`scoring.rewards.apply_rewards`, every episode stored as it finishes (trajectory object
+with its token ids and logprobs, `episode` and `step` rows). Rollout indices count up per
+task over the whole training run, so every rollout is an episode of its own (its policy
+seed is its rollout index). After the trainer judged the batch, `record` writes each
+episode's `grpo_rollout` row (group, policy version, reward, advantage, fate).
+
+The policy of a batch is built from the trainer's current model by `make_policy`
+(default: `training.trainer_policy.TrainerModelPolicy`, which records token ids on the
+episode's steps before it is stored).
+
+Interim wiring, to adapt when the lifecycle takes a caller's policy and an explicit task
+list (`open_collection(request, settings, policy=…, planner=…)`): the request names the
+base model as an `hf:` spec (never loaded: the collection's own policy is swapped for
+the batch's policy), and the plan is empty (`planned` 0): the trainer's sampler decides
+the episodes batch by batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from sqlalchemy import Engine
+
+from agent.policies.base import Policy
+from agent.prompt import PromptStyle
+from agent.trajectory import Trajectory, episode_id_for
+from collection.errors import CollectError
+from collection.lifecycle import Collection, open_collection
+from collection.plan import Plan, PlannedEpisode, Shard
+from collection.request import CollectRequest
+from collection.runner import run_episodes
+from config.settings import Settings
+from models import GrpoRollout
+from sandbox.spec import SandboxSpec
+from storage.grpo_rollouts import record_grpo_rollouts
+from storage.objects import ObjectStore
+from tasks.types import TaskInstance
+from training.rollout_tokens import TokenRollout
+from training.trainers.episode_grpo import JudgedBatch, RolloutBatch
+
+__all__ = [
+    "CollectionRolloutSource",
+    "TokenRecorder",
+    "open_rollout_collection",
+    "rollout_run_key",
+]
+
+PolicyFactory = Callable[[RolloutBatch], Policy]
+"""Builds the policy of one batch from the trainer's current model."""
+
+
+@runtime_checkable
+class TokenRecorder(Protocol):
+    """A policy that keeps what it sampled apart and writes it onto a finished episode."""
+
+    def record_tokens(self, trajectory: Trajectory) -> None: ...
+
+
+def rollout_run_key(training_run_key: str) -> str:
+    """The collection run key of a training run's rollouts."""
+    return f"grpo-rollouts-{training_run_key}"
+
+
+def trainer_model_policy(
+    *, run_key: str, prompt_style: PromptStyle, temperature: float, max_new_tokens: int
+) -> PolicyFactory:
+    """The default `PolicyFactory`: the trainer's model in-process, sampling at
+    `temperature`, its spec naming the run and the policy version."""
+    from training.trainer_policy import TrainerModelPolicy
+
+    def make(batch: RolloutBatch) -> Policy:
+        return TrainerModelPolicy(
+            batch.model,
+            batch.tokenizer,
+            spec=f"hf:grpo/{run_key}@{batch.policy_version}",
+            prompt_style=prompt_style,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+        )
+
+    return make
+
+
+class CollectionRolloutSource:
+    """`training.trainers.episode_grpo.RolloutSource` over an opened collection."""
+
+    def __init__(
+        self,
+        collection: Collection,
+        tasks: Mapping[str, TaskInstance],
+        *,
+        make_policy: PolicyFactory,
+        training_run_id: uuid.UUID | None = None,
+    ) -> None:
+        self.collection = collection
+        self.tasks = dict(tasks)
+        self.make_policy = make_policy
+        self.training_run_id = training_run_id
+        self.next_rollout: dict[str, int] = {}
+        self.generated = 0
+        """Episodes run so far."""
+        self.recorded = 0
+        """`grpo_rollout` rows written so far."""
+
+    def plan(self, batch: RolloutBatch) -> list[PlannedEpisode]:
+        """The batch's episodes: each task's next `rollouts_per_task` rollout indices."""
+        run_key = self.collection.run_key
+        planned: list[PlannedEpisode] = []
+        for task_id in batch.task_ids:
+            task = self.tasks.get(task_id)
+            if task is None:
+                raise CollectError(f"GRPO asked for task {task_id}, which this run does not hold")
+            first = self.next_rollout.get(task_id, 0)
+            self.next_rollout[task_id] = first + batch.rollouts_per_task
+            planned += [
+                PlannedEpisode(
+                    task=task, rollout_index=i, episode_id=episode_id_for(run_key, task_id, i)
+                )
+                for i in range(first, first + batch.rollouts_per_task)
+            ]
+        return planned
+
+    def generate(self, batch: RolloutBatch) -> list[list[Trajectory]]:
+        """Run and store the batch's episodes (see the module); one group per task."""
+        planned = self.plan(batch)
+        policy = self.make_policy(batch)
+        previous, self.collection.policy = self.collection.policy, policy
+        finished: dict[uuid.UUID, Trajectory] = {}
+
+        def keep(trajectory: Trajectory) -> None:
+            if isinstance(policy, TokenRecorder):
+                policy.record_tokens(trajectory)
+            finished[trajectory.episode_id] = trajectory
+
+        async def run() -> None:
+            await previous.aclose()
+            try:
+                await run_episodes(self.collection, planned, on_episode=keep)
+            finally:
+                await policy.aclose()
+
+        asyncio.run(run())
+        missing = [p.episode_id for p in planned if p.episode_id not in finished]
+        if missing:
+            raise CollectError(f"{len(missing)} GRPO rollout(s) did not finish, e.g. {missing[0]}")
+        self.generated += len(planned)
+        size = batch.rollouts_per_task
+        ordered = [finished[p.episode_id] for p in planned]
+        return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+    def record(self, judged: JudgedBatch) -> None:
+        """Write each episode's `grpo_rollout` row (group, policy version, reward,
+        advantage, fate) in one transaction.
+
+        Raises:
+            IngestError: the rows could not be written.
+        """
+        rows: list[GrpoRollout] = []
+        for index, (group, rollouts) in enumerate(zip(judged.groups, judged.rollouts, strict=True)):
+            advantages = group.advantages or [None] * len(group.trajectories)
+            for t, reward, advantage, tokens in zip(
+                group.trajectories, group.rewards, advantages, rollouts, strict=True
+            ):
+                rows.append(
+                    GrpoRollout(
+                        episode_id=t.episode_id,
+                        training_run_id=self.training_run_id,
+                        policy_version=judged.batch.policy_version,
+                        group_index=index,
+                        task_id=group.task_id,
+                        group_fate=group.fate.value,
+                        reward=reward,
+                        advantage=advantage,
+                        **_token_counts(tokens),
+                    )
+                )
+        self.recorded += record_grpo_rollouts(self.collection.engine, rows)
+
+
+def _token_counts(rollout: TokenRollout | None) -> dict[str, int | None]:
+    if rollout is None:
+        return {"sampled_tokens": None, "observation_tokens": None}
+    sampled = sum(rollout.env_mask)
+    return {"sampled_tokens": sampled, "observation_tokens": len(rollout.env_mask) - sampled}
+
+
+def _empty_planner(request: CollectRequest, settings: Settings, shard: Shard | None) -> Plan:
+    """The trainer's sampler decides the episodes batch by batch: nothing planned ahead."""
+    return Plan(request=request, faults=request.fault_profile, total=0, episodes=[])
+
+
+@contextmanager
+def open_rollout_collection(
+    training_run_key: str,
+    tasks: Sequence[TaskInstance],
+    settings: Settings,
+    *,
+    base_model_dir: Path,
+    engine: Engine,
+    store: ObjectStore,
+    sandbox_spec: SandboxSpec | None = None,
+    concurrency: int = 4,
+    make_policy: PolicyFactory | None = None,
+    prompt_style: PromptStyle = PromptStyle.FULL,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    training_run_id: uuid.UUID | None = None,
+) -> Iterator[CollectionRolloutSource]:
+    """The rollout source of one training run: its collection opened, started, and ended
+    `completed` on a clean exit (`failed` / `interrupted` when the body raises).
+
+    Raises:
+        CollectError: no task, or tasks of several suites.
+        StorageError: the database or store cannot be used, or the run key is busy.
+    """
+    if not tasks:
+        raise CollectError("GRPO rollouts need at least one task")
+    suites = sorted({t.suite for t in tasks})
+    if len(suites) != 1:
+        raise CollectError(f"GRPO rollouts of one run come from one suite, got {suites}")
+    run_key = rollout_run_key(training_run_key)
+    request = CollectRequest(
+        suite=suites[0],
+        policy=f"hf:{base_model_dir}",
+        templates=sorted({t.template for t in tasks}),
+        concurrency=concurrency,
+        sandbox_spec=sandbox_spec or SandboxSpec(),
+        run_key=run_key,
+    )
+    factory = make_policy or trainer_model_policy(
+        run_key=run_key,
+        prompt_style=prompt_style,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+    )
+    with open_collection(
+        request, settings, engine=engine, store=store, planner=_empty_planner
+    ) as collection:
+        collection.start()
+        yield CollectionRolloutSource(
+            collection,
+            {t.task_id: t for t in tasks},
+            make_policy=factory,
+            training_run_id=training_run_id,
+        )
+        collection.end("completed")

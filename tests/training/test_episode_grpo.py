@@ -1,0 +1,344 @@
+"""GRPO over whole episodes: the rollout function, and TRL training on rollouts in real jails."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from agent.errors import EndpointError
+from agent.policies.base import PolicyRequest
+from agent.prompt import PromptStyle
+from agent.render import render_final, render_tool_call
+from agent.settings import LoopSettings, PolicySettings
+from agent.trajectory import EpisodeStatus, FailureCategory, Step, Trajectory
+from collection.grpo_rollouts import (
+    CollectionRolloutSource,
+    open_rollout_collection,
+    rollout_run_key,
+)
+from config.settings import load_settings
+from models import run_id_for
+from scoring.rewards import apply_rewards
+from scoring.settings import RewardSettings
+from storage.grpo_rollouts import grpo_rollouts_of_run
+from storage.objects import LocalObjectStore
+from storage.run_reads import run_counts, run_status, run_trajectories
+from suites.registry import load_suite
+from tasks.types import TaskInstance
+from tests.training.factory import call_step, episode, final_step
+from training.errors import TrainerError
+from training.groups import GroupFate
+from training.rollout_tokens import token_rollout
+from training.settings import TrainingSettings
+from training.trainer_policy import TrainerModelPolicy
+from training.trainers.common import TrainJob
+from training.trainers.episode_grpo import (
+    REWARD_FIELD,
+    EpisodeRollouts,
+    JudgedBatch,
+    RolloutBatch,
+    episode_reward,
+    run_episode_grpo,
+)
+
+# --------------------------------------------------------------------------- unit
+
+
+def _tokened(task: int, rollout: int, *, success: bool, sampled: int) -> Trajectory:
+    p0 = [1, 2, 3]
+    p1 = [*p0, sampled, 9, 50, 51]
+    t = episode(
+        task=task,
+        rollout=rollout,
+        success=success,
+        steps=[call_step(0, "ls"), final_step(1)],
+    )
+    for step, prompt, ids in zip(t.steps, (p0, p1), ([sampled, 9], [sampled + 1, 9]), strict=True):
+        step.prompt_token_ids, step.completion_token_ids, step.logprobs = prompt, ids, [-1.0, -2.0]
+    return apply_rewards(t, RewardSettings())
+
+
+def _infra(task: int, rollout: int) -> Trajectory:
+    t = episode(task=task, rollout=rollout, success=False, steps=[])
+    t.status, t.failure_category = EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR
+    return apply_rewards(t, RewardSettings())
+
+
+class _ListSource:
+    def __init__(self, groups: list[list[Trajectory]]) -> None:
+        self.groups = groups
+        self.batches: list[RolloutBatch] = []
+        self.recorded: list[JudgedBatch] = []
+
+    def generate(self, batch: RolloutBatch) -> list[list[Trajectory]]:
+        self.batches.append(batch)
+        return self.groups
+
+    def record(self, judged: JudgedBatch) -> None:
+        self.recorded.append(judged)
+
+
+def _trainer(step: int = 3) -> Any:
+    logged: dict[str, float] = {}
+    return SimpleNamespace(
+        processing_class=SimpleNamespace(pad_token_id=0),
+        state=SimpleNamespace(global_step=step),
+        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+        model="the model",
+        logged=logged,
+        _log_metric=logged.__setitem__,
+    )
+
+
+def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
+    mixed = [_tokened(0, 0, success=True, sampled=10), _tokened(0, 1, success=False, sampled=20)]
+    flat = [_tokened(1, i, success=False, sampled=30) for i in range(2)]
+    broken = [_tokened(2, 0, success=True, sampled=40), _infra(2, 1)]
+    source = _ListSource([mixed, flat, broken])
+    rollouts = EpisodeRollouts(source=source, rollouts_per_task=2)
+    prompts = [t[0].task_id for t in (mixed, mixed, flat, flat, broken, broken)]
+    trainer = _trainer(step=3)
+    out = rollouts(prompts, trainer)
+
+    batch = source.batches[0]
+    assert batch.task_ids == [mixed[0].task_id, flat[0].task_id, broken[0].task_id]
+    assert (batch.policy_version, batch.rollouts_per_task, batch.model) == (3, 2, "the model")
+    assert out["completion_ids"][0] == [10, 9, 50, 51, 11, 9]
+    assert out["env_mask"][0] == [1, 1, 0, 0, 1, 1]
+    assert out["logprobs"][0] == [-1.0, -2.0, 0.0, 0.0, -1.0, -2.0]
+    assert out["prompt_ids"][1] == [1, 2, 3]
+    for slot in (2, 3, 4, 5):  # zero variance and infrastructure: nothing trained
+        assert out["env_mask"][slot] == [0] and out["completion_ids"][slot] == [0]
+    rewards = out[REWARD_FIELD]
+    assert rewards[:2] == [mixed[0].total_reward, mixed[1].total_reward]
+    assert rewards[2:] == [None] * 4
+    assert episode_reward(prompts, [None] * 6, **{REWARD_FIELD: rewards}) == rewards
+
+    judged = source.recorded[0]
+    assert [g.fate for g in judged.groups] == [
+        GroupFate.TRAINED,
+        GroupFate.ZERO_VARIANCE,
+        GroupFate.INFRASTRUCTURE,
+    ]
+    assert judged.rollouts[1] == [None, None]
+    assert rollouts.counts.as_dict()["groups_dropped_zero_variance"] == 1
+    assert rollouts.counts.infrastructure_rollouts == 1
+    assert rollouts.last is judged
+    assert trainer.logged == {
+        "grpo/groups_used": 1.0,
+        "grpo/groups_dropped_zero_variance": 1.0,
+        "grpo/groups_dropped_infrastructure": 1.0,
+        "grpo/infrastructure_rollouts": 1.0,
+        "grpo/sampled_tokens": 8.0,
+    }
+
+
+def test_rollout_func_refuses_a_batch_that_is_not_whole_groups() -> None:
+    rollouts = EpisodeRollouts(source=_ListSource([]), rollouts_per_task=2)
+    with pytest.raises(TrainerError, match="not whole groups of 2"):
+        rollouts(["a", "a", "b"], _trainer())
+    with pytest.raises(TrainerError, match="mix prompts"):
+        rollouts(["a", "b"], _trainer())
+    short = EpisodeRollouts(source=_ListSource([[episode()]]), rollouts_per_task=2)
+    with pytest.raises(TrainerError, match="returned \\[1\\] episodes for 1 groups of 2"):
+        short(["a", "a"], _trainer())
+
+
+# ------------------------------------------------------------------ end to end
+
+
+class _ScriptedTrainerPolicy(TrainerModelPolicy):
+    """The trainer's model, with some rollouts' answers fixed so that the groups' rewards
+    are known: the real model's prompts, ids and logprobs are recorded for every turn.
+
+    - `solved` task, even seeds: the reference solution, call by call, then the final
+      answer (forced ids; the model's logprobs of them are recorded);
+    - `flat` task: the same unparsable text on every rollout (zero variance);
+    - `down` task, odd seeds: the endpoint fails (an infrastructure outcome);
+    - everything else: sampled from the model.
+    """
+
+    def __init__(self, *args: Any, tasks: dict[str, TaskInstance], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks = tasks
+
+    def forced(self, request: PolicyRequest) -> str | None:
+        role = request.task.template
+        if role == "dir_tree" and request.seed % 2 == 0:
+            reference = request.task.reference_solution
+            k = request.step_index
+            if k < len(reference):
+                return render_tool_call(f"c{k + 1}", reference[k].tool, reference[k].args)
+            return render_final(request.task.reference_final)
+        if role == "checksums":
+            return "I will not use the protocol."
+        if role == "largest_files" and request.seed % 2 == 1:
+            raise EndpointError("the test's endpoint is down", endpoint="test://down")
+        return None
+
+    def sample(
+        self, prompt_ids: list[int], request: PolicyRequest
+    ) -> tuple[list[int], list[float]]:
+        import torch
+
+        text = self.forced(request)
+        if text is None:
+            return super().sample(prompt_ids, request)
+        ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        ids.append(self.tokenizer.eos_token_id)
+        with torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([prompt_ids + ids])).logits[0]
+        logps = torch.log_softmax(logits[len(prompt_ids) - 1 : -1].float(), dim=-1)
+        return ids, [float(logps[i, t]) for i, t in enumerate(ids)]
+
+
+class _Capture:
+    """Every generation batch TRL trained on, as `_generate_and_score_completions` gave it."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, Any]] = []
+
+    def wrap(self, original: Any) -> Any:
+        def generate_and_score(trainer: Any, inputs: Any) -> Any:
+            output = original(trainer, inputs)
+            self.outputs.append({k: v for k, v in output.items() if hasattr(v, "tolist")})
+            return output
+
+        return generate_and_score
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_grpo_over_episodes_in_real_jails(
+    tiny_base_model: Path,
+    engine: Engine,
+    store: LocalObjectStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    capture = _Capture()
+    monkeypatch.setattr(
+        GRPOTrainer,
+        "_generate_and_score_completions",
+        capture.wrap(GRPOTrainer._generate_and_score_completions),
+    )
+    tasks = load_suite("builtin").instances(1, templates=["dir_tree", "checksums", "largest_files"])
+    settings = dataclasses.replace(
+        load_settings(),
+        loop=LoopSettings(max_steps=3, max_consecutive_parse_failures=2),
+        policy=PolicySettings(outage_episodes=0),
+    )
+    training = TrainingSettings(
+        vocab_size=4096,
+        max_length=1024,
+        max_position_embeddings=1024,
+        max_steps=2,
+        batch_size=6,
+        rollouts_per_task=2,
+        max_completion_length=16,
+        prompt_style=PromptStyle.COMPACT,
+        rl_learning_rate=5e-6,
+        beta=0.05,
+        logging_steps=1,
+    )
+    by_id = {t.task_id: t for t in tasks}
+    training_key = f"test-{uuid.uuid4().hex[:8]}"
+
+    def policy(batch: RolloutBatch) -> _ScriptedTrainerPolicy:
+        return _ScriptedTrainerPolicy(
+            batch.model,
+            batch.tokenizer,
+            spec=f"hf:grpo/test@{batch.policy_version}",
+            prompt_style=PromptStyle.COMPACT,
+            max_new_tokens=16,
+            tasks=by_id,
+        )
+
+    judged: list[JudgedBatch] = []
+    with open_rollout_collection(
+        training_key,
+        tasks,
+        settings,
+        base_model_dir=tiny_base_model,
+        engine=engine,
+        store=store,
+        concurrency=3,
+        make_policy=policy,
+    ) as source:
+        assert isinstance(source, CollectionRolloutSource)
+        record = source.record
+
+        def keep(batch: JudgedBatch) -> None:
+            judged.append(batch)
+            record(batch)
+
+        monkeypatch.setattr(source, "record", keep)
+        job = TrainJob(
+            base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training
+        )
+        result, rollouts = run_episode_grpo([t.task_id for t in tasks], job, source)
+
+    run_id = run_id_for(rollout_run_key(training_key))
+    assert result.steps == 2 and len(capture.outputs) == 2 and len(judged) == 2
+    assert run_status(engine, run_id) == "completed"
+
+    # Every rollout is a stored episode with its grpo_rollout row: stored = generated.
+    stored = {t.episode_id: t for t in run_trajectories(engine, store, run_id)}
+    rows = {r.episode_id: r for r in grpo_rollouts_of_run(engine, run_id)}
+    assert len(stored) == len(rows) == source.generated == rollouts.counts.rollouts == 12
+    assert sum(run_counts(engine, run_id).values()) == 12
+
+    for batch, output in zip(judged, capture.outputs, strict=True):
+        completion = output["completion_ids"].tolist()
+        loss_mask = (output["completion_mask"] * output["tool_mask"]).tolist()
+        advantages = output["advantages"].tolist()
+        slot = 0
+        for group in batch.groups:
+            for t in group.trajectories:
+                row, kept = rows[t.episode_id], stored[t.episode_id]
+                assert row.policy_version == batch.batch.policy_version
+                assert row.group_fate == group.fate.value
+                trained = [c for c, m in zip(completion[slot], loss_mask[slot], strict=True) if m]
+                if group.trained:
+                    # The ids the trainer optimised are the stored ids the model sampled,
+                    # and nothing else: every observation token is out of the loss.
+                    exact = token_rollout(kept)
+                    assert trained == [i for s in kept.steps for i in s.completion_token_ids or []]
+                    assert sum(loss_mask[slot]) == sum(exact.env_mask)
+                    n = len(exact.completion_ids)
+                    assert completion[slot][:n] == exact.completion_ids
+                    assert [m for m in loss_mask[slot][:n]] == exact.env_mask
+                    assert exact.env_mask.count(0) == row.observation_tokens
+                    assert row.observation_tokens and row.observation_tokens > 0  # multi-turn
+                    assert row.advantage == pytest.approx(advantages[slot], abs=1e-4)
+                    assert row.reward == kept.total_reward
+                else:
+                    assert trained == [] and advantages[slot] == 0.0
+                    assert row.advantage is None
+                slot += 1
+
+    fates = [g.fate for b in judged for g in b.groups]
+    assert fates.count(GroupFate.TRAINED) == 2  # dir_tree, twice
+    assert fates.count(GroupFate.ZERO_VARIANCE) == 2  # checksums, twice
+    assert fates.count(GroupFate.INFRASTRUCTURE) == 2  # largest_files, twice
+    infra = [t for t in stored.values() if t.status == EpisodeStatus.ENDPOINT_ERROR]
+    assert len(infra) == 2 and all(rows[t.episode_id].reward is None for t in infra)
+    counts = rollouts.counts.as_dict()
+    assert counts["groups_dropped_zero_variance"] == 2
+    assert counts["groups_dropped_infrastructure"] == 2
+    assert counts["infrastructure_rollouts"] == 2
+    assert result.metrics["grpo_run/groups_dropped_zero_variance"] == 2.0  # the run's
+    assert result.metrics["grpo/groups_dropped_zero_variance"] == 1.0  # the last step's
+    assert result.metrics["grpo/groups_used"] == 1.0
+    assert any("dropped 2 of 4 groups" in w for w in result.warnings) is False  # 50 % is not above
+    solved = [t for t in stored.values() if t.template == "dir_tree" and t.policy_seed % 2 == 0]
+    assert solved and all(t.status == EpisodeStatus.SUCCESS and t.n_steps == 3 for t in solved)
+    assert all(isinstance(s, Step) for t in solved for s in t.steps)

@@ -1,0 +1,97 @@
+"""GRPO groups of whole episodes: advantages as TRL computes them, drops counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.trajectory import EpisodeStatus, FailureCategory, Trajectory
+from scoring.rewards import apply_rewards
+from scoring.settings import RewardSettings
+from tests.training.factory import episode
+from training.errors import TrainerError
+from training.groups import (
+    GroupCounts,
+    GroupFate,
+    group_advantages,
+    judge_group,
+    zero_variance_warning,
+)
+
+
+def _rollout(rollout: int, *, success: bool, task: int = 0) -> Trajectory:
+    return apply_rewards(episode(task=task, rollout=rollout, success=success), RewardSettings())
+
+
+def _infra(rollout: int, status: EpisodeStatus = EpisodeStatus.ENV_ERROR) -> Trajectory:
+    t = episode(rollout=rollout, success=False)
+    t.status, t.failure_category = status, FailureCategory(status.value)
+    return apply_rewards(t, RewardSettings())
+
+
+def test_advantages_are_trls_group_normalisation() -> None:
+    torch = pytest.importorskip("torch")
+    from trl.trainer.utils import nanstd
+
+    rewards = [1.2, -0.4, 0.3, 1.2]
+    t = torch.tensor(rewards)
+    expected = (t - t.mean()) / (nanstd(t) + 1e-4)
+    assert group_advantages(rewards) == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_a_mixed_group_is_trained_on_its_stored_rewards() -> None:
+    group = judge_group([_rollout(i, success=i % 2 == 0) for i in range(4)])
+    assert group.fate is GroupFate.TRAINED and group.trained
+    stored = [t.total_reward for t in group.trajectories]  # what storage writes
+    assert list(group.rewards) == stored
+    assert group.advantages is not None
+    assert group.advantages == pytest.approx(group_advantages([r or 0.0 for r in stored]))
+    assert group.advantages[0] > 0 > group.advantages[1]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [EpisodeStatus.ENV_ERROR, EpisodeStatus.STORAGE_ERROR, EpisodeStatus.ENDPOINT_ERROR],
+)
+def test_an_infrastructure_outcome_drops_the_whole_group(status: EpisodeStatus) -> None:
+    group = judge_group([_rollout(0, success=True), _rollout(1, success=False), _infra(2, status)])
+    assert group.fate is GroupFate.INFRASTRUCTURE
+    assert group.advantages is None
+    assert group.rewards[2] is None
+
+
+def test_equal_rewards_drop_the_group_as_zero_variance() -> None:
+    for success in (True, False):
+        group = judge_group([_rollout(i, success=success) for i in range(4)])
+        assert group.fate is GroupFate.ZERO_VARIANCE and group.advantages is None
+
+
+def test_groups_are_one_task_and_rewarded() -> None:
+    with pytest.raises(TrainerError, match="mixes tasks"):
+        judge_group([_rollout(0, success=True), _rollout(1, success=False, task=1)])
+    with pytest.raises(TrainerError, match="has no total_reward"):
+        judge_group([episode(rollout=0), episode(rollout=1)])  # never rewarded
+    with pytest.raises(TrainerError, match="at least one rollout"):
+        judge_group([])
+
+
+def test_counts_and_the_zero_variance_warning() -> None:
+    counts = GroupCounts()
+    counts.add(judge_group([_rollout(i, success=i == 0) for i in range(4)]))
+    counts.add(judge_group([_rollout(0, success=True), _infra(1)]))
+    counts.add(judge_group([_rollout(i, success=False) for i in range(4)]))
+    assert counts.as_dict() == {
+        "groups": 3,
+        "groups_used": 1,
+        "groups_dropped_infrastructure": 1,
+        "groups_dropped_zero_variance": 1,
+        "rollouts_generated": 10,
+        "infrastructure_rollouts": 1,
+        "zero_variance_share": 0.5,  # of the two groups that could be judged
+    }
+    assert zero_variance_warning(counts, warn_above=0.5) is None
+    warning = zero_variance_warning(counts, warn_above=0.4)
+    assert warning is not None
+    assert "1 of 2 groups (50%" in warning
+    assert "EPIFLOW_TRAINING_ROLLOUTS_PER_TASK" in warning
+    assert "EPIFLOW_TRAINING_TEMPERATURE" in warning
+    assert zero_variance_warning(GroupCounts(), warn_above=0.0) is None

@@ -1,0 +1,201 @@
+"""GRPO groups of whole episodes: which are trained, their advantages, what is dropped.
+
+A group is the `rollouts_per_task` episodes of one task in one generation batch. A
+rollout's reward is its episode's `total_reward`, which `scoring.rewards.apply_rewards`
+sets: the function collection stores every episode with, so GRPO optimises exactly the
+reward stored with the episode. The advantage is that reward normalised within the group,
+with TRL's `GRPOTrainer` formula (`scale_rewards="group"`):
+
+    A_i = (r_i - mean(r)) / (std(r) + 1e-4),   std with Bessel's correction
+
+so the advantage stored with each episode is the one the trainer uses.
+
+A group has one of three fates (`GroupFate`), decided before the optimiser step:
+
+- `trained`: its advantages enter the loss.
+- `infrastructure`: a rollout ended `env_error`, `storage_error` or `endpoint_error`
+  (`agent.trajectory.INFRASTRUCTURE_STATUSES`). The whole group is **dropped, not
+  redone**: an infrastructure failure is seldom transient within one batch (a jail that
+  cannot start, a store or an endpoint that is down), so a redo would stall the batch on
+  it; the group's baseline from the rollouts that survived would be biased toward
+  whatever the failure spared; and the failed episode stays stored as what it is, while a
+  redone rollout after the policy moved would be another policy's sample. (SkyRL masks
+  such a group the same way.) Counted in `groups_dropped_infrastructure` and
+  `infrastructure_rollouts`.
+- `zero_variance`: every rollout got the same reward, so every advantage is 0 and the
+  group would only add KL and dilute the token normaliser. Dropped and counted
+  (`groups_dropped_zero_variance`); when their share of the judged groups exceeds
+  `TrainingSettings.zero_variance_warn_share`, `zero_variance_warning` says what to change.
+
+A dropped group's rollouts stay in TRL's fixed-size batch with every token masked, so
+they contribute nothing to the loss. Pure: no torch, no TRL, no SQL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
+from training.errors import TrainerError
+
+__all__ = [
+    "ADVANTAGE_EPSILON",
+    "Group",
+    "GroupCounts",
+    "GroupFate",
+    "group_advantages",
+    "judge_group",
+    "zero_variance_warning",
+]
+
+ADVANTAGE_EPSILON = 1e-4
+"""Added to the group's standard deviation before dividing (TRL's constant)."""
+
+ZERO_STD_TOLERANCE = 1e-8
+"""A group whose reward standard deviation is at most this has zero variance (TRL's
+`torch.isclose(std, 0)`)."""
+
+
+class GroupFate(StrEnum):
+    """What happens to a group before the optimiser step."""
+
+    TRAINED = "trained"
+    INFRASTRUCTURE = "infrastructure"
+    ZERO_VARIANCE = "zero_variance"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One task's rollouts of one generation batch, judged."""
+
+    task_id: str
+    """The task every rollout worked on."""
+    trajectories: tuple[Trajectory, ...]
+    """The rollouts, in the batch's order."""
+    fate: GroupFate
+    """Trained, or dropped and why."""
+    rewards: tuple[float | None, ...]
+    """Each rollout's `total_reward` (None for an infrastructure outcome)."""
+    advantages: tuple[float, ...] | None
+    """Each rollout's advantage when the group is trained; None when it is dropped."""
+
+    @property
+    def trained(self) -> bool:
+        return self.fate is GroupFate.TRAINED
+
+
+def _std(values: Sequence[float]) -> float:
+    """Standard deviation with Bessel's correction (NaN for fewer than two values)."""
+    if len(values) < 2:
+        return math.nan
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def group_advantages(rewards: Sequence[float]) -> list[float]:
+    """The group-normalised advantages of `rewards` (TRL's formula, see the module)."""
+    mean = sum(rewards) / len(rewards)
+    std = _std(rewards)
+    return [(r - mean) / (std + ADVANTAGE_EPSILON) for r in rewards]
+
+
+def judge_group(trajectories: Sequence[Trajectory]) -> Group:
+    """The fate, rewards and advantages of one task's rollouts.
+
+    Raises:
+        TrainerError: the group is empty or mixes tasks, or an agent outcome carries no
+            reward (the episode was not rewarded by `scoring.rewards.apply_rewards`).
+    """
+    if not trajectories:
+        raise TrainerError("a GRPO group needs at least one rollout")
+    task_id = trajectories[0].task_id
+    if any(t.task_id != task_id for t in trajectories):
+        tasks = sorted({t.task_id for t in trajectories})
+        raise TrainerError(f"a GRPO group mixes tasks: {', '.join(tasks)}")
+    rewards: list[float | None] = []
+    for t in trajectories:
+        if t.status not in INFRASTRUCTURE_STATUSES and t.total_reward is None:
+            raise TrainerError(
+                f"episode {t.episode_id} ({t.status.value}) has no total_reward: rollouts "
+                "are rewarded with scoring.rewards.apply_rewards before they are grouped"
+            )
+        rewards.append(None if t.status in INFRASTRUCTURE_STATUSES else t.total_reward)
+    group = tuple(trajectories)
+    judged = [r for r in rewards if r is not None]
+    if len(judged) < len(rewards):
+        fate = GroupFate.INFRASTRUCTURE
+    elif not _std(judged) > ZERO_STD_TOLERANCE:  # NaN for a group of one: nothing to compare
+        fate = GroupFate.ZERO_VARIANCE
+    else:
+        return Group(
+            task_id, group, GroupFate.TRAINED, tuple(rewards), tuple(group_advantages(judged))
+        )
+    return Group(task_id, group, fate, tuple(rewards), None)
+
+
+@dataclass
+class GroupCounts:
+    """What happened to the groups of a training run so far (added to per batch)."""
+
+    groups: int = 0
+    """Groups judged."""
+    trained: int = 0
+    """Groups whose advantages entered the loss."""
+    dropped_infrastructure: int = 0
+    """Groups dropped because a rollout had an infrastructure outcome."""
+    dropped_zero_variance: int = 0
+    """Groups dropped because every rollout got the same reward."""
+    rollouts: int = 0
+    """Rollouts generated (every episode of every group)."""
+    infrastructure_rollouts: int = 0
+    """Rollouts that ended in an infrastructure outcome."""
+
+    def add(self, group: Group) -> None:
+        self.groups += 1
+        self.rollouts += len(group.trajectories)
+        self.infrastructure_rollouts += sum(r is None for r in group.rewards)
+        if group.fate is GroupFate.TRAINED:
+            self.trained += 1
+        elif group.fate is GroupFate.INFRASTRUCTURE:
+            self.dropped_infrastructure += 1
+        else:
+            self.dropped_zero_variance += 1
+
+    @property
+    def zero_variance_share(self) -> float:
+        """Zero-variance groups among the groups that could be judged (infrastructure
+        drops aside); 0.0 before any."""
+        judged = self.groups - self.dropped_infrastructure
+        return self.dropped_zero_variance / judged if judged else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "groups": self.groups,
+            "groups_used": self.trained,
+            "groups_dropped_infrastructure": self.dropped_infrastructure,
+            "groups_dropped_zero_variance": self.dropped_zero_variance,
+            "rollouts_generated": self.rollouts,
+            "infrastructure_rollouts": self.infrastructure_rollouts,
+            "zero_variance_share": self.zero_variance_share,
+        }
+
+
+def zero_variance_warning(counts: GroupCounts, *, warn_above: float) -> str | None:
+    """One sentence saying what to change when more than `warn_above` of the judged groups
+    had zero reward variance; None otherwise."""
+    share = counts.zero_variance_share
+    if share <= warn_above:
+        return None
+    judged = counts.groups - counts.dropped_infrastructure
+    return (
+        f"GRPO dropped {counts.dropped_zero_variance} of {judged} groups ({share:.0%}, above "
+        f"the {warn_above:.0%} of EPIFLOW_TRAINING_ZERO_VARIANCE_WARN_SHARE) because every "
+        "rollout got the same reward: their generation was wasted. Give the groups both "
+        "outcomes: more rollouts per task (EPIFLOW_TRAINING_ROLLOUTS_PER_TASK, seed 4-8), a "
+        "higher temperature (EPIFLOW_TRAINING_TEMPERATURE), tasks the model solves 30-70 % "
+        "of the time (a curriculum band), or start from an SFT checkpoint that already "
+        "succeeds now and then."
+    )
