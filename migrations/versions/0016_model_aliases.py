@@ -1,7 +1,7 @@
 """model aliases: `model_alias_change` (every promotion and rollback) and `model_history`
 
-Revision ID: 0015
-Revises: 0013
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-12-04 16:00:00.000000
 
 A named alias (`champion`, …) points at a checkpoint or an endpoint; every change is a
@@ -22,8 +22,8 @@ from models.columns import UTCDateTime
 from models.model_alias import ModelAliasChange
 from models.views import view_comments
 
-revision: str = "0015"
-down_revision: str | None = "0013"
+revision: str = "0016"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
