@@ -1,13 +1,18 @@
 """GRPO's rollouts as episodes of one collection run: the source `training` is passed.
 
-    with open_rollout_collection(training_run_key, tasks, settings, engine=…, store=…) as source:
-        result, rollouts = run_episode_grpo(task_ids, job, source)
+    result, rollouts = run_grpo_rollouts(
+        training_run_key, tasks, settings,
+        lambda source: run_episode_grpo(task_ids, job, source),
+        engine=…, store=…,
+    )
 
 One collection run per training run, keyed `grpo-rollouts-<training run key>`
 (`rollout_run_key`), opened once through the one lifecycle (`open_collection`: the run
-key's lock, the run row, the engine and the store) and ended `completed` when training
-returns, `failed` or `interrupted` when it raises. Each generation batch is one
-`run_episodes` call: the episode loop in real nsjail sandboxes from a warm pool, the same
+key's lock, the engine and the store) and run by `Collection.run` (the run row, the one
+status writer): its work is the training itself, in a worker thread, and it ends
+`completed` when training returns, `failed` or `interrupted` when it raises. Each
+generation batch the trainer asks for (from its thread) is one `run_episodes` call on the
+collection's event loop: the episode loop in real nsjail sandboxes from a warm pool, the same
 protocol v1, tools, limits, fault profile and verifier as any collection, rewards from
 `scoring.rewards.apply_rewards`, every episode stored as it finishes (trajectory object
 with its token ids and logprobs, `episode` and `step` rows). Rollout indices count up per
@@ -19,21 +24,19 @@ The policy of a batch is built from the trainer's current model by `make_policy`
 (default: `training.trainer_policy.TrainerModelPolicy`, which records token ids on the
 episode's steps before it is stored).
 
-Interim wiring, to adapt when the lifecycle takes a caller's policy and an explicit task
-list (`open_collection(request, settings, policy=…, planner=…)`): the request names the
-base model as an `hf:` spec (never loaded: the collection's own policy is swapped for
-the batch's policy), and the plan is empty (`planned` 0): the trainer's sampler decides
-the episodes batch by batch.
+Each batch runs with its own policy (`run_episodes(policy=…)`, the model as it is at
+that optimiser step); the request names the base model as an `hf:` spec only as the
+run's label (never loaded). The plan is empty (`planned` 0): the trainer's sampler
+decides the episodes batch by batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from sqlalchemy import Engine
 
@@ -41,7 +44,7 @@ from agent.policies.base import Policy
 from agent.prompt import PromptStyle
 from agent.trajectory import Trajectory, episode_id_for
 from collection.errors import CollectError
-from collection.lifecycle import Collection, open_collection
+from collection.lifecycle import Collection, Executed, open_collection
 from collection.plan import Plan, PlannedEpisode, Shard
 from collection.request import CollectRequest
 from collection.runner import run_episodes
@@ -57,9 +60,11 @@ from training.trainers.episode_grpo import JudgedBatch, RolloutBatch
 __all__ = [
     "CollectionRolloutSource",
     "TokenRecorder",
-    "open_rollout_collection",
     "rollout_run_key",
+    "run_grpo_rollouts",
 ]
+
+T = TypeVar("T")
 
 PolicyFactory = Callable[[RolloutBatch], Policy]
 """Builds the policy of one batch from the trainer's current model."""
@@ -117,6 +122,9 @@ class CollectionRolloutSource:
         """Episodes run so far."""
         self.recorded = 0
         """`grpo_rollout` rows written so far."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The collection's event loop, where the batches' episodes run (set while the
+        training runs)."""
 
     def plan(self, batch: RolloutBatch) -> list[PlannedEpisode]:
         """The batch's episodes: each task's next `rollouts_per_task` rollout indices."""
@@ -137,10 +145,10 @@ class CollectionRolloutSource:
         return planned
 
     def generate(self, batch: RolloutBatch) -> list[list[Trajectory]]:
-        """Run and store the batch's episodes (see the module); one group per task."""
+        """Run and store the batch's episodes (see the module); one group per task. Called
+        from the trainer's thread: the episodes run on the collection's event loop."""
         planned = self.plan(batch)
         policy = self.make_policy(batch)
-        previous, self.collection.policy = self.collection.policy, policy
         finished: dict[uuid.UUID, Trajectory] = {}
 
         def keep(trajectory: Trajectory) -> None:
@@ -149,13 +157,14 @@ class CollectionRolloutSource:
             finished[trajectory.episode_id] = trajectory
 
         async def run() -> None:
-            await previous.aclose()
             try:
-                await run_episodes(self.collection, planned, on_episode=keep)
+                await run_episodes(self.collection, planned, on_episode=keep, policy=policy)
             finally:
                 await policy.aclose()
 
-        asyncio.run(run())
+        if self.loop is None:
+            raise CollectError("the rollout source is not running (run_grpo_rollouts runs it)")
+        asyncio.run_coroutine_threadsafe(run(), self.loop).result()
         missing = [p.episode_id for p in planned if p.episode_id not in finished]
         if missing:
             raise CollectError(f"{len(missing)} GRPO rollout(s) did not finish, e.g. {missing[0]}")
@@ -205,11 +214,11 @@ def _empty_planner(request: CollectRequest, settings: Settings, shard: Shard | N
     return Plan(request=request, faults=request.fault_profile, total=0, episodes=[])
 
 
-@contextmanager
-def open_rollout_collection(
+def run_grpo_rollouts(
     training_run_key: str,
     tasks: Sequence[TaskInstance],
     settings: Settings,
+    train: Callable[[CollectionRolloutSource], T],
     *,
     base_model_dir: Path,
     engine: Engine,
@@ -221,9 +230,11 @@ def open_rollout_collection(
     temperature: float = 1.0,
     max_new_tokens: int = 256,
     training_run_id: uuid.UUID | None = None,
-) -> Iterator[CollectionRolloutSource]:
-    """The rollout source of one training run: its collection opened, started, and ended
-    `completed` on a clean exit (`failed` / `interrupted` when the body raises).
+) -> T:
+    """Run `train` (the trainer, given the rollout source) as the work of the training
+    run's rollout collection, and return what it returns. The collection is opened
+    through the lifecycle and run by `Collection.run`: `completed` when `train` returns,
+    `failed` (or `interrupted`) when it raises, which propagates.
 
     Raises:
         CollectError: no task, or tasks of several suites.
@@ -249,14 +260,26 @@ def open_rollout_collection(
         temperature=temperature,
         max_new_tokens=max_new_tokens,
     )
-    with open_collection(
-        request, settings, engine=engine, store=store, planner=_empty_planner
-    ) as collection:
-        collection.start()
-        yield CollectionRolloutSource(
-            collection,
-            {t.task_id: t for t in tasks},
-            make_policy=factory,
-            training_run_id=training_run_id,
-        )
-        collection.end("completed")
+    trained: list[T] = []
+
+    async def main() -> None:
+        async with open_collection(
+            request, settings, engine=engine, store=store, planner=_empty_planner
+        ) as collection:
+            source = CollectionRolloutSource(
+                collection,
+                {t.task_id: t for t in tasks},
+                make_policy=factory,
+                training_run_id=training_run_id,
+            )
+            source.loop = asyncio.get_running_loop()
+
+            async def training(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
+                trained.append(await asyncio.to_thread(train, source))
+                written = collection.written
+                return Executed(episodes=len(written.inserted), steps=written.steps)
+
+            await collection.run(training)
+
+    asyncio.run(main())
+    return trained[0]

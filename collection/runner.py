@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from agent.loop import run_episode
+from agent.policies.base import Policy
 from agent.trajectory import Trajectory
 from collection.lifecycle import Collection, Executed, Work, open_collection
 from collection.outbox import Outbox
@@ -70,13 +71,15 @@ async def run_episodes(
     on_episode: Callable[[Trajectory], None] | None = None,
     on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
     flush_interval_s: float = FLUSH_INTERVAL_S,
+    policy: Policy | None = None,
 ) -> IngestReport:
     """Run `episodes` as one stream, at most `concurrency` at once (a finished episode frees
     its slot for the next: no barrier between groups), and persist finished episodes in
     groups of `batch_size` — or fewer once the oldest has waited `flush_interval_s` —
     objects first, then one transaction of rows, with immediate rewards and discounted
     returns computed on the way. `on_persisted` gets each group after it is written
-    (progress; it may be a coroutine function).
+    (progress; it may be a coroutine function). `policy` acts in these episodes instead
+    of the collection's (GRPO: the model as it is at this optimiser step).
 
     Workers hand finished episodes to an `Outbox` and go on; one persister task writes
     the groups, so a write (or a slow `on_persisted`) never holds up the sandboxes. At
@@ -89,6 +92,7 @@ async def run_episodes(
     before the error propagates."""
     request = collection.request
     settings = collection.settings
+    acting = policy if policy is not None else collection.policy
     report = IngestReport()
     outbox: Outbox[Trajectory] = Outbox(
         batch_size=request.batch_size,
@@ -138,7 +142,7 @@ async def run_episodes(
     async def one(p: PlannedEpisode) -> None:
         trajectory = await run_episode(
             p.task,
-            collection.policy,
+            acting,
             spec=request.sandbox_spec,
             run_key=collection.plan.run_key,
             settings=settings.loop,

@@ -19,8 +19,8 @@ from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, Step, Trajectory
 from collection.grpo_rollouts import (
     CollectionRolloutSource,
-    open_rollout_collection,
     rollout_run_key,
+    run_grpo_rollouts,
 )
 from config.settings import load_settings
 from models import run_id_for
@@ -263,17 +263,11 @@ def test_grpo_over_episodes_in_real_jails(
         )
 
     judged: list[JudgedBatch] = []
-    with open_rollout_collection(
-        training_key,
-        tasks,
-        settings,
-        base_model_dir=tiny_base_model,
-        engine=engine,
-        store=store,
-        concurrency=3,
-        make_policy=policy,
-    ) as source:
-        assert isinstance(source, CollectionRolloutSource)
+    job = TrainJob(base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training)
+    sources: list[CollectionRolloutSource] = []
+
+    def train(source: CollectionRolloutSource) -> Any:
+        sources.append(source)
         record = source.record
 
         def keep(batch: JudgedBatch) -> None:
@@ -281,10 +275,20 @@ def test_grpo_over_episodes_in_real_jails(
             record(batch)
 
         monkeypatch.setattr(source, "record", keep)
-        job = TrainJob(
-            base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training
-        )
-        result, rollouts = run_episode_grpo([t.task_id for t in tasks], job, source)
+        return run_episode_grpo([t.task_id for t in tasks], job, source)
+
+    result, rollouts = run_grpo_rollouts(
+        training_key,
+        tasks,
+        settings,
+        train,
+        base_model_dir=tiny_base_model,
+        engine=engine,
+        store=store,
+        concurrency=3,
+        make_policy=policy,
+    )
+    (source,) = sources
 
     run_id = run_id_for(rollout_run_key(training_key))
     assert result.steps == 2 and len(capture.outputs) == 2 and len(judged) == 2
