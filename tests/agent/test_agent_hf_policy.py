@@ -16,6 +16,8 @@ import pytest
 from agent.errors import PolicyError
 from agent.loop import run_episode
 from agent.policies import HFPolicy, PolicyRequest, make_policy
+from agent.policies.hf import HFGeneration, HFTokenStats
+from agent.prompt import PromptStyle
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, ParseKind
 from sandbox.tool_specs import BUILTIN_TOOLS
@@ -179,3 +181,159 @@ def test_generation_never_runs_past_the_model_context(
     short, error = asyncio.run(go())
     assert short.prompt_tokens + short.completion_tokens <= 160  # type: ignore[attr-defined]
     assert isinstance(error, PolicyError) and "context" in str(error)
+
+
+# Token-exact capture (issue 42 item 4): the ids the model sampled, and prompts that extend.
+
+
+def _episodes(policy, tasks, spec, *, steps: int, open_sandbox=None, verify=None):
+    """Run one episode per task concurrently with `policy`, then close it."""
+    extra = {} if open_sandbox is None else {"open_sandbox": open_sandbox, "verify": verify}
+
+    async def go():
+        try:
+            return await asyncio.gather(
+                *(
+                    run_episode(
+                        t,
+                        policy,
+                        spec=spec,
+                        run_key="hf-tokens",
+                        rollout_index=i,
+                        settings=LoopSettings(max_steps=steps),
+                        **extra,
+                    )
+                    for i, t in enumerate(tasks)
+                )
+            )
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go())
+
+
+def _assert_token_exact(traj) -> None:
+    """Every step recorded its ids and logprobs, and each prompt extends the last turn's."""
+    assert traj.status not in (EpisodeStatus.POLICY_ERROR, EpisodeStatus.ENV_ERROR), (
+        traj.failure_reason
+    )
+    for step in traj.steps:
+        assert step.prompt_token_ids and step.completion_token_ids
+        assert step.logprobs is not None and len(step.logprobs) == len(step.completion_token_ids)
+        assert all(lp <= 0.0 for lp in step.logprobs)
+        assert step.prompt_tokens == len(step.prompt_token_ids)
+        assert step.completion_tokens == len(step.completion_token_ids)
+    for before, after in zip(traj.steps, traj.steps[1:], strict=False):
+        sent = before.prompt_token_ids + before.completion_token_ids
+        assert after.prompt_token_ids[: len(sent)] == sent
+        assert len(after.prompt_token_ids) > len(sent)  # the observation turn follows
+
+
+def test_multi_turn_episode_in_a_real_jail_is_token_exact(tiny_checkpoint: Path, task, spec):
+    """Turn k+1's prompt ids start with turn k's prompt and completion ids, in a real jail;
+    the tail between them is the template's end of turn and the observation, encoded."""
+    pytest.importorskip("sandbox")
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=16))
+    (traj,) = _episodes(policy, [task], spec, steps=3)
+    if traj.status == EpisodeStatus.ENV_ERROR and "unavailable" in (traj.failure_reason or ""):
+        pytest.skip(f"nsjail cannot start here: {traj.failure_reason}")
+    assert len(traj.steps) == 3
+    _assert_token_exact(traj)
+    stats = policy.token_stats
+    assert (stats.answers, stats.extended_prompts, stats.full_renders) == (3, 2, 0)
+    # The observation the loop fed back is in the tail, as the template renders it.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    first, second = traj.steps[0], traj.steps[1]
+    tail = second.prompt_token_ids[len(first.prompt_token_ids) + len(first.completion_token_ids) :]
+    text = tokenizer.decode(tail)
+    assert first.observation and first.observation in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_recorded_logprobs_are_the_model_s(tiny_checkpoint: Path, task):
+    """The logprob of each sampled token equals a teacher-forced pass over prompt + answer
+    (what a trainer recomputes), at the sampling temperature."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    for generation in (HFGeneration(), HFGeneration(do_sample=True, temperature=0.7, seed=3)):
+        policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=10), generation=generation)
+        request = PolicyRequest(
+            task=task,
+            messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}],
+            tools=list(BUILTIN_TOOLS.values()),
+        )
+        answer = asyncio.run(policy.respond(request))
+        asyncio.run(policy.aclose())
+        assert answer.prompt_token_ids and answer.completion_token_ids and answer.logprobs
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+        ids = torch.tensor([answer.prompt_token_ids + answer.completion_token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(answer.prompt_token_ids) - 1 : -1]
+        temperature = generation.temperature if generation.do_sample else 1.0
+        expected = torch.log_softmax(logits.float() / temperature, dim=-1)
+        picked = expected.gather(1, torch.tensor(answer.completion_token_ids)[:, None])[:, 0]
+        assert torch.allclose(picked, torch.tensor(answer.logprobs), atol=1e-4)
+
+
+def test_sampled_rollouts_batch_across_episodes_and_repeat_with_a_seed(tiny_checkpoint: Path, spec):
+    """Concurrent episodes share generate calls (left-padded); each stays token-exact; a
+    seeded sampler repeats the same rollouts; sampling differs from greedy."""
+    from tests.agent.conftest import make_copy_task
+
+    tasks = [make_copy_task(seed) for seed in range(3)]
+    generation = HFGeneration(do_sample=True, seed=11, batch_window_s=0.2, max_batch_size=4)
+
+    def run() -> tuple[list, HFTokenStats]:
+        policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=12), generation=generation)
+        trajs = _episodes(
+            policy, tasks, spec, steps=2, open_sandbox=MemoryOpener(), verify=memory_verify
+        )
+        return trajs, policy.token_stats
+
+    first, stats = run()
+    for traj in first:
+        _assert_token_exact(traj)
+    assert stats.largest_batch > 1 and stats.batches < stats.answers
+    again, _ = run()
+    assert [[s.completion_token_ids for s in t.steps] for t in again] == [
+        [s.completion_token_ids for s in t.steps] for t in first
+    ]
+
+
+def test_a_loaded_model_is_driven_in_place(tiny_checkpoint: Path, task):
+    """`from_loaded` generates with the caller's model and tokenizer, restores its training
+    mode, and leaves both to the caller after `aclose`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    model.train()
+    policy = HFPolicy.from_loaded(
+        model,
+        tokenizer,
+        PolicySettings(max_tokens=8),
+        spec="hf:trainer@step-0",
+        prompt_style=PromptStyle.COMPACT,
+    )
+    assert policy.system_prompt(BUILTIN_TOOLS.values()).startswith("Protocol v")
+    request = PolicyRequest(
+        task=task,
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}],
+        tools=list(BUILTIN_TOOLS.values()),
+    )
+
+    async def go():
+        try:
+            return await policy.respond(request)
+        finally:
+            await policy.aclose()
+
+    answer = asyncio.run(go())
+    assert answer.completion_token_ids and model.training
+    greedy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=8))
+    assert asyncio.run(greedy.respond(request)).completion_token_ids == answer.completion_token_ids
+    asyncio.run(greedy.aclose())
+    assert asyncio.run(policy.respond(request)).text == answer.text  # still usable
