@@ -337,3 +337,22 @@ def test_a_loaded_model_is_driven_in_place(tiny_checkpoint: Path, task):
     assert asyncio.run(greedy.respond(request)).completion_token_ids == answer.completion_token_ids
     asyncio.run(greedy.aclose())
     assert asyncio.run(policy.respond(request)).text == answer.text  # still usable
+
+
+def test_atif_export_carries_the_sampled_tokens(tiny_checkpoint: Path, task, spec):
+    """An `hf:` episode's ids and logprobs go into ATIF step metrics and come back."""
+    import json
+
+    from agent.export import from_atif, to_atif
+
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=8))
+    (traj,) = _episodes(
+        policy, [task], spec, steps=2, open_sandbox=MemoryOpener(), verify=memory_verify
+    )
+    document = json.loads(json.dumps(to_atif(traj)))
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    assert [s["metrics"]["completion_token_ids"] for s in agent_steps] == [
+        s.completion_token_ids for s in traj.steps
+    ]
+    assert [s["metrics"]["logprobs"] for s in agent_steps] == [s.logprobs for s in traj.steps]
+    assert from_atif(document).model_dump() == traj.model_dump()
