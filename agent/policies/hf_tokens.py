@@ -28,6 +28,10 @@ returned (`PromptIds.fallback`): the previous turn recorded no ids, the history'
 is not the decoded completion (the loop cut it at its output cap), the template does not
 write an answer verbatim after its prompt, or it renders earlier turns differently once
 later ones follow (templates that drop an earlier turn's reasoning).
+
+`episode_tokens` reads a finished episode's steps back as what a trainer optimises: the
+first prompt, then one completion stream of sampled answers and the tails between them,
+with a mask that is 1 on sampled tokens only (TRL's `env_mask`) and the sampled logprobs.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.errors import TokenStreamError
 from agent.trajectory import Step
 
-__all__ = ["ChatTokens", "PromptIds"]
+__all__ = ["ChatTokens", "EpisodeTokens", "PromptIds", "episode_tokens"]
 
 
 @dataclass(frozen=True)
@@ -124,3 +129,58 @@ class ChatTokens:
         if ended and isinstance(eos, str) and eos and tail.startswith(eos):
             tail = tail[len(eos) :]
         return self.encode(tail)
+
+
+@dataclass(frozen=True)
+class EpisodeTokens:
+    """An episode as one token stream: the first prompt, then everything after it."""
+
+    prompt_ids: list[int]
+    """The first turn's prompt ids (system prompt and task)."""
+    completion_ids: list[int]
+    """Every token after the first prompt, in order: each sampled answer, and between two
+    answers the tail the template and the loop put there (end of turn, observation,
+    generation prompt)."""
+    sampled_mask: list[int]
+    """1 where the model sampled the token, 0 on tails (keeps observations out of a loss)."""
+    logprobs: list[float]
+    """The sampled tokens' logprobs as recorded; 0.0 on tails."""
+
+
+def episode_tokens(steps: Sequence[Step]) -> EpisodeTokens:
+    """The episode's steps as one stream (`EpisodeTokens`), from their recorded ids.
+
+    Raises:
+        TokenStreamError: there is no step, a step recorded no ids or logprobs (or they
+            do not align), or a prompt does not extend the previous prompt and answer
+            (the policy fell back to a full render: `PolicyResponse.token_prefix_break`).
+    """
+    if not steps:
+        raise TokenStreamError("an episode without steps has no token stream")
+    stream: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    first: list[int] | None = None
+    for step in steps:
+        prompt, answer, values = step.prompt_token_ids, step.completion_token_ids, step.logprobs
+        if prompt is None or answer is None or values is None or len(values) != len(answer):
+            raise TokenStreamError(
+                f"step {step.index} recorded no aligned prompt ids, completion ids and logprobs"
+            )
+        if first is None:
+            first = list(prompt)
+        else:
+            done = len(first) + len(stream)
+            if prompt[: len(first)] != first or prompt[len(first) : done] != stream:
+                raise TokenStreamError(
+                    f"step {step.index}'s prompt does not extend the previous prompt and answer"
+                )
+            tail = prompt[done:]
+            stream += tail
+            mask += [0] * len(tail)
+            logprobs += [0.0] * len(tail)
+        stream += answer
+        mask += [1] * len(answer)
+        logprobs += values
+    assert first is not None
+    return EpisodeTokens(first, stream, mask, logprobs)

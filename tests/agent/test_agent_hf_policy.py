@@ -356,3 +356,30 @@ def test_atif_export_carries_the_sampled_tokens(tiny_checkpoint: Path, task, spe
     ]
     assert [s["metrics"]["logprobs"] for s in agent_steps] == [s.logprobs for s in traj.steps]
     assert from_atif(document).model_dump() == traj.model_dump()
+
+
+def test_an_episode_reads_back_as_one_masked_stream(tiny_checkpoint: Path, task, spec):
+    """`episode_tokens`: the first prompt, then answers (mask 1, their logprobs) and the
+    tails between them (mask 0); the last prompt and answer are the whole stream. A step
+    whose prompt was a full render breaks the stream, and says so."""
+    from agent.errors import TokenStreamError
+    from agent.policies.hf_tokens import episode_tokens
+
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=8))
+    (traj,) = _episodes(
+        policy, [task], spec, steps=3, open_sandbox=MemoryOpener(), verify=memory_verify
+    )
+    tokens = episode_tokens(traj.steps)
+    last = traj.steps[-1]
+    assert tokens.prompt_ids == traj.steps[0].prompt_token_ids
+    assert (
+        tokens.prompt_ids + tokens.completion_ids
+        == last.prompt_token_ids + last.completion_token_ids
+    )
+    assert len(tokens.sampled_mask) == len(tokens.logprobs) == len(tokens.completion_ids)
+    assert sum(tokens.sampled_mask) == sum(len(s.completion_token_ids) for s in traj.steps)
+    sampled = [lp for lp, m in zip(tokens.logprobs, tokens.sampled_mask, strict=True) if m]
+    assert sampled == [lp for s in traj.steps for lp in s.logprobs]
+    broken = [traj.steps[0], traj.steps[1].model_copy(update={"prompt_token_ids": [1, 2, 3]})]
+    with pytest.raises(TokenStreamError, match="step 1's prompt does not extend"):
+        episode_tokens(broken)
