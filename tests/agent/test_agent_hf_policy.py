@@ -19,7 +19,7 @@ from agent.policies import HFPolicy, PolicyRequest, make_policy
 from agent.policies.hf import HFGeneration, HFTokenStats
 from agent.prompt import PromptStyle
 from agent.settings import LoopSettings, PolicySettings
-from agent.trajectory import EpisodeStatus, ParseKind
+from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
 from sandbox.tool_specs import BUILTIN_TOOLS
 from tests.agent.conftest import MemoryOpener, memory_verify
 
@@ -247,7 +247,7 @@ def test_multi_turn_episode_in_a_real_jail_is_token_exact(tiny_checkpoint: Path,
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint), local_files_only=True)
     first, second = traj.steps[0], traj.steps[1]
     tail = second.prompt_token_ids[len(first.prompt_token_ids) + len(first.completion_token_ids) :]
-    text = tokenizer.decode(tail)
+    text = str(tokenizer.decode(tail))
     assert first.observation and first.observation in text
     assert text.endswith("<|im_start|>assistant\n")
 
@@ -286,7 +286,7 @@ def test_sampled_rollouts_batch_across_episodes_and_repeat_with_a_seed(tiny_chec
     tasks = [make_copy_task(seed) for seed in range(3)]
     generation = HFGeneration(do_sample=True, seed=11, batch_window_s=0.2, max_batch_size=4)
 
-    def run() -> tuple[list, HFTokenStats]:
+    def run() -> tuple[list[Trajectory], HFTokenStats]:
         policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=12), generation=generation)
         trajs = _episodes(
             policy, tasks, spec, steps=2, open_sandbox=MemoryOpener(), verify=memory_verify

@@ -332,7 +332,7 @@ def _vllm_reply(text: str, ids: list[int], *, as_strings: bool = False, prompt=(
         {"token": f"token_id:{i}" if as_strings else "x", "logprob": -0.5 * (n + 1)}
         for n, i in enumerate(ids)
     ]
-    choice: dict = {"logprobs": {"content": content}}
+    choice: dict[str, object] = {"logprobs": {"content": content}}
     if not as_strings:
         choice["token_ids"] = ids
     return reply(text, choice_fields=choice, body_fields={"prompt_token_ids": list(prompt)})
@@ -392,7 +392,7 @@ def test_logprobs_that_do_not_align_with_the_ids_are_dropped(task) -> None:
         },
     )
     with ChatServer([action]) as server:
-        answer = respond(make_policy(f"openai:{server.base_url}#m", settings=FAST), task)
+        answer = respond(OpenAIPolicy(server.base_url, "m", FAST), task)
         body = server.requests[0]
     assert (answer.completion_token_ids, answer.logprobs) == ([1, 2], None)
     assert "logprobs" not in body and "return_token_ids" not in body
