@@ -24,10 +24,11 @@ temperature (1 when greedy), before top-p cuts the distribution: the quantity TR
 `GRPOTrainer` computes from its logits, so old and new logprobs compare.
 
 Batching: one generation runs at a time, in a worker thread so the event loop stays live.
-Requests that arrive while it runs wait and form the next batch (`HFGeneration.max_batch_size`
-at most), left-padded; `batch_window_s` holds a batch open that long for more requests
-first. A request alone is generated exactly as before batching existed: no padding, the
-same generation config. Rows of a batch get the same token budget as alone (the model's
+Requests that arrive while it runs wait and form the next batch, left-padded, when
+`HFGeneration.max_batch_size` allows more than one (the default is 1: greedy runs stay
+reproducible); `batch_window_s` holds a batch open that long for more requests first. A
+request alone is generated exactly as before batching existed: no padding, the same
+generation config. Rows of a batch get the same token budget as alone (the model's
 positions left after their prompt, at most `settings.max_tokens`); a request that would
 push a longer batch past the model's positions waits for the next batch.
 """
@@ -107,8 +108,11 @@ class HFGeneration(BaseModel):
     """Seed of the sampling: each batch draws from a generator seeded by it and the batch's
     (episode seed, step) pairs, so a rollout repeats when its batch does; the process's
     torch generator is left as it was. None: draw from the process's generator."""
-    max_batch_size: int = Field(default=8, ge=1)
-    """Most requests generated in one batch."""
+    max_batch_size: int = Field(default=1, ge=1)
+    """Most requests generated in one batch. 1 by default: a left-padded batch is not
+    bit-identical to generating each row alone, and which requests share a batch depends
+    on timing, so a greedy evaluation batched could flip a close argmax between runs.
+    RL rollouts, sampled anyway, batch the group (e.g. 8)."""
     batch_window_s: float = Field(default=0.0, ge=0)
     """How long a batch stays open for more requests before it runs (0: whatever is waiting
     when the previous generation ends)."""

@@ -284,7 +284,8 @@ def test_sampled_rollouts_batch_across_episodes_and_repeat_with_a_seed(tiny_chec
     from tests.agent.conftest import make_copy_task
 
     tasks = [make_copy_task(seed) for seed in range(3)]
-    generation = HFGeneration(do_sample=True, seed=11, batch_window_s=0.2, max_batch_size=4)
+    # The window lets the three episodes' turns meet in one batch on a loaded machine too.
+    generation = HFGeneration(do_sample=True, seed=11, batch_window_s=0.5, max_batch_size=4)
 
     def run() -> tuple[list[Trajectory], HFTokenStats]:
         policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=12), generation=generation)
@@ -383,3 +384,17 @@ def test_an_episode_reads_back_as_one_masked_stream(tiny_checkpoint: Path, task,
     broken = [traj.steps[0], traj.steps[1].model_copy(update={"prompt_token_ids": [1, 2, 3]})]
     with pytest.raises(TokenStreamError, match="step 1's prompt does not extend"):
         episode_tokens(broken)
+
+
+def test_greedy_by_default_generates_one_request_at_a_time(tiny_checkpoint: Path, spec):
+    """Without `max_batch_size`, concurrent episodes queue as before batching existed."""
+    from tests.agent.conftest import make_copy_task
+
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=6))
+    tasks = [make_copy_task(seed) for seed in range(2)]
+    trajs = _episodes(
+        policy, tasks, spec, steps=2, open_sandbox=MemoryOpener(), verify=memory_verify
+    )
+    assert all(len(t.steps) == 2 for t in trajs)
+    stats = policy.token_stats
+    assert (stats.largest_batch, stats.batches, stats.answers) == (1, 4, 4)
