@@ -398,3 +398,41 @@ def test_greedy_by_default_generates_one_request_at_a_time(tiny_checkpoint: Path
     assert all(len(t.steps) == 2 for t in trajs)
     stats = policy.token_stats
     assert (stats.largest_batch, stats.batches, stats.answers) == (1, 4, 4)
+
+
+REWRITING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and not loop.last %}[earlier answer]"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A template that rewrites earlier answers once later turns follow (as templates that
+drop an earlier turn's reasoning do): the prefix cannot hold."""
+
+
+def test_a_template_that_rewrites_earlier_turns_falls_back_to_a_full_render(
+    tiny_checkpoint: Path, task, spec, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    rewriting = tmp_path / "rewriting"
+    shutil.copytree(tiny_checkpoint, rewriting)
+    tokenizer = AutoTokenizer.from_pretrained(str(rewriting), local_files_only=True)
+    tokenizer.chat_template = REWRITING_TEMPLATE
+    tokenizer.save_pretrained(rewriting)
+    policy = HFPolicy(rewriting, PolicySettings(max_tokens=6))
+    with caplog.at_level(logging.WARNING, logger="agent.policies.hf"):
+        (traj,) = _episodes(
+            policy, [task], spec, steps=3, open_sandbox=MemoryOpener(), verify=memory_verify
+        )
+    assert len(traj.steps) == 3
+    stats = policy.token_stats
+    assert (stats.extended_prompts, stats.full_renders) == (0, 2)
+    warnings = [r.getMessage() for r in caplog.records if "do not extend" in r.getMessage()]
+    assert len(warnings) == 1 and "renders an earlier turn differently" in warnings[0]
+    # The fallback prompt is the whole history rendered and encoded, as before.
+    assert traj.steps[2].prompt_token_ids is not None
+    assert tokenizer.decode(traj.steps[2].prompt_token_ids).count("[earlier answer]") == 2
