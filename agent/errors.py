@@ -13,7 +13,9 @@ AgentError
 │       ├── EndpointTimeout       requests timed out, after the retries
 │       ├── EndpointHTTPError     429/5xx after the retries, or 401/403/404 (misconfigured)
 │       └── EndpointResponseError 2xx bodies that were not a chat completion, after the retries
-└── PolicySpecError        a policy spec string is malformed or names an unknown policy
+├── PolicySpecError        a policy spec string is malformed or names an unknown policy
+└── TokenStreamError       an episode's recorded token ids do not form one prefix-extending
+                           stream (a step without ids, a prompt that does not extend the last)
 """
 
 from __future__ import annotations
@@ -119,3 +121,7 @@ class PolicySpecError(AgentError, ValueError):
     """A policy spec string (`scripted:oracle`, `openai:…`, `hf:…`) is invalid."""
 
     retryable = False
+
+
+class TokenStreamError(AgentError):
+    """An episode's recorded token ids cannot be read as one stream (`episode_tokens`)."""

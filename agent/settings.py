@@ -127,6 +127,11 @@ class PolicySettings(BaseSettings):
     """System prompt style an `openai:` endpoint is shown (`full` for any real model;
     `compact` for a checkpoint trained on it, whose training config the remote policy
     cannot read: the `hf:` policy reads it from the checkpoint instead)."""
+    request_token_ids: bool = False
+    """Ask an `openai:` endpoint for the prompt and completion token ids and the sampled
+    tokens' logprobs (`logprobs`, and vLLM's `return_token_ids` and
+    `return_tokens_as_token_ids`); off by default, as servers other than vLLM may refuse
+    fields they do not know. What an endpoint returns is recorded either way."""
     outage_episodes: int = Field(default=8, ge=0)
     """Episodes in a row ending `endpoint_error` after which a collection starts no more:
     the endpoint is down, the rest of the plan would only burn retries (the run ends

@@ -33,6 +33,7 @@ from expectations.polars_checks import evaluate_suite_polars
 from expectations.report import BatchCheck, GateReport, Reason
 from expectations.settings import QcConfig
 from expectations.suite_files import QcAction, SuiteSpec, load_suite
+from expectations.token_drift import TokenizerResolver, checkpoint_tokenizer, token_drift
 from scoring.claims import FABRICATION_CODES
 from scoring.quality import Verdict
 from scoring.rubric import Dimension, Judgement
@@ -281,8 +282,11 @@ def run_gate(
     judgements: Mapping[str, Judgement] | None = None,
     engine: GateEngine = "gx",
     docs_dir: Path | None = None,
+    tokenizer_for: TokenizerResolver = checkpoint_tokenizer,
 ) -> GateReport:
-    """Gate a batch of trajectories: rule judge, polars features, both suites, verdicts.
+    """Gate a batch of trajectories: rule judge, polars features, both suites, verdicts,
+    and the re-encoding drift of the sampled ids the steps recorded (`tokenizer_for`: the
+    tokenizer of a policy spec; by default an `hf:<dir>` policy's).
 
     `rule_judgements` are the rule judge's judgements of these trajectories when the caller
     already has them (each episode is judged once per gate); otherwise they are made here.
@@ -297,4 +301,8 @@ def run_gate(
     features, steps = gate_features(
         trajectories, config=config, rule_judgements=rule_judgements, judgements=judgements
     )
-    return evaluate_features(features, config=config, engine=engine, steps=steps, docs_dir=docs_dir)
+    report = evaluate_features(
+        features, config=config, engine=engine, steps=steps, docs_dir=docs_dir
+    )
+    drift = token_drift(trajectories, tokenizer_for=tokenizer_for)
+    return report.model_copy(update={"token_drift": drift}) if drift else report

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from expectations.suite_files import QcAction, QcCategory
+from expectations.token_drift import TokenDrift
 from scoring.quality import Verdict
 
 __all__ = ["BatchCheck", "EpisodeVerdict", "GateReport", "Reason", "render_markdown"]
@@ -93,6 +94,9 @@ class GateReport(BaseModel):
     """Failed tool calls, by tool."""
     data_docs_index: Path | None = None
     """index.html of the GX data docs, when they were built."""
+    token_drift: list[TokenDrift] = Field(default_factory=list)
+    """Per model that recorded sampled ids, the share of steps whose ids differ from the
+    re-encoded text (`expectations.token_drift`): a figure, never a verdict."""
 
     @property
     def batch_failures(self) -> list[BatchCheck]:
@@ -144,7 +148,8 @@ class GateReport(BaseModel):
 
 
 def render_markdown(report: GateReport, *, top: int = 10) -> str:
-    """The Prefect artifact: batch verdict, verdict counts, top reasons, failure modes."""
+    """The Prefect artifact: batch verdict, verdict counts, top reasons, failure modes,
+    and the re-encoding drift of sampled ids when any policy recorded them."""
     mean = "n/a" if report.mean_quality is None else f"{report.mean_quality:.3f}"
     lines = [
         f"# QC gate: batch {'PASSED' if report.batch_passed else 'FAILED'}",
@@ -173,4 +178,21 @@ def render_markdown(report: GateReport, *, top: int = 10) -> str:
     ):
         lines += ["", f"## {title}", "", "| key | count |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in sorted(table.items(), key=lambda kv: -kv[1])]
+    if report.token_drift:
+        lines += [
+            "",
+            "## Sampled ids that re-encoding would change",
+            "",
+            "Steps whose recorded completion ids differ from the tokenizer's encoding of the "
+            "answer text (a figure, not a discard).",
+            "",
+            "| policy | steps with ids | differing | share |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {d.policy} | {d.steps_with_ids} | "
+            f"{'n/a' if d.steps_differing is None else d.steps_differing} | "
+            f"{'n/a (no tokenizer here)' if d.share is None else f'{d.share:.1%}'} |"
+            for d in report.token_drift
+        ]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,12 @@ WARNING line (endpoint, status or error, attempt, wait). What still fails after 
 retries is an `EndpointError`: the loop ends the episode as `endpoint_error`, an
 infrastructure outcome. What the endpoint refuses on purpose (400, 413, 422: the history
 outgrew the context) and answers over the body cap are `PolicyError`s: `policy_error`.
-Token usage, latency, the retry count and the answering model go on the step.
+Token usage, latency, the retry count and the answering model go on the step, and so do
+the token ids and logprobs when the endpoint returns them: vLLM does when asked
+(`PolicySettings.request_token_ids`: `logprobs`, `return_token_ids`,
+`return_tokens_as_token_ids`), giving the prompt ids it rendered and the ids it sampled;
+`transformers serve` returns none. The server renders each turn's history from text, so
+unlike the `hf:` policy's, these prompt ids need not extend the previous turn's.
 The system prompt is the full one unless `PolicySettings.prompt_style` (spec key
 `prompt_style`) says the served checkpoint was trained on the compact one.
 """
@@ -79,6 +84,45 @@ def _content_text(content: Any) -> str | None:
     )
 
 
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return list(value)
+    return None
+
+
+def _sampled_tokens(
+    choice: dict[str, Any],
+) -> tuple[list[int] | None, list[float] | None]:
+    """The ids and logprobs a choice says were sampled: ids from vLLM's `token_ids`, else
+    from logprob entries written `token_id:<id>` (`return_tokens_as_token_ids`); logprobs
+    only when they align one to one with the ids."""
+    ids = _int_list(choice.get("token_ids"))
+    raw = choice.get("logprobs")
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
+        return ids, None
+    if ids is None:
+        tokens = [e.get("token") for e in content]
+        if content and all(
+            isinstance(t, str)
+            and t.startswith(_TOKEN_ID_PREFIX)
+            and t[len(_TOKEN_ID_PREFIX) :].isdigit()
+            for t in tokens
+        ):
+            ids = [int(str(t)[len(_TOKEN_ID_PREFIX) :]) for t in tokens]
+    values = [e.get("logprob") for e in content]
+    if ids is None or len(values) != len(ids):
+        return ids, None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return ids, None
+    return ids, [float(v) for v in values]
+
+
 def parse_completion(payload: bytes) -> PolicyResponse:
     """A chat-completions body as a `PolicyResponse` (latency and retries left unset).
 
@@ -109,6 +153,7 @@ def parse_completion(payload: bytes) -> PolicyResponse:
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     finish = choice.get("finish_reason")
     model = data.get("model")
+    completion_ids, logprobs = _sampled_tokens(choice)
     return PolicyResponse(
         text=content or "",
         native_tool_calls=tool_calls or None,
@@ -116,6 +161,9 @@ def parse_completion(payload: bytes) -> PolicyResponse:
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
         finish_reason=finish if isinstance(finish, str) else None,
         model=model if isinstance(model, str) else None,
+        prompt_token_ids=_int_list(data.get("prompt_token_ids")),
+        completion_token_ids=completion_ids,
+        logprobs=logprobs,
     )
 
 
@@ -154,6 +202,10 @@ class OpenAIPolicy(Policy):
         }
         if self.settings.native_tools:
             body["tools"] = [t.openai_tool() for t in request.tools]
+        if self.settings.request_token_ids:
+            body["logprobs"] = True
+            body["return_token_ids"] = True
+            body["return_tokens_as_token_ids"] = True
         return body
 
     async def _post_once(self, body: dict[str, Any]) -> tuple[int, bytes, httpx.Response]:

@@ -52,7 +52,8 @@ class ChatServer:
 
     Actions: `ok` (a completion of `text`), `sleep` (stall `seconds`, then answer), `status`
     (that HTTP status), `garbage` (200 with an HTML page), `empty_choices`, `script`
-    (`answer(body) -> text` computes the completion from the request).
+    (`answer(body) -> text` computes the completion from the request). An `ok` action's
+    `choice_fields` and `body_fields` are added to its choice and to the body.
     """
 
     def __init__(self, actions: list[Action] | None = None, *, port: int = 0) -> None:
@@ -158,6 +159,9 @@ class ChatServer:
                 "total_tokens": 57 + len(self.requests),
             },
         }
+        # What a server adds beyond OpenAI's fields (vLLM's token ids and logprobs).
+        completion["choices"][0].update(action.get("choice_fields", {}))
+        completion.update(action.get("body_fields", {}))
         handler._send(200, json.dumps(completion).encode())
 
     def __enter__(self) -> ChatServer:

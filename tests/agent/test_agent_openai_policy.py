@@ -323,3 +323,76 @@ def test_probe_returns_the_answering_model() -> None:
         policy = OpenAIPolicy(server.base_url, "served-name", FAST)
         assert asyncio.run(policy.probe(deadline_s=5.0)) == "served-name"
         assert server.requests[0]["max_tokens"] == 1
+
+
+def _vllm_reply(text: str, ids: list[int], *, as_strings: bool = False, prompt=(1, 2, 3)) -> Action:
+    """A completion shaped as vLLM answers `logprobs`, `return_token_ids` and
+    `return_tokens_as_token_ids`."""
+    content = [
+        {"token": f"token_id:{i}" if as_strings else "x", "logprob": -0.5 * (n + 1)}
+        for n, i in enumerate(ids)
+    ]
+    choice: dict[str, object] = {"logprobs": {"content": content}}
+    if not as_strings:
+        choice["token_ids"] = ids
+    return reply(text, choice_fields=choice, body_fields={"prompt_token_ids": list(prompt)})
+
+
+def test_token_ids_and_logprobs_are_recorded_when_the_server_returns_them(task, spec) -> None:
+    """vLLM's `prompt_token_ids`, `token_ids` and logprobs land on the steps; with the
+    ids only as `token_id:<id>` strings they are read from there; the request asks for
+    them only when `request_token_ids` is set."""
+    texts = oracle_texts(task)
+    actions = [
+        _vllm_reply(texts[0], [5, 6, 7]),
+        _vllm_reply(texts[1], [8, 9], as_strings=True, prompt=(1, 2, 3, 5, 6, 7, 4)),
+        *(reply(t) for t in texts[2:]),
+    ]
+    with ChatServer(actions) as server:
+        settings = FAST.model_copy(update={"request_token_ids": True})
+        policy = make_policy(f"openai:{server.base_url}#m", settings=settings)
+
+        async def go():
+            try:
+                return await run_episode(
+                    task,
+                    policy,
+                    spec=spec,
+                    run_key="ids",
+                    settings=LoopSettings(),
+                    open_sandbox=MemoryOpener(),
+                    verify=memory_verify,
+                )
+            finally:
+                await policy.aclose()
+
+        traj = asyncio.run(go())
+        asked = server.requests[0]
+    assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
+    assert (asked["logprobs"], asked["return_token_ids"], asked["return_tokens_as_token_ids"]) == (
+        True,
+        True,
+        True,
+    )
+    first, second, third = traj.steps[:3]
+    assert (first.prompt_token_ids, first.completion_token_ids) == ([1, 2, 3], [5, 6, 7])
+    assert first.logprobs == [-0.5, -1.0, -1.5]
+    assert (second.completion_token_ids, second.logprobs) == ([8, 9], [-0.5, -1.0])
+    assert second.prompt_token_ids == [1, 2, 3, 5, 6, 7, 4]
+    # `transformers serve` and most servers return none: nothing is made up.
+    assert (third.prompt_token_ids, third.completion_token_ids, third.logprobs) == (None,) * 3
+
+
+def test_logprobs_that_do_not_align_with_the_ids_are_dropped(task) -> None:
+    action = reply(
+        "hi",
+        choice_fields={
+            "token_ids": [1, 2],
+            "logprobs": {"content": [{"token": "h", "logprob": -1}]},
+        },
+    )
+    with ChatServer([action]) as server:
+        answer = respond(OpenAIPolicy(server.base_url, "m", FAST), task)
+        body = server.requests[0]
+    assert (answer.completion_token_ids, answer.logprobs) == ([1, 2], None)
+    assert "logprobs" not in body and "return_token_ids" not in body

@@ -56,6 +56,27 @@ def test_round_trip_json_sql_objects(migrated_engine: Engine, store: LocalObject
         assert step.discounted_return == 0.5
 
 
+def test_step_token_arrays_live_in_the_trajectory_object_not_in_sql(
+    migrated_engine: Engine, store: LocalObjectStore
+) -> None:
+    """A policy's sampled ids and logprobs (thousands of numbers a step) round-trip
+    through the stored `trajectory.json`; no `step` column holds them."""
+    t = make_trajectory(n_steps=3)
+    for i, step in enumerate(t.steps):
+        step.prompt_token_ids = list(range(4000 + i))
+        step.completion_token_ids = [7, 8, 9, 2]
+        step.logprobs = [-0.25, -1.5, -0.0, -3.125]
+    persist_episodes(migrated_engine, store, [t])
+    loaded = load_trajectory(migrated_engine, store, t.episode_id)
+    assert [s.prompt_token_ids for s in loaded.steps] == [s.prompt_token_ids for s in t.steps]
+    assert [(s.completion_token_ids, s.logprobs) for s in loaded.steps] == [
+        ([7, 8, 9, 2], [-0.25, -1.5, -0.0, -3.125])
+    ] * 3
+    arrays = {"prompt_token_ids", "completion_token_ids", "logprobs"}
+    assert not arrays & set(STEP_COLUMNS)
+    assert not arrays & {c.name for c in Step.__table__.columns}  # type: ignore[attr-defined]
+
+
 def test_second_ingest_changes_nothing_and_says_so(
     migrated_engine: Engine, store: LocalObjectStore
 ) -> None:
