@@ -21,8 +21,10 @@ seed is its rollout index). After the trainer judged the batch, `record` writes 
 episode's `grpo_rollout` row (group, policy version, reward, advantage, fate).
 
 The policy of a batch is built from the trainer's current model by `make_policy`
-(default: `training.trainer_policy.TrainerModelPolicy`, which records token ids on the
-episode's steps before it is stored).
+(default: `agent.policies.hf.HFPolicy.from_loaded` over the trainer's model, sampling,
+the batch's concurrent episodes generated together; it records each step's prompt and
+sampled ids and logprobs token-exact). A policy that keeps its record apart instead
+(`TokenRecorder`) writes it onto each episode before it is stored.
 
 Each batch runs with its own policy (`run_episodes(policy=…)`, the model as it is at
 that optimiser step); the request names the base model as an `hf:` spec only as the
@@ -83,20 +85,29 @@ def rollout_run_key(training_run_key: str) -> str:
 
 
 def trainer_model_policy(
-    *, run_key: str, prompt_style: PromptStyle, temperature: float, max_new_tokens: int
+    *,
+    run_key: str,
+    prompt_style: PromptStyle,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    settings: Settings,
 ) -> PolicyFactory:
-    """The default `PolicyFactory`: the trainer's model in-process, sampling at
-    `temperature`, its spec naming the run and the policy version."""
-    from training.trainer_policy import TrainerModelPolicy
+    """The default `PolicyFactory`: the trainer's model in-process (`HFPolicy.from_loaded`),
+    sampling at `temperature`, up to `batch_size` episodes' turns generated together, its
+    spec naming the run and the policy version."""
+    from agent.policies.hf import HFGeneration, HFPolicy
 
     def make(batch: RolloutBatch) -> Policy:
-        return TrainerModelPolicy(
+        return HFPolicy.from_loaded(
             batch.model,
             batch.tokenizer,
+            settings.policy.model_copy(update={"max_tokens": max_new_tokens}),
             spec=f"hf:grpo/{run_key}@{batch.policy_version}",
             prompt_style=prompt_style,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
+            generation=HFGeneration(
+                do_sample=True, temperature=temperature, max_batch_size=batch_size
+            ),
         )
 
     return make
@@ -259,6 +270,8 @@ def run_grpo_rollouts(
         prompt_style=prompt_style,
         temperature=temperature,
         max_new_tokens=max_new_tokens,
+        batch_size=concurrency,
+        settings=settings,
     )
     trained: list[T] = []
 

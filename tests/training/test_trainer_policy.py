@@ -11,8 +11,8 @@ from agent.prompt import PromptStyle, render_system_prompt
 from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.registry import load_suite
 from tests.training.factory import call_step, episode, final_step
+from tests.training.trainer_policy import TrainerModelPolicy
 from training.rollout_tokens import token_rollout
-from training.trainer_policy import TrainerModelPolicy
 from training.trainers.common import load_model, load_tokenizer
 
 

@@ -1,8 +1,10 @@
-"""The trainer's in-memory model as the policy of GRPO rollouts, recording what it sampled.
+"""A test double of the trainer's in-memory model as the policy of GRPO rollouts, whose
+answers a test can force (`sample` is overridable) while it records what it sampled.
 
-Stand-in until the `hf:` policy records token ids itself (`HFPolicy.from_loaded`, being
-built on another branch): then the loop copies them onto each `Step` and this module
-goes. Until then the policy keeps a ledger of every turn's prompt ids, sampled ids and
+Production rollouts use `agent.policies.hf.HFPolicy.from_loaded` (batched, token-exact
+by the same prefix rule); this double exists because a test needs some rollouts' answers
+fixed to know the groups' rewards, which the real policy has no hook for. It keeps a
+ledger of every turn's prompt ids, sampled ids and
 logprobs, keyed by (task, policy seed, step index), and `record_tokens` writes them onto
 a finished trajectory's steps (the rollout source calls it before the episode is stored).
 
