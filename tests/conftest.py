@@ -32,6 +32,7 @@ import pytest
 from sqlalchemy import Engine
 
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from tests import lanes
 from tests.services.postgres import PostgresCluster, pg_bin_or_skip, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 from tests.services.s3_fault_proxy import S3FaultProxy
@@ -62,7 +63,9 @@ of files changes, never the order of tests within a file. A file missing here is
 scheduled later."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lanes.mark_out_of_lane(items)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # a serial run keeps pytest's order
     rank = {path: i for i, path in enumerate(SLOWEST_FILES)}

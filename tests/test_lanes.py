@@ -1,0 +1,127 @@
+"""The fast lane's rule (`tests/lanes.py`).
+
+The rule is checked on code of this module: entry points and helpers defined here stand
+for a Prefect server and the test helpers that reach one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import lanes
+
+
+def starts_a_server() -> None:
+    """Stands for an entry point such as `PrefectServer`."""
+
+
+ENTRY = lanes.EntryPoint(__name__, "starts_a_server", "starts a server")
+
+
+def _helper() -> None:
+    starts_a_server()
+
+
+class _Scenario:
+    def run(self) -> None:
+        _helper()
+
+
+def _reason(function: object, **fixtures: object) -> str | None:
+    return lanes.out_of_lane_reason(
+        function,  # type: ignore[arg-type]
+        {name: [f] for name, f in fixtures.items()},  # type: ignore[misc]
+        entry_points=[ENTRY],
+    )
+
+
+def test_a_test_calling_an_entry_point_leaves_the_lane_naming_it() -> None:
+    def test() -> None:
+        starts_a_server()
+
+    assert _reason(test) == "starts_a_server: starts a server"
+
+
+def test_helpers_classes_and_module_attributes_are_followed() -> None:
+    def through_helper() -> None:
+        _helper()
+
+    def through_class() -> None:
+        _Scenario().run()
+
+    def through_lambda() -> None:
+        (lambda: [_helper() for _ in range(1)])()
+
+    assert _reason(through_helper) == "_helper → starts_a_server: starts a server"
+    assert _reason(through_class) == "_Scenario → _helper → starts_a_server: starts a server"
+    assert _reason(through_lambda) == "_helper → starts_a_server: starts a server"
+
+
+def test_a_module_attribute_is_followed() -> None:
+    def test() -> None:
+        import tests.cli.local as local
+
+        local.cli_env(Path(), Path())
+
+    def through_global_module() -> None:
+        importlib.import_module("tests.cli.local").cli_env(Path(), Path())
+
+    assert (lanes.out_of_lane_reason(test, {}) or "").startswith("cli_env: ")
+    # A name made at run time is not followed: the hand mark's case.
+    assert lanes.out_of_lane_reason(through_global_module, {}) is None
+
+
+def test_a_fixture_reaching_an_entry_point_is_named() -> None:
+    def server_fixture() -> None:
+        _helper()
+
+    def test(server: None) -> None:
+        pass
+
+    assert _reason(test, server=server_fixture) == (
+        "fixture server → _helper → starts_a_server: starts a server"
+    )
+
+
+def test_an_import_inside_a_body_is_seen() -> None:
+    def test() -> None:
+        from tests.cli.local import cli_env
+
+        cli_env(Path(), Path())
+
+    reason = lanes.out_of_lane_reason(test, {})
+    assert reason is not None and reason.startswith("cli_env: ")
+
+
+def test_code_that_reaches_no_entry_point_stays_in_the_lane() -> None:
+    def test() -> None:
+        assert json.loads("1") == 1
+
+    assert _reason(test) is None
+    assert lanes.out_of_lane_reason(test, {}) is None
+
+
+def test_every_entry_point_names_a_real_object() -> None:
+    for entry in lanes.OUT_OF_LANE:
+        module = __import__(entry.module, fromlist=[entry.name])
+        assert callable(getattr(module, entry.name)), entry
+
+
+def test_no_test_of_this_run_on_a_prefect_server_is_in_the_lane(
+    request: pytest.FixtureRequest,
+) -> None:
+    """The rule as this session's collection applied it: every collected test using a
+    Prefect server fixture has the `slow` mark (in the fast lane: none is left)."""
+    servers = {"prefect_harness", "prefect_api_url", "prefect_home"}
+    unmarked = [
+        item.nodeid
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and servers & set(item.fixturenames)
+        and not item.get_closest_marker("slow")
+    ]
+    assert unmarked == []
