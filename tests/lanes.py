@@ -1,8 +1,10 @@
 """The fast lane: which tests `make test-fast` (`pytest -m "not slow"`) runs.
 
-The fast lane is every test that needs no Prefect server, no `epiflow` subprocess scenario
-against one, no training and no image build: what a developer runs after each change.
-A test leaves it by carrying the `slow` mark, which it gets in one of two ways:
+The fast lane is every test that needs no Prefect server, no `epiflow` subprocess (each
+one imports the CLI's stack anew: ~5 s on two loaded cores), no model server, no training
+and no image build: what a developer runs after each change. PostgreSQL, the S3 server and
+nsjail are in it. A test leaves it by carrying the `slow` mark, which it gets in one of two
+ways:
 
 1. **Found at collection** (`mark_out_of_lane`): the test's function, its fixtures, or the
    functions and classes of `tests` they call (followed through globals, module
@@ -20,6 +22,7 @@ made at run time (`getattr`, `request.getfixturevalue`); those tests need the ha
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import types
@@ -29,10 +32,13 @@ from typing import Any
 
 import pytest
 
+FOLLOWED_PACKAGE = "tests"
+"""Functions and classes of this package are followed into; project code is not."""
+
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """A function or class whose use puts a test outside the fast lane."""
+    """A function, class or string whose use puts a test outside the fast lane."""
 
     module: str
     """The module defining it, as imported (`tests.cli.local`)."""
@@ -42,8 +48,12 @@ class EntryPoint:
     """What using it needs, for the `slow` mark's reason."""
 
     def resolve(self) -> object | None:
-        """The object, if its module is imported (every module a collected test uses is);
-        otherwise None: no collected test can reference it by identity."""
+        """The object. A module of `tests` is imported for it (a string is matched by value,
+        so a test can use one without importing its module); any other only if some
+        collected test imported it (else no test can reference it, and importing torch or
+        Prefect for nothing would slow every collection): otherwise None."""
+        if self.module.startswith(FOLLOWED_PACKAGE + "."):
+            importlib.import_module(self.module)
         module = sys.modules.get(self.module)
         return None if module is None else getattr(module, self.name, None)
 
@@ -68,15 +78,18 @@ OUT_OF_LANE: tuple[EntryPoint, ...] = (
         "cli_env",
         "runs an `epiflow` subprocess scenario against a local Prefect server",
     ),
+    EntryPoint("tests.cli.local", "EPIFLOW", "runs the `epiflow` command as a subprocess"),
+    EntryPoint("agent.serving", "serve_checkpoint", "starts a `transformers serve` model server"),
     EntryPoint("training.trainers", "run_training", "trains a model"),
     EntryPoint("training.pipeline", "train_checkpoint", "trains a model"),
+    EntryPoint("training.pipeline", "prepare_base_model", "trains a model (the base's warm-up)"),
+    EntryPoint("trl", "SFTTrainer", "trains a model with TRL"),
 )
-"""The entry points of a Prefect server, a CLI scenario and training, as the tests reach
-them. An image build has none here: the tests reach it only through project code (a
-Harbor suite building its images on first use), so they carry the mark by hand."""
-
-FOLLOWED_PACKAGE = "tests"
-"""Functions and classes of this package are followed into; project code is not."""
+"""The entry points of a Prefect server, a CLI subprocess, a model server and training, as
+the tests reach them. A string (`EPIFLOW`, the path of the `epiflow` command) is matched by
+value: the modules that spell the path themselves are found too. An image build has none
+here: the tests reach it only through project code (a Harbor suite building its images on
+first use), so they carry the mark by hand."""
 
 
 class _Search:
@@ -84,18 +97,27 @@ class _Search:
 
     def __init__(self, entry_points: Iterable[EntryPoint]) -> None:
         self.targets: dict[int, EntryPoint] = {}
+        self.strings: dict[str, EntryPoint] = {}
         self.by_import: dict[tuple[str, str], EntryPoint] = {}
         for entry in entry_points:
             self.by_import[(entry.module, entry.name)] = entry
             target = entry.resolve()
-            if target is not None:
+            if isinstance(target, str):
+                self.strings[target] = entry
+            elif target is not None:
                 self.targets[id(target)] = entry
         self.done: dict[types.CodeType, tuple[str, ...] | None] = {}
 
+    def entry(self, obj: object) -> EntryPoint | None:
+        """The entry point `obj` is (a string: one equal to it), if any."""
+        if isinstance(obj, str):
+            return self.strings.get(obj)
+        return self.targets.get(id(obj))
+
     def reach(self, obj: object) -> tuple[str, ...] | None:
         """The chain of names from `obj` to an entry point, ending in its reason, or None."""
-        if id(obj) in self.targets:
-            entry = self.targets[id(obj)]
+        entry = self.entry(obj)
+        if entry is not None:
             return (entry.name, entry.reason)
         if isinstance(obj, type):
             if not obj.__module__.startswith(FOLLOWED_PACKAGE + "."):
@@ -143,9 +165,8 @@ class _Search:
             value = globals_[name]
             if isinstance(value, types.ModuleType):  # `module.attribute`
                 for attribute in names:
-                    target = getattr(value, attribute, None)
-                    if target is not None and id(target) in self.targets:
-                        entry = self.targets[id(target)]
+                    entry = self.entry(getattr(value, attribute, None))
+                    if entry is not None:
                         return (entry.name, entry.reason)
                 continue
             chain = self.reach(value)

@@ -1,4 +1,4 @@
-"""The fast lane's rule (`tests/lanes.py`).
+"""The fast lane's rule (`tests/lanes.py`) and the slowest-first order (`tests/durations.py`).
 
 The rule is checked on code of this module: entry points and helpers defined here stand
 for a Prefect server and the test helpers that reach one.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests import lanes
+from tests import durations, lanes
 
 
 def starts_a_server() -> None:
@@ -105,10 +108,31 @@ def test_code_that_reaches_no_entry_point_stays_in_the_lane() -> None:
     assert lanes.out_of_lane_reason(test, {}) is None
 
 
-def test_every_entry_point_names_a_real_object() -> None:
+def test_a_string_entry_point_is_found_by_value() -> None:
+    """A module spelling the path of `epiflow` itself, not importing `EPIFLOW`."""
+    own_path = str(Path(sys.executable).parent / "epiflow")
+
+    def test() -> None:
+        subprocess.run([own_path, "--help"], check=True)
+
+    assert lanes.out_of_lane_reason(test, {}) is None  # a local: not followed
+    assert lanes.out_of_lane_reason(_runs_epiflow, {}) == (
+        "EPIFLOW_HERE: runs the `epiflow` command as a subprocess"
+    )
+
+
+EPIFLOW_HERE = str(Path(sys.executable).parent / "epiflow")
+
+
+def _runs_epiflow() -> None:
+    subprocess.run([EPIFLOW_HERE, "--help"], check=True)
+
+
+def test_every_entry_point_names_an_object_that_exists() -> None:
+    """A renamed entry point would silently let its tests into the fast lane."""
     for entry in lanes.OUT_OF_LANE:
-        module = __import__(entry.module, fromlist=[entry.name])
-        assert callable(getattr(module, entry.name)), entry
+        module = importlib.import_module(entry.module)
+        assert getattr(module, entry.name, None) is not None, entry
 
 
 def test_no_test_of_this_run_on_a_prefect_server_is_in_the_lane(
@@ -125,3 +149,58 @@ def test_no_test_of_this_run_on_a_prefect_server_is_in_the_lane(
         and not item.get_closest_marker("slow")
     ]
     assert unmarked == []
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+  <testcase classname="tests.test_lanes" name="test_b[sqlite]" time="2.5" />
+  <testcase classname="tests.test_lanes" name="test_a" time="1.25" />
+  <testcase classname="tests.cli.test_show.TestShow" name="test_c" time="7" />
+  <testcase classname="tests.gone.test_removed" name="test_d" time="9" />
+</testsuite></testsuites>
+"""
+
+
+def test_junit_gives_seconds_per_test_of_an_existing_file() -> None:
+    assert durations.from_junit(JUNIT) == {
+        "tests/cli/test_show.py::TestShow::test_c": 7.0,
+        "tests/test_lanes.py::test_a": 1.25,
+        "tests/test_lanes.py::test_b[sqlite]": 2.5,
+    }
+
+
+@dataclass
+class _Item:
+    nodeid: str
+
+
+def test_files_go_longest_first_by_what_is_selected_then_unknown_ones_in_their_order() -> None:
+    items = [
+        _Item("tests/new_b.py::t"),
+        _Item("tests/quick.py::t1"),
+        _Item("tests/long.py::t1"),
+        _Item("tests/new_a.py::t"),
+        _Item("tests/quick.py::t2"),
+        _Item("tests/long.py::t2"),
+    ]
+    seconds = {
+        "tests/long.py::t1": 5.0,
+        "tests/long.py::t2": 6.0,
+        "tests/quick.py::t1": 0.0,
+        "tests/quick.py::deselected": 900.0,  # not among the items: not counted
+        "tests/fast_only.py::t": 1.0,
+    }
+    assert [i.nodeid for i in durations.slowest_first(items, seconds)] == [
+        "tests/long.py::t1",
+        "tests/long.py::t2",
+        "tests/quick.py::t1",
+        "tests/quick.py::t2",
+        "tests/new_b.py::t",
+        "tests/new_a.py::t",
+    ]
+
+
+def test_the_committed_durations_file_reads(tmp_path: Path) -> None:
+    seconds = durations.load()
+    assert seconds and all(s >= 0 and "::" in nodeid for nodeid, s in seconds.items())
+    assert durations.load(tmp_path / "missing.json") == {}
