@@ -55,7 +55,8 @@ class EntryPoint:
         if self.module.startswith(FOLLOWED_PACKAGE + "."):
             importlib.import_module(self.module)
         module = sys.modules.get(self.module)
-        return None if module is None else getattr(module, self.name, None)
+        # The module's own dict: a lazy attribute (TRL's) is not imported by looking.
+        return None if module is None else vars(module).get(self.name)
 
 
 OUT_OF_LANE: tuple[EntryPoint, ...] = (
@@ -80,6 +81,9 @@ OUT_OF_LANE: tuple[EntryPoint, ...] = (
     ),
     EntryPoint("tests.cli.local", "EPIFLOW", "runs the `epiflow` command as a subprocess"),
     EntryPoint("agent.serving", "serve_checkpoint", "starts a `transformers serve` model server"),
+    EntryPoint(
+        "training.base_model", "build_base_model", "builds a base model (trains its tokenizer)"
+    ),
     EntryPoint("training.trainers", "run_training", "trains a model"),
     EntryPoint("training.pipeline", "train_checkpoint", "trains a model"),
     EntryPoint("training.pipeline", "prepare_base_model", "trains a model (the base's warm-up)"),

@@ -49,7 +49,7 @@ def test_a_test_calling_an_entry_point_leaves_the_lane_naming_it() -> None:
     assert _reason(test) == "starts_a_server: starts a server"
 
 
-def test_helpers_classes_and_module_attributes_are_followed() -> None:
+def test_helpers_classes_and_nested_code_are_followed() -> None:
     def through_helper() -> None:
         _helper()
 
@@ -64,20 +64,6 @@ def test_helpers_classes_and_module_attributes_are_followed() -> None:
     assert _reason(through_lambda) == "_helper → starts_a_server: starts a server"
 
 
-def test_a_module_attribute_is_followed() -> None:
-    def test() -> None:
-        import tests.cli.local as local
-
-        local.cli_env(Path(), Path())
-
-    def through_global_module() -> None:
-        importlib.import_module("tests.cli.local").cli_env(Path(), Path())
-
-    assert (lanes.out_of_lane_reason(test, {}) or "").startswith("cli_env: ")
-    # A name made at run time is not followed: the hand mark's case.
-    assert lanes.out_of_lane_reason(through_global_module, {}) is None
-
-
 def test_a_fixture_reaching_an_entry_point_is_named() -> None:
     def server_fixture() -> None:
         _helper()
@@ -90,16 +76,6 @@ def test_a_fixture_reaching_an_entry_point_is_named() -> None:
     )
 
 
-def test_an_import_inside_a_body_is_seen() -> None:
-    def test() -> None:
-        from tests.cli.local import cli_env
-
-        cli_env(Path(), Path())
-
-    reason = lanes.out_of_lane_reason(test, {})
-    assert reason is not None and reason.startswith("cli_env: ")
-
-
 def test_code_that_reaches_no_entry_point_stays_in_the_lane() -> None:
     def test() -> None:
         assert json.loads("1") == 1
@@ -108,26 +84,58 @@ def test_code_that_reaches_no_entry_point_stays_in_the_lane() -> None:
     assert lanes.out_of_lane_reason(test, {}) is None
 
 
-def test_a_string_entry_point_is_found_by_value() -> None:
-    """A module spelling the path of `epiflow` itself, not importing `EPIFLOW`."""
-    own_path = str(Path(sys.executable).parent / "epiflow")
+def _imports_in_its_body() -> None:
+    from tests.cli.local import cli_env
 
-    def test() -> None:
-        subprocess.run([own_path, "--help"], check=True)
+    cli_env(Path(), Path())
 
-    assert lanes.out_of_lane_reason(test, {}) is None  # a local: not followed
-    assert lanes.out_of_lane_reason(_runs_epiflow, {}) == (
-        "EPIFLOW_HERE: runs the `epiflow` command as a subprocess"
-    )
+
+def _imports_the_module_in_its_body() -> None:
+    import tests.cli.local as local
+
+    local.cli_env(Path(), Path())
+
+
+def _names_the_module_at_run_time() -> None:
+    importlib.import_module("tests.cli.local").cli_env(Path(), Path())
 
 
 EPIFLOW_HERE = str(Path(sys.executable).parent / "epiflow")
+"""A module spelling the path of `epiflow` itself, not importing `EPIFLOW`."""
 
 
 def _runs_epiflow() -> None:
     subprocess.run([EPIFLOW_HERE, "--help"], check=True)
 
 
+PROBES = {
+    f.__name__: f
+    for f in (
+        _imports_in_its_body,
+        _imports_the_module_in_its_body,
+        _names_the_module_at_run_time,
+        _runs_epiflow,
+    )
+}
+"""Code reaching the real entry points. The tests look them up here by name, which the
+search does not follow, so that those tests themselves stay in the fast lane."""
+
+
+def test_imports_inside_a_body_are_seen() -> None:
+    for probe in ("_imports_in_its_body", "_imports_the_module_in_its_body"):
+        reason = lanes.out_of_lane_reason(PROBES[probe], {})
+        assert (reason or "").startswith("cli_env: "), probe
+    # A name made at run time is not followed: the hand mark's case.
+    assert lanes.out_of_lane_reason(PROBES["_names_the_module_at_run_time"], {}) is None
+
+
+def test_a_string_entry_point_is_found_by_value() -> None:
+    assert lanes.out_of_lane_reason(PROBES["_runs_epiflow"], {}) == (
+        "EPIFLOW_HERE: runs the `epiflow` command as a subprocess"
+    )
+
+
+@pytest.mark.slow(reason="imports TRL's trainers, transformers and Prefect's test harness")
 def test_every_entry_point_names_an_object_that_exists() -> None:
     """A renamed entry point would silently let its tests into the fast lane."""
     for entry in lanes.OUT_OF_LANE:
