@@ -138,7 +138,7 @@ class _Search:
         if not callable(obj):
             return None
         try:
-            function = inspect.unwrap(obj)  # type: ignore[arg-type]
+            function = inspect.unwrap(obj)
         except ValueError:  # a `__wrapped__` cycle
             return None
         if not isinstance(function, types.FunctionType):
@@ -169,9 +169,9 @@ class _Search:
             value = globals_[name]
             if isinstance(value, types.ModuleType):  # `module.attribute`
                 for attribute in names:
-                    entry = self.entry(getattr(value, attribute, None))
-                    if entry is not None:
-                        return (entry.name, entry.reason)
+                    found = self.entry(getattr(value, attribute, None))
+                    if found is not None:
+                        return (found.name, found.reason)
                 continue
             chain = self.reach(value)
             if chain is not None:

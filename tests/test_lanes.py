@@ -10,6 +10,7 @@ import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,9 @@ class _Scenario:
         _helper()
 
 
-def _reason(function: object, **fixtures: object) -> str | None:
+def _reason(function: Callable[..., object], **fixtures: Callable[..., object]) -> str | None:
     return lanes.out_of_lane_reason(
-        function,  # type: ignore[arg-type]
-        {name: [f] for name, f in fixtures.items()},  # type: ignore[misc]
-        entry_points=[ENTRY],
+        function, {name: [f] for name, f in fixtures.items()}, entry_points=[ENTRY]
     )
 
 
@@ -56,12 +55,16 @@ def test_helpers_classes_and_nested_code_are_followed() -> None:
     def through_class() -> None:
         _Scenario().run()
 
-    def through_lambda() -> None:
-        (lambda: [_helper() for _ in range(1)])()
+    def through_nested_function() -> None:
+        def inner() -> None:
+            for _ in range(1):
+                _helper()
+
+        inner()
 
     assert _reason(through_helper) == "_helper → starts_a_server: starts a server"
     assert _reason(through_class) == "_Scenario → _helper → starts_a_server: starts a server"
-    assert _reason(through_lambda) == "_helper → starts_a_server: starts a server"
+    assert _reason(through_nested_function) == "_helper → starts_a_server: starts a server"
 
 
 def test_a_fixture_reaching_an_entry_point_is_named() -> None:
