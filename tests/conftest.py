@@ -32,6 +32,7 @@ import pytest
 from sqlalchemy import Engine
 
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from tests import durations, lanes
 from tests.services.postgres import PostgresCluster, pg_bin_or_skip, running_cluster
 from tests.services.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 from tests.services.s3_fault_proxy import S3FaultProxy
@@ -39,34 +40,15 @@ from tests.services.s3_fault_proxy import S3FaultProxy
 KEEP_ENV = ("EPIFLOW_REQUIRE_POSTGRES", "EPIFLOW_PG_BIN", "EPIFLOW_SCREENSHOT_DIR")
 """Variables about the test run itself, not settings of the code under test."""
 
-SLOWEST_FILES = (
-    "tests/cli/test_cli_spine.py",
-    "tests/flows/test_ui.py",
-    "tests/flows/test_recovery.py",
-    "tests/flows/test_scale_out.py",
-    "tests/flows/test_training_loop.py",
-    "tests/flows/test_serve.py",
-    "tests/flows/test_qc_flow.py",
-    "tests/flows/test_collect_flow.py",
-    "tests/suites/test_harbor_tasks.py",
-    "tests/cli/test_interrupts.py",
-    "tests/cli/test_concurrent.py",
-    "tests/test_lean_install.py",
-)
-"""The files known to take longest (the demo, real Prefect servers and flows, the Harbor
-image build, CLI subprocess scenarios), roughly longest first: under pytest-xdist with
-`--dist loadfile --no-loadscope-reorder` (the Makefile's comment) files are handed to the
-workers in collection order, so these start first and the quick files fill in
-around them instead of one worker finishing a long file alone at the end. Only the order
-of files changes, never the order of tests within a file. A file missing here is merely
-scheduled later."""
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # a serial run keeps pytest's order
-    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
+    lanes.mark_out_of_lane(items)  # before `-m` deselects by these marks
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a serial run keeps pytest's order
+        items[:] = durations.slowest_first(items, durations.load())  # what `-m` selected
 
 
 @pytest.fixture(autouse=True)

@@ -46,6 +46,7 @@ print(",".join(heavy))
 """
 
 
+@pytest.mark.slow(reason="imports the CLI, collect and QC paths in a fresh interpreter")
 def test_collect_and_qc_paths_import_no_training_stack() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _IMPORT_CHECK, *HEAVY],

@@ -26,6 +26,8 @@ from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
 from tests.storage.builders import make_trajectory
 
+pytestmark = pytest.mark.slow(reason="runs the `epiflow` entry point in fresh interpreters")
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("prefect", "great_expectations", "polars", "torch", "transformers")
 NOT_FOR_HELP = (

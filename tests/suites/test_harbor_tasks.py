@@ -35,6 +35,7 @@ needs_builder = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("mmdebstrap") is None or not INTEROP.is_dir(),
     reason="needs root, mmdebstrap (scripts/system-deps.sh) and ../shared/interop/harbor-tasks",
 )
+builds_images = pytest.mark.slow(reason="builds Harbor task images with mmdebstrap")
 
 
 def _task(
@@ -226,6 +227,7 @@ def interop_suite():
 
 
 @needs_builder
+@builds_images
 def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(
     interop_suite, db_url: str, tmp_path: Path
 ) -> None:
@@ -280,6 +282,7 @@ def test_interop_tasks_oracle_one_idle_zero_and_rows_in_sql(
 
 
 @needs_builder
+@builds_images
 def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: Path) -> None:
     from agent.trajectory import EpisodeStatus
 
@@ -304,6 +307,7 @@ def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: 
 
 
 @needs_builder
+@builds_images
 def test_exported_builtin_templates_round_trip_with_oracle_one() -> None:
     from agent.trajectory import EpisodeStatus
     from suites.builtin import builtin_suite

@@ -85,6 +85,7 @@ def killed_run(migrated_engine: Engine) -> Iterator[tuple[uuid.UUID, uuid.UUID]]
     yield run_id, dataset_id
 
 
+@pytest.mark.slow(reason="starts a training run in a child interpreter and kills it")
 def test_the_next_training_marks_a_killed_one_crashed(
     migrated_engine: Engine, killed_run: tuple[uuid.UUID, uuid.UUID]
 ) -> None:
