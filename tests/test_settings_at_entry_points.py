@@ -25,12 +25,12 @@ LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 
 PENDING = {
     "agent/policies/__init__.py builds PolicySettings": (
-        "make_policy's default: training/evaluation.py and tests pass no settings"
+        "make_policy's default: tests pass no settings"
     ),
     "sandbox/factory.py builds SandboxSettings": (
         "open_sandbox's default: training/rewards.py:157 hands sandbox.open_sandbox to the "
-        "loop without settings, and agent/loop.py's default opener (used by "
-        "training/evaluation.py:302) calls it without; both need a settings-bound opener"
+        "loop without settings, and agent/loop.py's default opener calls it without; "
+        "both need a settings-bound opener"
     ),
     "suites/registry.py builds SuitesSettings": (
         "load_suite's default: training/pipeline.py:331, training/rewards.py:106 pass none"
@@ -39,9 +39,6 @@ PENDING = {
         "load_suite's default for user generators: collection/plan.py passes none "
         "(collection/lifecycle.py:67 hands it only settings.suites), nor does training/"
     ),
-    "training/evaluation.py builds LoopSettings": "run_policy_episodes",
-    "training/evaluation.py builds PolicySettings": "run_model_episodes",
-    "training/evaluation.py builds RewardSettings": "run_policy_episodes's default",
     "training/recipes.py builds TrainingSettings": "Recipe.training_settings's default",
     "training/rewards.py builds LoopSettings": "ROLLOUT_LOOP, at import",
     "training/trainers/__init__.py builds RewardSettings": "run_training's default",
