@@ -52,8 +52,12 @@ save afterwards (completion against training minutes; outside the budget, `curve
 Target (issue 15): `trained_completion_rate` ≥ 0.5 where `base_completion_rate` is 0, the
 whole run within `--budget-s` (20 minutes) on the 2-core machine. `load_avg` is the
 1-minute load average at the start and the end (the machine is shared); `cpu_share` is
-the CPU time training got per wall second. stdout carries only the JSON (or `key: value`
-lines without `--json`); progress goes to stderr.
+the CPU time training got per wall second. `bf16` / `autocast` say whether the SFT ran
+under bf16 autocast (the recipe's precision: fp32 for `loop`, `auto` for `smollm2`;
+`EPIFLOW_TRAINING_PRECISION=fp32|bf16` forces one), `eval_dtype` the dtype the trained
+checkpoint was evaluated in, `precision` all of it (`training.precision.precision_report`,
+with `bf16_native`: whether this CPU runs bf16 natively). stdout carries only the JSON
+(or `key: value` lines without `--json`); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -299,6 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.base_model import protocol_corpus
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
+    from training.precision import precision_report
     from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
     from training.recipes import get_recipe
     from training.registry import fetch_checkpoint, get_checkpoint
@@ -597,6 +602,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for k in tensors.keys()  # noqa: SIM118
             )
         config_hf = AutoConfig.from_pretrained(str(trained_dir), local_files_only=True)
+        precision = precision_report(
+            settings, bf16=result is not None and result.bf16, eval_model_dir=trained_dir
+        )
         engine.dispose()
     finally:
         if not args.keep:
@@ -659,6 +667,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_share": round(result.cpu_s / result.runtime_s, 2) if result.runtime_s else None,
         "threads": result.threads,
         "bf16": result.bf16,
+        "autocast": precision["autocast"],
+        "eval_dtype": precision["eval_dtype"],
+        "precision": precision,
         "final_loss": result.metrics.get("loss"),
         "loss_curve": curve.losses[:: max(1, len(curve.losses) // 20)],
         "completion_curve": curve_points or None,

@@ -25,6 +25,9 @@ observation, the final answer); no sandbox is involved.
   attention at the mean sequence length); bound = matmul_gflops / flops_per_token.
 - With `--variants`, the TRL path again with one setting changed each time (two threads
   forced, one thread forced, bf16 off), to show what each choice is worth on this machine.
+- `bf16`, `autocast`, `eval_dtype` and `precision` (`training.precision.precision_report`):
+  whether the trainer ran under bf16 autocast (the recipe's precision, or
+  `EPIFLOW_TRAINING_PRECISION`), and the dtype its saved checkpoint is evaluated in.
 
 Every path gets an untimed warm-up, then `--repeat` alternating runs, best of each (the
 machine is shared; `load_avg` is the 1-minute load average at the start and the end).
@@ -190,6 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from core.home import epiflow_home
     from suites.registry import load_suite
     from training.base_model import build_base_model, protocol_corpus
+    from training.precision import precision_report
     from training.pretrained import PRETRAINED, prepare_pretrained
     from training.recipes import get_recipe
     from training.threads import choose_threads
@@ -269,12 +273,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, update in (
                 ("threads_2", {"torch_threads": 2}),
                 ("threads_1", {"torch_threads": 1}),
-                ("fp32", {"bf16": False}),
+                ("fp32", {"precision": "fp32", "bf16": None}),
             ):
                 variants[name] = round(trl(update, name)["tokens_per_s"], 1)
         threads = trl_best["threads"][0] if trl_best["threads"] else choose_threads(0)
         gflops = matmul_gflops(threads=threads, bf16=bf16)
         per_token = flops_per_token(base, mean_length=mean_length, trained_fraction=trained)
+        precision = precision_report(settings, bf16=bf16, eval_model_dir=root / "warm")
     bound = gflops * 1e9 / per_token
     return {
         "recipe": recipe.name,
@@ -289,6 +294,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "flops_per_token": round(per_token),
         "threads": trl_best["threads"],
         "bf16": bf16,
+        "autocast": precision["autocast"],
+        "eval_dtype": precision["eval_dtype"],
+        "precision": precision,
         "variants_tokens_per_s": variants or None,
         "steps": args.steps,
         "batch": settings.batch_size,

@@ -70,8 +70,14 @@ class TrainingSettings(BaseSettings):
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory on real models, slows tiny ones)."""
     bf16: bool | None = None
-    """bf16 autocast (fp32 master weights). None: on where the hardware runs bf16 natively
-    (CUDA with bf16, CPUs with AVX512-BF16/AMX), off elsewhere (emulated bf16 is slower)."""
+    """bf16 autocast (fp32 master weights), the older spelling of `precision`: when set it
+    decides (and must agree with a `precision` other than `auto`); None: `precision` decides."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Training precision (`EPIFLOW_TRAINING_PRECISION`): `fp32`; `bf16` (bf16 autocast over
+    fp32 master weights; the saved weights stay fp32); `auto`: bf16 where the hardware runs
+    it natively (CUDA with bf16, CPUs with AVX512-BF16/AMX), fp32 elsewhere. The recipes set
+    it (`training.recipes`: fp32 for the small models, which learned less under bf16
+    autocast, issue 46); a value given here wins over the recipe (`training.precision`)."""
     torch_threads: int = Field(default=0, ge=0)
     """Intra-op threads of the trainer. 0: automatic (`training.threads`): every core on an
     idle machine, one thread when other processes already keep the cores busy (two
@@ -153,6 +159,15 @@ class TrainingSettings(BaseSettings):
     """Longest silence of training on the terminal, seconds: a progress line (step /
     planned, last loss, rate, ETA) at least this often, a heartbeat while one step runs
     longer (`core.progress`, `training.callbacks.TrainingProgress`)."""
+
+    @model_validator(mode="after")
+    def _check_precision(self) -> TrainingSettings:
+        forced = self.precision != "auto"
+        if self.bf16 is not None and forced and self.bf16 != (self.precision == "bf16"):
+            raise ValueError(
+                f"bf16={self.bf16} contradicts precision={self.precision!r}: set one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_shapes(self) -> TrainingSettings:

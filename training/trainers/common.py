@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from scoring.settings import RewardSettings
 from training.errors import TrainerError
+from training.precision import use_bf16
 from training.settings import TrainingSettings
 
 logger = logging.getLogger(__name__)
@@ -215,21 +216,6 @@ def _accelerator_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
-
-
-def use_bf16(settings: TrainingSettings) -> bool:
-    """`settings.bf16`, or where the hardware runs bf16 natively when it is None.
-
-    On CPU, bf16 autocast pays off only with native bf16 matmuls (AVX512-BF16 / AMX);
-    elsewhere it is emulated and slower than fp32.
-    """
-    if settings.bf16 is not None:
-        return settings.bf16
-    import torch
-
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def summarize(
