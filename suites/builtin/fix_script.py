@@ -112,6 +112,7 @@ _VERIFY = """
 # The agent's code runs in child interpreters started with -I and the workspace appended to
 # sys.path (after the stdlib, so a planted unittest.py cannot fake a pass) and with a fresh
 # pycache prefix (a stale __pycache__ must not decide the verdict).
+CHILD_TIMEOUT_S = 10
 TESTS = "import sys, unittest; sys.path.append('.'); unittest.main(module=None, argv=['unittest', sys.argv[1]])"
 RUNNER = '''
 import importlib, json, sys
@@ -141,16 +142,22 @@ def verify():
     if not os.path.isfile(test_file) or sha256_of(test_file) != EXPECTED["test_sha"]:
         raise Reject(f"{test_file} was modified or removed")
     python = [sys.executable, "-I", "-X", "pycache_prefix=" + tempfile.mkdtemp()]
-    run = subprocess.run(
-        [*python, "-c", TESTS, f"test_{module}"], capture_output=True, text=True, timeout=15
-    )
+
+    # Both runs fit the verifier's own timeout: code that hangs them is the agent's failure,
+    # never a verifier that timed out (an infrastructure error).
+    def child(code, arg, stdin=None):
+        try:
+            return subprocess.run(
+                [*python, "-c", code, arg], input=stdin, capture_output=True, text=True,
+                timeout=CHILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise Reject(f"the tests in {test_file} did not finish within {CHILD_TIMEOUT_S} s")
+
+    run = child(TESTS, f"test_{module}")
     visible, hidden = EXPECTED["visible"], EXPECTED["hidden"]
     cases = visible + hidden
-    probe = subprocess.run(
-        [*python, "-c", RUNNER, module],
-        input=json.dumps([[c["func"], c["args"]] for c in cases]),
-        capture_output=True, text=True, timeout=15,
-    )
+    probe = child(RUNNER, module, json.dumps([[c["func"], c["args"]] for c in cases]))
     try:
         results = json.loads(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
