@@ -466,3 +466,43 @@ def test_looping_until_max_steps_earns_only_the_honest_partial_score(host: HostS
     traj = run(task, texts, settings=LoopSettings(max_steps=5))
     assert (traj.status, traj.failure_category) == (EpisodeStatus.FAILED, FailureCategory.MAX_STEPS)
     assert_failed(traj)
+
+
+# --- 3b. making the verifier fail, to turn a failure into an infrastructure outcome ----------
+
+
+def test_an_output_that_starves_the_verifier_is_the_agents_failure(host: HostState) -> None:
+    task = builtin("csv_to_json")
+    output = task.reference_solution[-1].args["path"]
+    spec = SandboxSpec(memory_mib=512, tmpfs_mib=32, workspace_mib=160, pids=64)
+    # ~100 MB of empty JSON objects: loaded whole, ~3 GB of dicts in a 512 MiB jail.
+    make = f"python3 -c \"open('{output}', 'w').write('[' + '{{}},' * 33_000_000 + '{{}}]')\""
+    traj = run(task, scripted(make, "ls -l", final="wrote it"), spec=spec)
+    assert traj.steps[0].exit_code == 0, traj.steps[0].stderr
+    assert_failed(traj)
+    assert "too large" in (traj.verifier_reason or ""), traj.verifier_reason
+
+
+@needs_harbor
+def test_a_workdir_too_large_to_hand_to_the_verifier_is_the_agents_failure(
+    harbor_suite: Any, host: HostState
+) -> None:
+    task = harbor_suite.generate("hello-world", 0)
+    many = "mkdir -p many && cd many && seq 1 20001 | xargs touch && ls | wc -l"
+    traj = run(task, scripted(many, final="done"))
+    assert traj.steps[0].stdout == "20001\n", traj.steps[0].stderr
+    assert_failed(traj)
+    assert "too large" in (traj.verifier_reason or ""), traj.verifier_reason
+
+
+def test_a_module_that_hangs_the_verifiers_test_run_is_the_agents_failure(host: HostState) -> None:
+    task = builtin("fix_script")
+    module = next(p for p in task.files if not p.startswith("test_"))
+    hang = "import time\nwhile True:\n    time.sleep(1)\n" + task.files[module]
+    texts = [
+        render_tool_call("c1", "write_file", {"path": module, "content": hang}),
+        render_final("fixed"),
+    ]
+    traj = run(task, texts)
+    assert_failed(traj)
+    assert "did not finish" in (traj.verifier_reason or ""), traj.verifier_reason
