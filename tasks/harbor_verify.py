@@ -11,9 +11,11 @@ The reward comes from `/logs/verifier/reward.txt` (a number) or `reward.json` (a
 numbers: `reward`, else `score`, else its only key; every key is stored); it must lie in
 [0, 1]. `ctrf.json`, when written, is stored (the episode's artifact) with its per-test
 results. A script that exits non-zero without writing a reward (`set -e` before a failing
-pytest) scores 0. Infrastructure errors (`error=True`, the episode becomes `env_error`):
-something needed the network (`/logs/.epiflow-offline`), a timeout, no reward after exit 0,
-a malformed or out-of-range reward, a verifier jail that cannot start.
+pytest) scores 0, and so does a workdir the agent filled past the export's caps (files,
+bytes) while the image's own workdir fits them. Infrastructure errors (`error=True`, the
+episode becomes `env_error`): something needed the network (`/logs/.epiflow-offline`), a
+timeout, no reward after exit 0, a malformed or out-of-range reward, a verifier jail that
+cannot start, an image whose own workdir is past the caps.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -32,6 +35,7 @@ from sandbox.image_spec import ImageMount
 from sandbox.interface import Sandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
+from sandbox.transfer import ExportReport
 from tasks.environment import TaskEnvironment
 from tasks.types import TaskInstance
 from tasks.verify import MAX_RAW_CHARS, VerifierOutcome
@@ -86,6 +90,34 @@ def _read_tree(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
+
+
+def _overflow(report: ExportReport, max_files: int) -> str:
+    """What of an export's caps a workdir passed, in a few words."""
+    parts = []
+    if report.left_out:
+        parts.append(f"{report.left_out} files past the {max_files}-file cap")
+    over = [p for p, r in report.skipped.items() if r == "over_size_cap"]
+    if over or report.truncated:
+        parts.append(f"{len(over)} files over the byte cap")
+    other = sorted({r for r in report.skipped.values() if r != "over_size_cap"})
+    if other:
+        parts.append("files skipped: " + ", ".join(other)[:200])
+    return "; ".join(parts) or "export truncated"
+
+
+def _pristine_workdir_fits(env: TaskEnvironment, settings: SandboxSettings) -> bool:
+    """Whether the image's own workdir (what every episode starts from) fits the export's
+    caps: its bytes were already checked when the agent's jail was seeded, its file count
+    is counted here."""
+    base = Path(env.image.root) / env.image.workdir.lstrip("/")
+    count = 0
+    for folder, dirs, names in os.walk(base):
+        dirs[:] = [d for d in dirs if not (Path(folder) / d).is_symlink()]
+        count += sum(1 for n in names if (Path(folder) / n).is_file())
+        if count > settings.max_tracked_files:
+            return False
+    return True
 
 
 def verifier_spec(env: TaskEnvironment, agent_spec: SandboxSpec) -> SandboxSpec:
@@ -223,8 +255,21 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
     try:
         report = await export(scratch, max_bytes=settings.populate_max_bytes)
         if report.truncated or report.left_out or report.skipped:
+            what = _overflow(report, settings.max_tracked_files)
+            host_side = any(r.startswith("host_error") for r in report.skipped.values())
+            fits = await asyncio.to_thread(_pristine_workdir_fits, env, settings)
+            if not host_side and fits:
+                # The task's own workdir fits the caps, so the agent filled it: scoring this
+                # as an infrastructure error would let an agent that is failing swap its
+                # failure reward for none at all.
+                return VerifierOutcome(
+                    score=0.0,
+                    reason=f"the agent left its workdir too large to verify ({what}): score 0",
+                    details=details,
+                    duration_ms=(time.perf_counter() - started) * 1000.0,
+                )
             return _error(
-                f"the agent's workdir is too large to hand to the verifier ({report})",
+                f"the agent's workdir is too large to hand to the verifier ({what})",
                 details,
                 started,
             )

@@ -102,11 +102,19 @@ def finish(score, reason):
     sys.exit(0)
 
 
+# An output the agent made huge must cost it the task, not crash the verifier (out of
+# memory, past its timeout: an infrastructure error, which would carry no reward at all).
+MAX_READ_BYTES = 4 << 20
+
+
 def read_text(path):
     if not os.path.isfile(path):
         raise Reject(f"{path} does not exist")
-    with open(path, encoding="utf-8", newline="") as f:
-        return f.read()
+    with open(path, "rb") as f:
+        data = f.read(MAX_READ_BYTES + 1)
+    if len(data) > MAX_READ_BYTES:
+        raise Reject(f"{path} is too large (over {MAX_READ_BYTES} bytes)")
+    return data.decode("utf-8")  # as open(encoding="utf-8", newline="") reads it
 
 
 def read_lines(path):
@@ -126,8 +134,11 @@ def read_csv(path):
 
 
 def sha256_of(path):
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class Checks:

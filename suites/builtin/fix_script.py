@@ -16,10 +16,22 @@ class _Function:
     name: str
     buggy: str
     fixed: str
-    tests: str
-    """Body lines of a unittest method; `m` is the module."""
+    visible: tuple[tuple[list[Any], Any], ...]
+    """(args, expected) pairs the visible test file asserts (`test_lines` renders them) and
+    the verifier checks itself; expected `"raises:ValueError"` means that exception."""
     hidden: tuple[tuple[list[Any], Any], ...]
-    """(args, expected) pairs; expected `"raises:ValueError"` means that exception."""
+    """(args, expected) pairs only the verifier knows, in the same form."""
+
+    def test_lines(self) -> str:
+        """Body lines of the unittest method asserting the visible cases; `m` is the module."""
+        lines = []
+        for args, want in self.visible:
+            call = f"m.{self.name}({', '.join(repr(a) for a in args)})"
+            if isinstance(want, str) and want.startswith("raises:"):
+                lines += [f"with self.assertRaises({want.split(':', 1)[1]}):", f"    {call}"]
+            else:
+                lines.append(f"self.assertEqual({call}, {want!r})")
+        return "\n".join(lines)
 
 
 _FUNCTIONS = (
@@ -37,7 +49,7 @@ _FUNCTIONS = (
         raise ValueError("mean of an empty list")
     return sum(values) / len(values)
 ''',
-        tests="self.assertEqual(m.mean([2, 4, 6]), 4)\nwith self.assertRaises(ValueError):\n    m.mean([])",
+        visible=(([[2, 4, 6]], 4), ([[]], "raises:ValueError")),
         hidden=(([[5]], 5), ([[1, 2]], 1.5), ([[]], "raises:ValueError")),
     ),
     _Function(
@@ -50,7 +62,7 @@ _FUNCTIONS = (
     """True for Gregorian leap years."""
     return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
 ''',
-        tests="self.assertTrue(m.is_leap(2024))\nself.assertFalse(m.is_leap(2023))\nself.assertFalse(m.is_leap(1900))",
+        visible=(([2024], True), ([2023], False), ([1900], False)),
         hidden=(([2000], True), ([2100], False), ([1996], True), ([2023], False)),
     ),
     _Function(
@@ -63,7 +75,7 @@ _FUNCTIONS = (
     """Number of whitespace-separated words in text."""
     return len(text.split())
 ''',
-        tests='self.assertEqual(m.word_count("a b c"), 3)\nself.assertEqual(m.word_count("hello  world"), 2)',
+        visible=((["a b c"], 3), (["hello  world"], 2)),
         hidden=(([""], 0), (["  lead and trail "], 3), (["tabs\tand\nnewlines"], 3)),
     ),
     _Function(
@@ -76,7 +88,7 @@ _FUNCTIONS = (
     """x limited to the closed interval [lo, hi]."""
     return max(lo, min(x, hi))
 ''',
-        tests="self.assertEqual(m.clamp(5, 0, 10), 5)\nself.assertEqual(m.clamp(-1, 0, 10), 0)",
+        visible=(([5, 0, 10], 5), ([-1, 0, 10], 0)),
         hidden=(([99, 0, 10], 10), ([10, 0, 10], 10), ([-3, -5, 5], -3)),
     ),
     _Function(
@@ -91,7 +103,7 @@ _FUNCTIONS = (
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 ''',
-        tests="self.assertEqual(m.median([3, 1, 2]), 2)\nself.assertEqual(m.median([7]), 7)",
+        visible=(([[3, 1, 2]], 2), ([[7]], 7)),
         hidden=(([[4, 1, 3, 2]], 2.5), ([[9, 8, 7, 1, 2]], 7), ([[1, 1]], 1)),
     ),
 )
@@ -100,6 +112,7 @@ _VERIFY = """
 # The agent's code runs in child interpreters started with -I and the workspace appended to
 # sys.path (after the stdlib, so a planted unittest.py cannot fake a pass) and with a fresh
 # pycache prefix (a stale __pycache__ must not decide the verdict).
+CHILD_TIMEOUT_S = 10
 TESTS = "import sys, unittest; sys.path.append('.'); unittest.main(module=None, argv=['unittest', sys.argv[1]])"
 RUNNER = '''
 import importlib, json, sys
@@ -115,6 +128,12 @@ print(json.dumps(results))
 '''
 
 
+def passed(got, want):
+    if isinstance(want, str) and want.startswith("raises:"):
+        return got == ["raises", want.split(":", 1)[1]]
+    return isinstance(got, list) and len(got) == 2 and got[0] == "ok" and got[1] == want
+
+
 def verify():
     import tempfile
 
@@ -123,31 +142,38 @@ def verify():
     if not os.path.isfile(test_file) or sha256_of(test_file) != EXPECTED["test_sha"]:
         raise Reject(f"{test_file} was modified or removed")
     python = [sys.executable, "-I", "-X", "pycache_prefix=" + tempfile.mkdtemp()]
-    run = subprocess.run(
-        [*python, "-c", TESTS, f"test_{module}"], capture_output=True, text=True, timeout=15
-    )
-    if run.returncode != 0:
-        raise Reject(f"the tests in {test_file} still fail")
-    checks = Checks()
-    checks.add(f"{test_file} passes", True)
-    cases = EXPECTED["hidden"]
-    probe = subprocess.run(
-        [*python, "-c", RUNNER, module],
-        input=json.dumps([[c["func"], c["args"]] for c in cases]),
-        capture_output=True, text=True, timeout=15,
-    )
+
+    # Both runs fit the verifier's own timeout: code that hangs them is the agent's failure,
+    # never a verifier that timed out (an infrastructure error).
+    def child(code, arg, stdin=None):
+        try:
+            return subprocess.run(
+                [*python, "-c", code, arg], input=stdin, capture_output=True, text=True,
+                timeout=CHILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise Reject(f"the tests in {test_file} did not finish within {CHILD_TIMEOUT_S} s")
+
+    run = child(TESTS, f"test_{module}")
+    visible, hidden = EXPECTED["visible"], EXPECTED["hidden"]
+    cases = visible + hidden
+    probe = child(RUNNER, module, json.dumps([[c["func"], c["args"]] for c in cases]))
     try:
         results = json.loads(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         results = []
-    for i, case in enumerate(cases):
-        got = results[i] if i < len(results) else None
+    if not isinstance(results, list):
+        results = []
+    got = [results[i] if i < len(results) else None for i in range(len(cases))]
+    # The run's exit status alone is the agent's code's to forge (os._exit(0) on import, no-op
+    # asserts): the visible tests pass only if their calls also return what they assert here.
+    if run.returncode != 0 or not all(passed(g, c["expect"]) for c, g in zip(visible, got)):
+        raise Reject(f"the tests in {test_file} still fail")
+    checks = Checks()
+    checks.add(f"{test_file} passes", True)
+    for case, result in zip(hidden, got[len(visible):]):
         want = case["expect"]
-        if isinstance(want, str) and want.startswith("raises:"):
-            ok = got == ["raises", want.split(":", 1)[1]]
-        else:
-            ok = got is not None and got[0] == "ok" and got[1] == want
-        checks.add(f"{case['func']}{tuple(case['args'])} == {want!r}", ok)
+        checks.add(f"{case['func']}{tuple(case['args'])} == {want!r}", passed(result, want))
     return checks.verdict()
 """
 
@@ -166,8 +192,11 @@ def build(rng: random.Random) -> TaskDraft:
     fixed_src = header + "".join("\n\n" + f.fixed for f in order)
     test_src = f"import unittest\n\nimport {module} as m\n\n\nclass Test{module.title()}(unittest.TestCase):\n"
     for f in order:
-        test_src += f"    def test_{f.name}(self):\n" + _indent(f.tests, " " * 8) + "\n"
+        test_src += f"    def test_{f.name}(self):\n" + _indent(f.test_lines(), " " * 8) + "\n"
     test_src += 'if __name__ == "__main__":\n    unittest.main()\n'
+    visible = [
+        {"func": f.name, "args": args, "expect": want} for f in order for args, want in f.visible
+    ]
     hidden = [
         {"func": f.name, "args": args, "expect": want} for f in chosen for args, want in f.hidden
     ]
@@ -194,6 +223,7 @@ def build(rng: random.Random) -> TaskDraft:
             {
                 "module": module,
                 "test_sha": hashlib.sha256(test_src.encode()).hexdigest(),
+                "visible": visible,
                 "hidden": hidden,
             },
             timeout_s=25.0,
@@ -203,7 +233,7 @@ def build(rng: random.Random) -> TaskDraft:
 
 TEMPLATE = TaskTemplate(
     name="fix_script",
-    version="1",
+    version="2",
     difficulty=4,
     summary="repair a buggy Python module until its unittest passes (hidden edge cases)",
     build=build,
