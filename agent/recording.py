@@ -39,8 +39,9 @@ NO_BLOCK_MESSAGE = (
 def record_response(
     step: Step, response: PolicyResponse, *, latency_ms: float, settings: LoopSettings
 ) -> str:
-    """Raw text (capped), tokens, latency, native calls, retries, the answering model,
-    perturbation; returns the text to parse."""
+    """Raw text (capped), tokens (counts, and the ids and logprobs the policy sampled,
+    uncapped), latency, native calls, retries, the answering model, perturbation; returns
+    the text to parse."""
     text = response.text
     if len(text) > settings.max_output_chars:
         text = text[: settings.max_output_chars]
@@ -48,6 +49,9 @@ def record_response(
     step.raw_output = text
     step.prompt_tokens = response.prompt_tokens
     step.completion_tokens = response.completion_tokens
+    step.prompt_token_ids = response.prompt_token_ids
+    step.completion_token_ids = response.completion_token_ids
+    step.logprobs = response.logprobs
     step.generation_latency_ms = latency_ms
     step.native_tool_calls = response.native_tool_calls
     step.finish_reason = response.finish_reason

@@ -57,6 +57,17 @@ class PolicyResponse(BaseModel):
     retries: int = 0
     """Requests retried before this answer (an endpoint's transport errors, timeouts,
     429/5xx, bodies that were not a chat completion)."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids of the prompt exactly as the model received them, when the policy knows them."""
+    completion_token_ids: list[int] | None = None
+    """Token ids the model sampled, in order (its end-of-turn token included when it
+    sampled one), when the policy knows them; never a re-encoding of `text`."""
+    logprobs: list[float] | None = None
+    """Log probability of each sampled token, aligned with `completion_token_ids`."""
+    token_prefix_break: str | None = None
+    """Why this turn's `prompt_token_ids` do not extend the previous turn's prompt and
+    completion ids (the policy encoded a full render instead); None when they do, on a
+    first turn, or when the policy records no ids."""
 
 
 class Policy(ABC):
