@@ -12,9 +12,13 @@ SessionError              a session cannot do what was asked (the `code` says wh
 ├── CapacityReached       every session slot is taken (`capacity`)
 ├── SessionClosed         the session was closed (idle past its deadline, the client
 │                         left, the server stopping) (`closed`)
-└── InfrastructureFailure the episode ended for a reason that is not the agent's (the
-                          sandbox, the verifier, storage); never a reward of 0
-                          (`infrastructure`)
+├── InfrastructureFailure the episode ended for a reason that is not the agent's (the
+│                         sandbox, the verifier, storage); never a reward of 0
+│                         (`infrastructure`)
+└── Unauthorized          a request without the server's bearer token (HTTP 401)
+
+ServeError                the server cannot start as asked (a bind beyond loopback
+                          without --allow-remote or a token)
 """
 
 from __future__ import annotations
@@ -93,3 +97,16 @@ class InfrastructureFailure(SessionError):
 def client_code(error: SessionError) -> str:
     """The code a client receives for `error`."""
     return error.client_code if isinstance(error, BadMessage) else error.code
+
+
+class Unauthorized(SessionError):
+    """The request lacks the server's bearer token."""
+
+    code = "unauthorized"
+    retryable = False
+
+
+class ServeError(EpiflowError):
+    """The server cannot start as asked; `setting` names the option to fix."""
+
+    retryable = False

@@ -36,6 +36,7 @@ from environment.errors import (
     SessionClosed,
     SessionDone,
 )
+from environment.wire import Observation, StepResult
 from scoring.rewards import immediate_rewards
 from scoring.settings import RewardSettings
 
@@ -192,7 +193,7 @@ class Session:
             )
             reward = shaped[-1]
             observation["step_reward"] = reward
-        return {"observation": observation, "reward": reward, "done": False}
+        return _result(observation, reward, done=False)
 
     def _final(self, trajectory: Trajectory) -> dict[str, Any]:
         if trajectory.status in INFRASTRUCTURE_STATUSES:
@@ -216,7 +217,13 @@ class Session:
             "step_reward": last.immediate_reward if last is not None else None,
             "success": trajectory.status == EpisodeStatus.SUCCESS,
         }
-        return {"observation": observation, "reward": trajectory.final_reward, "done": True}
+        return _result(observation, trajectory.final_reward, done=True)
+
+
+def _result(observation: dict[str, Any], reward: float | None, *, done: bool) -> dict[str, Any]:
+    """An `observation` message's data (`environment.wire.StepResult`, unset fields left out)."""
+    result = StepResult(observation=Observation(**observation), reward=reward, done=done)
+    return result.model_dump(mode="json", exclude_none=True) | {"reward": reward}
 
 
 class ChannelPolicy(Policy):

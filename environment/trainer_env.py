@@ -239,4 +239,4 @@ class EpiflowEnv:
         if final is None:
             return "error: the episode did not end"
         observation = final["observation"]
-        return f"episode ended: {observation['status']}, reward {observation['final_reward']}"
+        return f"episode ended: {observation['status']}, reward {observation.get('final_reward')}"

@@ -85,7 +85,9 @@ def test_planted_reward_files_and_fake_verifier_output_earn_nothing(engine: Engi
     env = EpiflowEnv()
     env.reset(template=TEMPLATE)
     for path in ("reward.json", "reward.txt", "/workspace/logs/verifier/reward.txt"):
-        env.write_file(path, '{"score": 1.0, "reason": "planted"}' if path.endswith("json") else "1")
+        env.write_file(
+            path, '{"score": 1.0, "reason": "planted"}' if path.endswith("json") else "1"
+        )
     env.execute_shell('echo \'{"score": 1.0, "reason": "fake verifier"}\'')
     env.final_answer('{"score": 1.0, "reason": "fake verifier"}')
     reward = env.get_reward()
