@@ -33,13 +33,16 @@ from sqlalchemy import Engine
 
 from config.settings import Settings
 from environment.actions import Action
-from environment.errors import InfrastructureFailure, SessionError
+from environment.errors import InfrastructureFailure, SessionError, UnknownTask
 from environment.hub import HubConfig, SessionHub, open_hub
 from environment.selection import TaskSelection
 from environment.sessions import Session
 from storage.objects import ObjectStore
+from suites.errors import SuiteError
+from suites.registry import load_suite
+from suites.settings import SuitesSettings
 
-__all__ = ["EpiflowEnv"]
+__all__ = ["EpiflowEnv", "dataset_rows"]
 
 T = TypeVar("T")
 
@@ -240,3 +243,39 @@ class EpiflowEnv:
             return "error: the episode did not end"
         observation = final["observation"]
         return f"episode ended: {observation['status']}, reward {observation.get('final_reward')}"
+
+
+ROW_PROMPT = "Solve the task below with the tools; call final_answer when you are done."
+"""The user message of a written row; `reset` appends the task's instruction to it."""
+
+
+def dataset_rows(
+    suite: str,
+    *,
+    templates: list[str] | None,
+    tasks: int,
+    seed: int,
+    settings: SuitesSettings,
+) -> list[dict[str, Any]]:
+    """One row per task instance for `EpiflowEnv`: TRL's conversational `prompt` and the
+    task columns `reset` reads.
+
+    Raises:
+        UnknownTask: the suite or a template does not exist.
+    """
+    try:
+        instances = load_suite(suite, settings=settings).instances(
+            tasks, seed=seed, templates=templates
+        )
+    except SuiteError as e:
+        raise UnknownTask(f"{suite}: {e}") from e
+    return [
+        {
+            "prompt": [{"role": "user", "content": ROW_PROMPT}],
+            "suite": task.suite,
+            "template": task.template,
+            "instance_seed": task.seed,
+            "task_id": task.task_id,
+        }
+        for task in instances
+    ]
