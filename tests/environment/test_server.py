@@ -192,6 +192,15 @@ def test_a_client_leaving_mid_step_and_one_never_sending_leave_no_jail(served: S
     assert "disconnected mid-step" in (statuses[0][1] or "")
 
 
+async def _refused_then_served(url: str, headers: dict[str, str]) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(url):
+            pass
+    assert refused.value.response.status_code == 401
+    async with connect(url, additional_headers=headers) as ws:
+        assert (await _ask(ws, {"type": "reset", "data": {}}))["type"] == "observation"
+
+
 def test_a_token_guards_every_request_but_health(tmp_path: Path) -> None:
     for served in _serve(tmp_path, token=TOKEN):
         assert httpx.get(f"{served.http}/metadata").status_code == 401
@@ -199,13 +208,5 @@ def test_a_token_guards_every_request_but_health(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         assert httpx.get(f"{served.http}/metadata", headers=headers).status_code == 200
 
-        async def main() -> None:
-            with pytest.raises(InvalidStatus) as refused:
-                async with connect(served.ws):
-                    pass
-            assert refused.value.response.status_code == 401
-            async with connect(served.ws, additional_headers=headers) as ws:
-                assert (await _ask(ws, {"type": "reset", "data": {}}))["type"] == "observation"
-
-        asyncio.run(main())
+        asyncio.run(_refused_then_served(served.ws, headers))
         assert len(served.statuses()) == 0  # the refused client touched nothing; the other is open

@@ -15,6 +15,7 @@ from config.settings import load_settings
 from environment.actions import Action
 from environment.errors import (
     CapacityReached,
+    InfrastructureFailure,
     SessionClosed,
     SessionDone,
     UnknownTask,
@@ -181,3 +182,23 @@ def test_an_idle_session_is_closed_and_stored(engine: Engine, tmp_path: Path) ->
     with engine.connect() as conn:
         status, reason = conn.execute(text("SELECT status, failure_reason FROM episode")).one()
     assert status == "policy_error" and "no message from the client" in reason
+
+
+def test_an_infrastructure_failure_is_an_error_never_a_reward(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A jail that cannot start (its state dir is one nsjail cannot mount: pytest's 0700
+    tmp) ends the episode env_error: the client gets `infrastructure`, no reward."""
+    locked = tmp_path / "locked-state"
+    locked.mkdir(mode=0o700)
+    monkeypatch.setenv("EPIFLOW_SANDBOX_STATE_DIR", str(locked))
+
+    async def main() -> None:
+        async with _hub(engine, tmp_path, templates=[TEMPLATE]) as hub:
+            with pytest.raises(InfrastructureFailure, match="env_error"):
+                await hub.reset(TaskSelection(template=TEMPLATE))
+
+    asyncio.run(main())
+    with engine.connect() as conn:
+        status, reward = conn.execute(text("SELECT status, final_reward FROM episode")).one()
+    assert status == "env_error" and reward is None
