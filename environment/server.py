@@ -47,6 +47,7 @@ from typing import Any
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import Engine
+from starlette.types import Message
 from starlette.websockets import WebSocketDisconnect
 
 from config.settings import Settings
@@ -192,7 +193,7 @@ class _Connection:
         self.websocket = websocket
         self.hub = hub
         self.session: Session | None = None
-        self._incoming: asyncio.Task[dict[str, Any]] | None = None
+        self._incoming: asyncio.Future[Message] | None = None
 
     async def serve(self) -> None:
         try:
@@ -221,7 +222,7 @@ class _Connection:
                 # Shielded: the session's episode is stored whatever stops this handler.
                 await asyncio.shield(self.hub.close(self.session, "the client disconnected"))
 
-    async def _receive(self, *, within_s: float | None) -> dict[str, Any] | None:
+    async def _receive(self, *, within_s: float | None) -> Message | None:
         if self._incoming is None:
             self._incoming = asyncio.ensure_future(self.websocket.receive())
         done, _ = await asyncio.wait({self._incoming}, timeout=within_s)
@@ -273,7 +274,8 @@ class _Connection:
         # session now (the loop gets no next action) instead of at the idle deadline.
         if self._incoming is None:
             self._incoming = asyncio.ensure_future(self.websocket.receive())
-        await asyncio.wait({stepping, self._incoming}, return_when=asyncio.FIRST_COMPLETED)
+        watched: set[asyncio.Future[Any]] = {stepping, self._incoming}
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         if not stepping.done() and self._incoming.done():
             received = self._incoming.result()
             if received["type"] == "websocket.disconnect":

@@ -37,7 +37,7 @@ from environment.errors import (
     SessionDone,
 )
 from environment.wire import Observation, StepResult
-from scoring.rewards import immediate_rewards
+from scoring.rewards import step_rewards
 from scoring.settings import RewardSettings
 
 __all__ = ["ChannelPolicy", "Session", "Turn"]
@@ -88,7 +88,8 @@ class Session:
         """
         if self.closed is not None:
             raise SessionAborted(f"the session was closed: {self.closed}")
-        action = self._action = asyncio.get_running_loop().create_future()
+        action: asyncio.Future[PolicyResponse] = asyncio.get_running_loop().create_future()
+        self._action = action
         if not self._turn.done():
             self._turn.set_result(request)
         try:
@@ -188,10 +189,7 @@ class Session:
             observation["tool"] = step.tool
             observation["exit_code"] = step.exit_code
             observation["parse_error"] = step.parse_error
-            shaped = immediate_rewards(
-                Trajectory.model_construct(steps=list(turn.steps)), self.rewards
-            )
-            reward = shaped[-1]
+            reward = step_rewards(turn.steps, self.rewards)[-1]
             observation["step_reward"] = reward
         return _result(observation, reward, done=False)
 

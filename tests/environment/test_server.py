@@ -55,8 +55,9 @@ class Served:
 def _serve(tmp_path: Path, *, token: str | None, **config: Any) -> Iterator[Served]:
     engine = make_engine(DatabaseSettings(url=f"sqlite:///{tmp_path / 'env.db'}"))
     migrate.upgrade(engine)
+    config.setdefault("templates", [TEMPLATE])
     app = make_app(
-        HubConfig(run_key="served", templates=[TEMPLATE], **config),
+        HubConfig(run_key="served", **config),
         load_settings(),
         token=token,
         engine=engine,

@@ -4,9 +4,11 @@ unchanged. Each session is a stored episode of the hub's one collection run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -39,9 +41,11 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
-def _hub(engine: Engine, tmp_path: Path, **config: object):  # type: ignore[no-untyped-def]
+def _hub(
+    engine: Engine, tmp_path: Path, **config: Any
+) -> contextlib.AbstractAsyncContextManager[SessionHub]:
     return open_hub(
-        HubConfig(run_key=str(config.pop("run_key", "env-test")), **config),  # type: ignore[arg-type]
+        HubConfig(run_key=str(config.pop("run_key", "env-test")), **config),
         load_settings(),
         engine=engine,
         store=LocalObjectStore(tmp_path / "objects"),
@@ -130,7 +134,8 @@ def test_tokens_sent_with_a_step_are_stored(engine: Engine, tmp_path: Path) -> N
                     logprobs=[-0.5, -0.25],
                 ),
             )
-            return session.episode_id
+            episode: uuid.UUID = session.episode_id
+            return episode
 
     stored = load_trajectory(engine, store, asyncio.run(main()))
     assert stored.status.value == "failed"  # a wrong final answer is the agent's outcome
@@ -202,3 +207,29 @@ def test_an_infrastructure_failure_is_an_error_never_a_reward(
     with engine.connect() as conn:
         status, reward = conn.execute(text("SELECT status, final_reward FROM episode")).one()
     assert status == "env_error" and reward is None
+
+
+def test_two_servers_share_one_database_as_two_runs(engine: Engine, tmp_path: Path) -> None:
+    """The production shape in small: several servers on one database and object store,
+    each its own run key (the lock is per key), each session stored once."""
+
+    async def main() -> list[tuple[uuid.UUID, dict[str, Any]]]:
+        async with (
+            _hub(engine, tmp_path, run_key="machine-a", templates=[TEMPLATE]) as a,
+            _hub(engine, tmp_path, run_key="machine-b", templates=[TEMPLATE]) as b,
+        ):
+            return list(await asyncio.gather(_oracle(a), _oracle(b)))
+
+    results = asyncio.run(main())
+    assert all(final["observation"]["success"] for _, final in results)
+    with engine.connect() as conn:
+        runs = conn.execute(
+            text(
+                "SELECT r.run_key, r.status, count(e.id) FROM collection_run r "
+                "JOIN episode e ON e.run_id = r.id GROUP BY r.run_key, r.status ORDER BY 1"
+            )
+        ).all()
+    assert [tuple(r) for r in runs] == [
+        ("machine-a", "completed", 1),
+        ("machine-b", "completed", 1),
+    ]

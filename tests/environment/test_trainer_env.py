@@ -4,12 +4,12 @@ SQLite; each rollout is a stored episode and `get_reward` is the stored final re
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
-from transformers.utils import get_json_schema
+from transformers.utils.chat_template_utils import get_json_schema
 
 from config.settings import load_settings
 from environment.hub import HubConfig
@@ -19,6 +19,7 @@ from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
 from suites.registry import load_suite
+from tasks.types import TaskInstance
 
 TEMPLATE = "csv_to_json"
 
@@ -50,7 +51,7 @@ def test_tools_are_what_trl_offers_the_model() -> None:
     assert tools["write_file"]["function"]["parameters"]["required"] == ["path", "content"]
 
 
-def _reference(instance_seed: int = 0):  # type: ignore[no-untyped-def]
+def _reference(instance_seed: int = 0) -> TaskInstance:
     return load_suite("builtin").generate(TEMPLATE, instance_seed)
 
 
@@ -59,7 +60,7 @@ def test_a_rollout_is_stored_and_its_reward_is_the_stored_one(engine: Engine) ->
     env = EpiflowEnv()
     instruction = env.reset(prompt=[{"role": "user", "content": "go"}], template=TEMPLATE)
     assert instruction == task.prompt
-    tool_methods = {
+    tool_methods: dict[str, Callable[..., str]] = {
         "execute_shell": env.execute_shell,
         "read_file": env.read_file,
         "write_file": env.write_file,
