@@ -25,6 +25,7 @@ GROUPS: dict[str, str] = {
     "protocol": "cli.protocol",
     "sandbox": "cli.sandbox",
     "models": "cli.models",
+    "env": "cli.env",
 }
 """Command groups (a module's own `app`), by name."""
 # A command imports only its own module (`epiflow protocol parse` never imports the

@@ -16,7 +16,7 @@ import inspect
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -66,7 +66,7 @@ def outbox_capacity(request: CollectRequest) -> int:
 
 async def run_episodes(
     collection: Collection,
-    episodes: Sequence[PlannedEpisode],
+    episodes: Sequence[PlannedEpisode] | AsyncIterator[PlannedEpisode],
     *,
     on_episode: Callable[[Trajectory], None] | None = None,
     on_persisted: Callable[[PersistedGroup], Awaitable[None] | None] | None = None,
@@ -89,7 +89,11 @@ async def run_episodes(
     A crash (SIGKILL) loses at most the episodes in flight, waiting in the outbox and
     being written; when the run is cancelled (Ctrl-C, the UI) or an episode or a write
     raises, every finished episode is persisted (the group being written completes)
-    before the error propagates."""
+    before the error propagates.
+
+    `episodes` may also be an async stream of planned episodes (environment sessions,
+    planned as clients arrive): `concurrency` workers take the next one as it comes, and
+    the run ends when the stream does."""
     request = collection.request
     settings = collection.settings
     acting = policy if policy is not None else collection.policy
@@ -99,7 +103,15 @@ async def run_episodes(
         capacity=outbox_capacity(request),
         flush_interval_s=flush_interval_s,
     )
-    pending = iter(episodes)
+    # A sequence's length bounds the jails and workers; a stream's is unknown.
+    total = len(episodes) if isinstance(episodes, Sequence) else None
+    source = episodes if isinstance(episodes, AsyncIterator) else _planned(episodes)
+    taking = asyncio.Lock()  # one reader of the source at a time (an async generator's rule)
+
+    async def take() -> PlannedEpisode | None:
+        async with taking:
+            return await anext(source, None)
+
     writing: asyncio.Task[None] | None = None
     # Rows built where each episode finishes, so the one persister only copies them.
     prepared: dict[uuid.UUID, EpisodeRows] = {}
@@ -162,7 +174,7 @@ async def run_episodes(
         await outbox.put(trajectory)
 
     async def worker() -> None:
-        for p in pending:  # one shared iterator: each worker takes the next planned episode
+        while (p := await take()) is not None:  # each worker takes the next planned episode
             if collection.outage.tripped:
                 return  # the endpoint is down: the rest stays unstored for the re-run
             await one(p)
@@ -183,14 +195,13 @@ async def run_episodes(
                 request.sandbox_spec,
                 concurrency=request.concurrency,
                 settings=settings.sandbox,
-                episodes=len(episodes),
+                episodes=total,
             ) as pool,
             asyncio.TaskGroup() as group,
         ):
             storing = group.create_task(persister())
-            workers = [
-                group.create_task(worker()) for _ in range(min(request.concurrency, len(episodes)))
-            ]
+            count = request.concurrency if total is None else min(request.concurrency, total)
+            workers = [group.create_task(worker()) for _ in range(count)]
             if workers:
                 await asyncio.wait(workers)
             outbox.close()
@@ -216,6 +227,11 @@ async def run_episodes(
         while batch := outbox.take():
             await write(batch)
     return report
+
+
+async def _planned(episodes: Sequence[PlannedEpisode]) -> AsyncIterator[PlannedEpisode]:
+    for planned in episodes:
+        yield planned
 
 
 def fault_seed(episode_id: uuid.UUID) -> int:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Step, Trajectory
 from scoring.calls import call_target, is_format_error, repeated_call_steps
 from scoring.settings import RewardSettings
 
@@ -39,6 +39,7 @@ __all__ = [
     "discounted_returns",
     "final_reward",
     "immediate_rewards",
+    "step_rewards",
 ]
 
 
@@ -57,11 +58,17 @@ class RewardBreakdown(BaseModel):
 
 def immediate_rewards(trajectory: Trajectory, settings: RewardSettings) -> list[float]:
     """The shaping reward of each step, clipped to ±max_step_fraction × final scale."""
-    repeated = set(repeated_call_steps(trajectory.steps))
+    return step_rewards(trajectory.steps, settings)
+
+
+def step_rewards(steps: Sequence[Step], settings: RewardSettings) -> list[float]:
+    """`immediate_rewards` over the steps so far (a step's reward depends only on it and
+    the steps before it, so an episode still running gets its final values)."""
+    repeated = set(repeated_call_steps(steps))
     seen_targets: set[str] = set()
     cap = settings.max_step_fraction * settings.final_scale
     rewards: list[float] = []
-    for step in trajectory.steps:
+    for step in steps:
         r = settings.format_error_penalty if is_format_error(step) else settings.format_ok_reward
         if step.index in repeated:
             r += settings.repeated_call_penalty
