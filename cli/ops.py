@@ -169,7 +169,8 @@ def evaluate(
 
 
 def serve() -> None:
-    """Serve the deployments (nightly-collect, qc-gate, train, evaluate, shard) in this process.
+    """Serve the deployments (nightly-collect, nightly-champion, qc-gate, train, evaluate, shard)
+    in this process.
 
     They appear in the Prefect UI with their schedules; runs execute here, no work pool
     needed. First sets up epiflow's automations (`epiflow prefect setup`): crashed runs
