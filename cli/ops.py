@@ -134,9 +134,19 @@ def evaluate(
         str | None, typer.Option(help="Comma-separated templates (default: all).")
     ] = None,
     max_steps: Annotated[int, typer.Option(min=1, help="Turns per episode.")] = 8,
+    promote: Annotated[
+        str | None,
+        typer.Option(
+            "--promote",
+            metavar="ALIAS",
+            help="Compare with ALIAS's champion (the base while it is unset) and promote the "
+            "checkpoint when the promotion rule says so.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a checkpoint as a policy on held-out tasks in real sandboxes (the `evaluate` flow)."""
+    """Run a checkpoint as a policy on held-out tasks in real sandboxes (the `evaluate` flow);
+    with `--promote ALIAS`, then decide its promotion and print the decision's line."""
     import asyncio
 
     _prefect()
@@ -145,14 +155,22 @@ def evaluate(
     chosen = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     result = asyncio.run(
         evaluate_flow(
-            checkpoint=checkpoint, instances=instances, templates=chosen, max_steps=max_steps
+            checkpoint=checkpoint,
+            instances=instances,
+            templates=chosen,
+            max_steps=max_steps,
+            promote_alias=promote,
         )
     )
-    _print(result, ("completion_rate", "avg_steps", "tool_failure_rate"), as_json)
+    keys = ("completion_rate", "avg_steps", "tool_failure_rate")
+    _print(result, keys + (("promotion",) if promote and as_json else ()), as_json)
+    if result.promotion is not None and not as_json:
+        typer.echo(result.promotion.line())
 
 
 def serve() -> None:
-    """Serve the deployments (nightly-collect, qc-gate, train, evaluate, shard) in this process.
+    """Serve the deployments (nightly-collect, nightly-champion, qc-gate, train, evaluate, shard)
+    in this process.
 
     They appear in the Prefect UI with their schedules; runs execute here, no work pool
     needed. First sets up epiflow's automations (`epiflow prefect setup`): crashed runs

@@ -11,6 +11,13 @@ for the last one), `finish-run` (how the run ended, totals from SQL) and `publis
 (two artifacts). With `gate`, the `qc-gate` flow follows as a
 subflow.
 
+A request may name its policy by model alias (`hf:alias/champion`: the collection runs the
+checkpoint the alias points at when it opens, and labels its episodes with it). With
+`alias_fallback`, an alias not set yet is no error: `champion-policy` collects with the
+newest base model instead, else with the fallback spec, and logs which
+(`training.champion.champion_policy`); the run key stays the alias's, so a night is one
+key whoever collected it. The nightly champion deployment runs so (`flows.deployments`).
+
 One run key, one collection at a time: the collection holds the key's lock
 (`storage.run_lock`) while it is open, a shard its shard's lock, so a second run of a
 key that is running fails at once with `RunKeyBusy`. The lock dies with its process, so
@@ -385,6 +392,24 @@ async def publish_summary(collection: Collection) -> None:
     )
 
 
+@task(name="champion-policy", cache_policy=NONE, retries=1, retry_delay_seconds=2)
+async def champion_policy_task(
+    settings: Settings, request: CollectRequest, fallback: str
+) -> CollectRequest:
+    """The request with the policy it collects with tonight: its alias when set, else the
+    base model or `fallback` (`training.champion.champion_policy`), with a log line."""
+    from storage.db import make_engine
+    from training.champion import champion_policy
+
+    engine = make_engine(settings.database)
+    try:
+        chosen = await asyncio.to_thread(champion_policy, engine, request.policy, fallback=fallback)
+    finally:
+        engine.dispose()
+    get_run_logger().info("champion-policy: %s", chosen.line)
+    return CollectRequest.model_validate({**request.model_dump(), "policy": chosen.spec})
+
+
 @flow(name="collect-episodes", flow_run_name=_flow_run_name, log_prints=False, persist_result=False)
 async def collect_episodes(
     request: CollectRequest,
@@ -392,6 +417,7 @@ async def collect_episodes(
     shard_deployment: str | None = None,
     gate: bool = False,
     gate_options: GateOptions = GateOptions(),  # noqa: B008 - frozen, shown in the form
+    alias_fallback: str | None = None,
 ) -> CollectFlowResult:
     """Collect `request.tasks` instances × `request.rollouts` of every template of the suite.
 
@@ -403,6 +429,10 @@ async def collect_episodes(
             back from SQL.
         gate: Run the `qc-gate` flow on the result as a subflow (the nightly chain).
         gate_options: How the gate judges and when it trains (threshold, trigger, steps).
+        alias_fallback: When `request.policy` names a model alias (`hf:alias/champion`)
+            that is not set yet (the first night), collect with the newest base model,
+            else with this policy spec (e.g. `scripted:noisy`); empty: an unset alias is
+            the request's error.
     """
     route_library_logs()
     # A deterministic error (unknown suite, template or policy) fails this attempt once.
@@ -416,7 +446,9 @@ async def collect_episodes(
             if closed := await close_killed_attempts(context.flow_run):
                 get_run_logger().info("%d task run(s) of a killed attempt set Crashed", closed)
         settings = load_settings()
-        request = request.keyed(run_key_for(request))
+        request = request.keyed(run_key_for(request))  # the alias's key, whoever collects
+        if alias_fallback is not None:
+            request = await champion_policy_task(settings, request, alias_fallback)
         async with open_collection(request, settings, planner=plan_task) as collection:
             if shards > 1 and shard_deployment:
                 result = await fan_out(collection, shards=shards, deployment=shard_deployment)

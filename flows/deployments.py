@@ -16,6 +16,15 @@ Entrypoints are module paths (`flows.collect.collect_episodes`) and `prefect.yam
 pull step: a worker imports the installed epiflow package, wherever its working directory
 is, and nothing is frozen at deploy time. Parameters that name another deployment (the
 gate's training trigger, the shards) name the same target's.
+
+Two nightly deployments share the schedule (each one night at a time): `nightly-collect`
+explores with the configured policy (`NIGHTLY_REQUEST`), `nightly-champion` collects the
+same request with the current champion (`hf:alias/champion`: on-policy rollouts of the
+best model so far; before the first promotion, the base model, else the exploration
+policy, with a log line saying so). Both are gated into the same training trigger window,
+and the training they trigger is evaluated against the champion and promoted when the
+rule says so (`evaluation.promote_alias`): train → evaluate → promote, and the next night
+collects with what won.
 """
 
 from __future__ import annotations
@@ -39,6 +48,16 @@ NIGHTLY_REQUEST: dict[str, Any] = {
     "faults": "light",
 }
 """What the nightly collection runs; override per run in the UI."""
+
+CHAMPION_ALIAS = "champion"
+"""The model alias the nightly chain promotes and the champion's night collects with."""
+
+NIGHTLY_CHAMPION_REQUEST: dict[str, Any] = {
+    **NIGHTLY_REQUEST,
+    "policy": f"hf:alias/{CHAMPION_ALIAS}",
+}
+"""What the champion's night runs: the nightly request (tasks, faults), played by the
+champion."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +115,19 @@ def _nightly_parameters(target: Target) -> dict[str, Any]:
         "request": dict(NIGHTLY_REQUEST),
         "shard_deployment": f"collect-shard/shard{target.suffix}",
         "gate": True,
-        "gate_options": {"train_deployment": f"train/train{target.suffix}"},
+        "gate_options": {
+            "train_deployment": f"train/train{target.suffix}",
+            # Every builtin template once (13 task pairs, the rule asks for 8).
+            "evaluation": {"instances": 1, "promote_alias": CHAMPION_ALIAS},
+        },
+    }
+
+
+def _nightly_champion_parameters(target: Target) -> dict[str, Any]:
+    return {
+        **_nightly_parameters(target),
+        "request": dict(NIGHTLY_CHAMPION_REQUEST),
+        "alias_fallback": NIGHTLY_REQUEST["policy"],
     }
 
 
@@ -117,6 +148,19 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         parameters=_nightly_parameters,
         cron=NIGHTLY_CRON,
         # One night at a time: a late or recovered night never runs beside the next.
+        concurrency_limit=1,
+    ),
+    DeploymentSpec(
+        name="nightly-champion",
+        entrypoint="flows.collect.nightly_collect_episodes",
+        description=(
+            "Nightly collection by the current champion (hf:alias/champion; the base model, "
+            "else the exploration policy, until a checkpoint is promoted), then the QC gate: "
+            "the on-policy half of the night."
+        ),
+        tags=("epiflow", "collect", RECOVER_TAG, NOTIFY_TAG),
+        parameters=_nightly_champion_parameters,
+        cron=NIGHTLY_CRON,
         concurrency_limit=1,
     ),
     DeploymentSpec(

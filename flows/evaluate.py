@@ -7,6 +7,14 @@ collection, never left `running`; a re-run resumes it), `evaluation-metrics` (co
 rate, average steps, tool-call failure rate) and `compare-checkpoints` (against the
 previous checkpoint on the same tasks, recorded on the checkpoint row). A markdown artifact
 shows the comparison.
+
+With `promote_alias`, the comparison is the alias's champion (read once, before anything
+runs; while the alias is unset, the base the checkpoint was trained from:
+`training.champion.comparison_for`), and a `promote` stage follows the two evaluations:
+the paired rule (`training.promotion`, thresholds as the `promotion` parameter) decides, the
+alias moves when it says so (a `model_alias_change` row with the figures), and the
+decision, promoted or kept, is stored with the checkpoint's evaluation, logged in one line
+and shown as the markdown artifact `promotion-<alias>` (one version per decision).
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.trajectory import Trajectory
 from config.settings import Settings, load_settings
 from core.scratch import scratch_dir
-from flows import route_library_logs
+from flows import artifact_key, route_library_logs
 from tasks.types import TaskInstance
+from training.champion import Comparison, PromotionOutcome
 from training.evaluation import EvaluationMetrics
+from training.promotion import PromotionRule
 
 METRICS = ("completion_rate", "avg_steps", "tool_failure_rate")
 
@@ -46,6 +56,11 @@ class EvaluationOptions(BaseModel):
     """Assistant turns per episode."""
     max_new_tokens: int = Field(default=256, ge=1)
     """Tokens the model may generate per turn."""
+    promote_alias: str | None = None
+    """Compare with this alias's champion and promote the checkpoint when the rule says
+    so (e.g. `champion`); empty: compare with the previous checkpoint, promote nothing."""
+    promotion: PromotionRule = PromotionRule()
+    """The promotion rule's thresholds (margin, alpha, tolerances, fewest task pairs)."""
 
 
 class EvaluationResult(BaseModel):
@@ -62,7 +77,8 @@ class EvaluationResult(BaseModel):
     n_episodes: int
     """Episodes run."""
     previous_checkpoint_id: uuid.UUID | None = None
-    """The checkpoint it is compared with, if any."""
+    """The checkpoint it is compared with, if any (with `promote_alias`: the champion, or
+    the base while the alias is unset)."""
     previous: dict[str, float] | None = None
     """That checkpoint's three metrics on the same tasks."""
     delta: dict[str, float] = Field(default_factory=dict)
@@ -71,6 +87,8 @@ class EvaluationResult(BaseModel):
     """Held-out task instances evaluated."""
     flow_run_id: str | None = None
     """The evaluate flow run (for links in the UI)."""
+    promotion: PromotionOutcome | None = None
+    """The promote stage's decision (with `promote_alias`): promoted or kept, and why."""
 
 
 @task(name="evaluation-episodes", cache_policy=NONE, retries=0)
@@ -145,8 +163,10 @@ async def compare_checkpoints(
     previous_id: uuid.UUID | None,
     previous_metrics: EvaluationMetrics | None,
     heldout_tasks: int,
+    promotion: PromotionOutcome | None = None,
 ) -> EvaluationResult:
-    """This checkpoint against the previous one; the result recorded on the checkpoint row."""
+    """This checkpoint against the previous one (or the champion); the result, with the
+    promotion decision, recorded on the checkpoint row."""
     from storage.db import make_engine
     from training.evaluation import compare_metrics
     from training.registry import record_evaluation
@@ -166,6 +186,7 @@ async def compare_checkpoints(
         delta=compare_metrics(metrics, previous_metrics),
         heldout_tasks=heldout_tasks,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
+        promotion=promotion,
     )
     engine = make_engine(settings.database)
     try:
@@ -181,6 +202,68 @@ async def compare_checkpoints(
         ", ".join(f"{k} {v:+.3f}" for k, v in result.delta.items()) or "no previous checkpoint",
     )
     return result
+
+
+@task(name="promote", cache_policy=NONE, retries=0)
+async def promote(
+    settings: Settings,
+    alias: str,
+    checkpoint_id: uuid.UUID,
+    episodes: list[Trajectory],
+    comparison: Comparison,
+    comparison_episodes: list[Trajectory],
+    rule: PromotionRule,
+) -> PromotionOutcome:
+    """Decide on the two evaluations (same held-out tasks) and move the alias when the rule
+    says so (`training.champion.promote_if_better`); the decision as a log line and the
+    `promotion-<alias>` markdown artifact."""
+    from storage.db import make_engine
+    from storage.objects import make_object_store
+    from training.champion import promote_if_better
+
+    engine = make_engine(settings.database)
+    try:
+        store = make_object_store(settings.objects)
+        outcome = await asyncio.to_thread(
+            lambda: promote_if_better(
+                engine,
+                store,
+                alias=alias,
+                challenger=checkpoint_id,
+                challenger_episodes=episodes,
+                comparison=comparison,
+                comparison_episodes=comparison_episodes,
+                rule=rule,
+                actor=f"evaluate flow run {flow_run.id}" if flow_run.id else "evaluate flow",
+            )
+        )
+    finally:
+        engine.dispose()
+    get_run_logger().info("promote: %s", outcome.line())
+    await acreate_markdown_artifact(
+        markdown=promotion_markdown(outcome),
+        key=artifact_key("promotion", alias),
+        description=f"Promotion decision on the alias {alias}",
+    )
+    return outcome
+
+
+def promotion_markdown(outcome: PromotionOutcome) -> str:
+    """The promote stage's decision as markdown: the verdict, the reason, every figure."""
+    verdict = "promoted" if outcome.promoted else "not promoted"
+    against = f"`{outcome.compared_with}`" if outcome.compared_with else "nothing"
+    lines = [
+        f"# `{outcome.alias}`: checkpoint `{outcome.challenger_id}` {verdict}",
+        "",
+        f"Compared with the {outcome.role} {against}"
+        + (f"; alias change {outcome.seq}." if outcome.seq is not None else "."),
+        "",
+        f"**Reason:** {outcome.reason}",
+    ]
+    if outcome.evidence:
+        lines += ["", "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in outcome.evidence.items()]
+    return "\n".join(lines) + "\n"
 
 
 def comparison_markdown(result: EvaluationResult) -> str:
@@ -203,6 +286,8 @@ def comparison_markdown(result: EvaluationResult) -> str:
             f"{'' if before is None else f'{before:.3f}'} | "
             f"{'' if delta is None else f'{delta:+.3f}'} |"
         )
+    if result.promotion is not None:
+        lines += ["", f"Promotion: {result.promotion.line()}"]
     return "\n".join(lines) + "\n"
 
 
@@ -220,6 +305,8 @@ async def evaluate(
     max_steps: int = 8,
     max_new_tokens: int = 256,
     compare_previous: bool = True,
+    promote_alias: str | None = None,
+    promotion: PromotionRule = PromotionRule(),  # noqa: B008 - frozen, shown in the form
 ) -> EvaluationResult:
     """Evaluate `checkpoint` on held-out instances (never trained on), against the previous
     checkpoint on the same tasks.
@@ -233,10 +320,14 @@ async def evaluate(
         max_new_tokens: Tokens the model may generate per turn.
         compare_previous: Also run the previous checkpoint (its parent, else the newest
             older one) on the same tasks and show the difference.
+        promote_alias: Compare with this alias's champion instead (the base it was trained
+            from while the alias is unset) and point the alias at this checkpoint when the
+            promotion rule says so.
+        promotion: The promotion rule's thresholds.
     """
     from storage.db import make_engine
     from suites.registry import load_suite
-    from training.registry import previous_checkpoint
+    from training.champion import comparison_for
 
     route_library_logs()
     options = EvaluationOptions(
@@ -245,6 +336,8 @@ async def evaluate(
         suite=suite,
         max_steps=max_steps,
         max_new_tokens=max_new_tokens,
+        promote_alias=promote_alias,
+        promotion=promotion,
     )
     settings = load_settings()
     checkpoint_id = uuid.UUID(checkpoint)
@@ -253,17 +346,36 @@ async def evaluate(
     )
     engine = make_engine(settings.database)
     try:
-        prev = previous_checkpoint(engine, checkpoint_id) if compare_previous else None
+        # Read before anything runs: a promotion is written only if the alias is unchanged.
+        comparison = (
+            comparison_for(engine, checkpoint_id, alias=promote_alias)
+            if compare_previous or promote_alias is not None
+            else None
+        )
     finally:
         engine.dispose()
+    prev = comparison.checkpoint_id if comparison is not None else None
+    prev = None if prev == checkpoint_id else prev  # already the champion: nothing to rerun
     episodes = await evaluation_episodes(settings, checkpoint_id, tasks, options)
     metrics = evaluation_metrics_task(episodes)
     previous_metrics = None
+    previous_episodes: list[Trajectory] = []
     if prev is not None:
         previous_episodes = await evaluation_episodes(settings, prev, tasks, options)
         previous_metrics = evaluation_metrics_task(previous_episodes)
+    decision = None
+    if promote_alias is not None and comparison is not None:
+        decision = await promote(
+            settings,
+            promote_alias,
+            checkpoint_id,
+            episodes,
+            comparison,
+            previous_episodes,
+            promotion,
+        )
     result = await compare_checkpoints(
-        settings, checkpoint_id, metrics, prev, previous_metrics, len(tasks)
+        settings, checkpoint_id, metrics, prev, previous_metrics, len(tasks), decision
     )
     await acreate_markdown_artifact(
         markdown=comparison_markdown(result),

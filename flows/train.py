@@ -410,7 +410,8 @@ async def train(
         recipe: `training.recipes` preset (`demo`, `loop`): model shape, prompt style,
             schedule and time budget; the arguments above still win.
         evaluation: Held-out evaluation of the new checkpoint against the previous one
-            afterwards (instances 0: none).
+            afterwards (instances 0: none); with `promote_alias`, against the alias's
+            champion, and promoted when the rule says so.
     """
     route_library_logs()
     if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
@@ -465,6 +466,8 @@ async def train(
                 templates=evaluation.templates,
                 max_steps=evaluation.max_steps,
                 max_new_tokens=evaluation.max_new_tokens,
+                promote_alias=evaluation.promote_alias,
+                promotion=evaluation.promotion,
             )
     await acreate_markdown_artifact(
         markdown=training_markdown(result),

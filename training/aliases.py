@@ -176,9 +176,16 @@ def point_alias(
 
 
 def rollback_alias(
-    engine: Engine, store: ObjectStore, alias: str, *, reason: str, actor: str
+    engine: Engine,
+    store: ObjectStore,
+    alias: str,
+    *,
+    reason: str,
+    actor: str,
+    evidence: dict[str, Any] | None = None,
 ) -> AliasTarget:
-    """Point `alias` back at the checkpoint it pointed at before its current one.
+    """Point `alias` back at the checkpoint it pointed at before its current one
+    (`evidence`: what decided it, e.g. a monitor's breach figures, stored with the change).
 
     Raises:
         RegistryError: the alias was never set, or has no earlier checkpoint.
@@ -200,7 +207,11 @@ def rollback_alias(
         checkpoint_id=current.previous_checkpoint_id,
         action="rollback",
         reason=reason,
-        evidence={"rolled_back_from": str(current.checkpoint_id), "from_seq": current.seq},
+        evidence={
+            **(evidence or {}),
+            "rolled_back_from": str(current.checkpoint_id),
+            "from_seq": current.seq,
+        },
         actor=actor,
     )
 

@@ -80,8 +80,28 @@ def test_entrypoints_are_importable_flows_with_the_schedule_where_expected() -> 
     active = {
         d["name"]: d["schedules"][0]["active"] for d in document["deployments"] if d["schedules"]
     }
-    # One active nightly schedule per route; the Kubernetes one is switched on by its operator.
-    assert active == {"nightly-collect-process": True, "nightly-collect-k8s": False}
+    # Two nightly schedules per route (exploration and the champion), active on the process
+    # pool; the Kubernetes ones are switched on by their operator.
+    assert active == {
+        "nightly-collect-process": True,
+        "nightly-champion-process": True,
+        "nightly-collect-k8s": False,
+        "nightly-champion-k8s": False,
+    }
+
+
+def test_the_champion_collects_beside_the_exploration_policy_and_the_chain_promotes() -> None:
+    """The champion's night is the exploration night's request played by `hf:alias/champion`
+    (falling back to the base model, else the exploration policy, while the alias is
+    unset), and both nights' triggered trainings are evaluated against the champion and
+    promoted by the rule."""
+    served = {d.name: d.parameters for d in runner_deployments()}
+    exploring, champion = served["nightly-collect"], served["nightly-champion"]
+    assert exploring["request"]["policy"] == "scripted:noisy"
+    assert champion["request"] == {**exploring["request"], "policy": "hf:alias/champion"}
+    assert champion["alias_fallback"] == "scripted:noisy" and "alias_fallback" not in exploring
+    for night in (exploring, champion):
+        assert night["gate_options"]["evaluation"]["promote_alias"] == "champion"
 
 
 def test_gate_and_shards_point_at_their_own_targets_deployments() -> None:
@@ -89,7 +109,7 @@ def test_gate_and_shards_point_at_their_own_targets_deployments() -> None:
     for entry in document["deployments"]:
         suffix = entry["work_pool"]["name"].removeprefix("epiflow")
         parameters = entry["parameters"]
-        if entry["name"].startswith("nightly-collect"):
+        if entry["name"].startswith(("nightly-collect", "nightly-champion")):
             assert parameters["shard_deployment"] == f"collect-shard/shard{suffix}"
             assert parameters["gate_options"]["train_deployment"] == f"train/train{suffix}"
         if entry["name"].startswith("qc-gate"):
