@@ -196,6 +196,7 @@ entry point (the gate's, training's): the variables they read are the known ones
 NON_SETTING_VARIABLES = frozenset(
     {
         "EPIFLOW_HOME",  # the root of default local paths (core/home.py)
+        "EPIFLOW_ENV_TOKEN",  # `epiflow env serve`'s bearer token (cli/env.py), a secret
         "EPIFLOW_PG_BIN",  # the tests' PostgreSQL binaries (tests/services/postgres.py)
         "EPIFLOW_REQUIRE_POSTGRES",  # the tests fail instead of skipping without PostgreSQL
         "EPIFLOW_SCREENSHOT_DIR",  # where the UI tests save their screenshots
