@@ -139,6 +139,7 @@ def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
     assert rollouts.counts.infrastructure_rollouts == 1
     assert rollouts.last is judged
     assert trainer.logged == {
+        "grpo/success_rate": 2 / 5,  # the infrastructure rollout aside
         "grpo/groups_used": 1.0,
         "grpo/groups_dropped_zero_variance": 1.0,
         "grpo/groups_dropped_infrastructure": 1.0,

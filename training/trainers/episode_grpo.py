@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.trajectory import Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, Trajectory
 from training.errors import TrainerError
 from training.groups import Group, GroupCounts, judge_group, zero_variance_warning
 from training.rollout_tokens import (
@@ -139,11 +139,19 @@ def episode_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
 
 def batch_metrics(judged: JudgedBatch) -> dict[str, float]:
     """What one generation batch's groups became, as TRL metrics (`grpo/…`, logged with
-    the step's loss and KL, so `on_metrics` and the progress lines see them)."""
+    the step's loss and KL, so `on_metrics` and the progress lines see them), and the
+    success rate of its rollouts that had an outcome (infrastructure ones aside)."""
     counts = GroupCounts()
     for group in judged.groups:
         counts.add(group)
+    outcomes = [
+        t.status is EpisodeStatus.SUCCESS
+        for group in judged.groups
+        for t in group.trajectories
+        if t.status not in INFRASTRUCTURE_STATUSES
+    ]
     return {
+        "grpo/success_rate": sum(outcomes) / len(outcomes) if outcomes else 0.0,
         "grpo/groups_used": counts.trained,
         "grpo/groups_dropped_zero_variance": counts.dropped_zero_variance,
         "grpo/groups_dropped_infrastructure": counts.dropped_infrastructure,
