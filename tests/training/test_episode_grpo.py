@@ -466,3 +466,87 @@ def test_the_default_rollout_policy_is_the_token_exact_hf_policy(
             assert step.prompt_token_ids and step.completion_token_ids
             assert len(step.logprobs or []) == len(step.completion_token_ids)
         token_rollout(t)  # raises unless every turn's prompt extends the previous one
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
+    tiny_base_model: Path, engine: Engine, store: LocalObjectStore, tmp_path: Path
+) -> None:
+    """What `epiflow train --algo grpo` runs (the train flow's `train` and
+    `register-checkpoint` stages): a grpo snapshot's tasks (the templates asked for) from a
+    registered checkpoint; the training run, its checkpoint (parent: the base), the
+    rollout run keyed by the training run, every rollout gated and recorded."""
+    from sqlmodel import Session
+
+    from agent.trajectory import episode_id_for
+    from collection.grpo_training import train_grpo_model
+    from models import TrainingRun
+    from sandbox.tool_specs import BUILTIN_TOOLS
+    from storage.episodes import persist_episodes
+    from training.pipeline import register_checkpoint
+    from training.registry import get_checkpoint, register_base_model
+    from training.snapshots import build_snapshot
+    from training.training_config import build_training_config
+
+    training = TrainingSettings(
+        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
+        batch_size=2, rollouts_per_task=2, max_completion_length=8,
+        prompt_style=PromptStyle.COMPACT, logging_steps=1,
+    )  # fmt: skip
+    real = load_suite("builtin").instances(1, templates=["dir_tree", "checksums"])
+    collected = []
+    for i, task in enumerate(real):
+        t = episode(task=i, template=task.template)
+        collected.append(
+            t.model_copy(
+                update={
+                    "task_id": task.task_id,
+                    "instance_seed": task.seed,
+                    "episode_id": episode_id_for(t.run_key, task.task_id, 0),
+                }
+            )
+        )
+    persist_episodes(engine, store, collected)
+    snapshot = build_snapshot(
+        engine, store, kind="grpo", run_ids=[run_id_for("train-run")], prompt_style="compact"
+    )
+    config = build_training_config(
+        tiny_base_model, tools=list(BUILTIN_TOOLS.values()), settings=training
+    )
+    base = register_base_model(engine, store, tiny_base_model, config=config)
+    settings = dataclasses.replace(
+        load_settings(),
+        loop=LoopSettings(max_steps=2, max_consecutive_parse_failures=2),
+        policy=PolicySettings(outage_episodes=0),
+    )
+
+    trained = train_grpo_model(
+        engine,
+        store,
+        dataset_id=snapshot.id,
+        work_dir=tmp_path / "work",
+        training=training,
+        settings=settings,
+        qc_config=load_qc_config(),
+        base_checkpoint_id=base,
+        templates=["dir_tree"],
+        concurrency=2,
+    )
+    outcome = register_checkpoint(engine, store, trained, settings=training)
+
+    checkpoint = get_checkpoint(engine, outcome.checkpoint_id)
+    assert checkpoint.parent_checkpoint_id == base
+    assert checkpoint.training_run_id == trained.training_run_id
+    with Session(engine) as session:
+        row = session.get(TrainingRun, trained.training_run_id)
+        assert row is not None and row.status == "completed" and row.algo == "grpo"
+        assert row.dataset_id == snapshot.id and row.config["rollouts"] == "episodes"
+    run_id = run_id_for(rollout_run_key(str(trained.training_run_id)))
+    assert run_status(engine, run_id) == "completed"
+    stored = run_trajectories(engine, store, run_id)
+    assert len(stored) == 2 and {t.template for t in stored} == {"dir_tree"}
+    rows = grpo_rollouts_of_run(engine, run_id)
+    assert [r.training_run_id for r in rows] == [trained.training_run_id] * 2
+    assert trained.result.steps == 1
+    assert trained.result.metrics["grpo_run/rollouts_generated"] == 2.0
