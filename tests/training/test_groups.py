@@ -45,7 +45,8 @@ def test_a_mixed_group_is_trained_on_its_stored_rewards() -> None:
     assert list(group.rewards) == stored
     assert group.advantages is not None
     assert group.advantages == pytest.approx(group_advantages([r or 0.0 for r in stored]))
-    assert group.advantages[0] > 0 > group.advantages[1]
+    first, second = group.advantages[0], group.advantages[1]
+    assert first is not None and second is not None and first > 0 > second
 
 
 @pytest.mark.parametrize(
