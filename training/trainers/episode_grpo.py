@@ -15,14 +15,16 @@ passed in) and turns each generation batch into TRL's rollout:
 3. The source gates the batch (`RolloutSource.admit`: the online QC gate, its verdicts
    stored like any gate's); an episode it discards is not trained on, and its group is
    re-judged without it (`training.groups`).
-   `training.groups.judge_group` decides each group's fate and advantages;
+4. `training.groups.judge_group` decides each group's fate and advantages;
    `training.rollout_tokens.token_rollout` turns each trained episode into prompt ids,
-   completion ids, `env_mask` and logprobs (a dropped group's slots get a one-token
-   rollout with nothing trained, and so does a discarded episode's); the source records group, policy version, advantage and
-   fate with each episode (`RolloutSource.record`), before the optimiser step.
+   completion ids, `env_mask` and logprobs (a dropped group's slots, and a discarded
+   episode's, get a one-token rollout with nothing trained); the source records group,
+   policy version, advantage and fate with each episode (`RolloutSource.record`), before
+   the optimiser step.
 5. TRL's reward function reads the episode's reward from the rollout (`episode_reward`,
-   None for a dropped group's or a discarded episode's slot: TRL then gives it advantage 0
-   and keeps it out of the group baseline); TRL normalises within each group exactly as `training.groups` did.
+   None for a dropped group's or a discarded episode's slot: TRL then gives it advantage
+   0 and keeps it out of the group baseline); TRL normalises within each group exactly as
+   `training.groups` did.
 
 Why TRL's hook and not a hand-written loss: the clipped objective, the KL to a frozen
 reference, the loss normalisation over the batch's tokens, the logging and the trainer's
