@@ -60,7 +60,13 @@ def qc(
 
 
 def train(
-    algo: Annotated[str, typer.Option(help="sft, dpo, kto or grpo.")] = "sft",
+    algo: Annotated[
+        str,
+        typer.Option(
+            help="sft, dpo, kto or grpo (online RL over whole episodes in the sandbox, on "
+            "the tasks of a grpo snapshot: --from-run builds one)."
+        ),
+    ] = "sft",
     dataset: Annotated[str | None, typer.Option(help="Snapshot (dataset) id to train on.")] = None,
     from_run: Annotated[
         str | None, typer.Option(help="Build the snapshot from this run (key or id).")
@@ -78,6 +84,10 @@ def train(
     ] = None,
     max_steps: Annotated[
         int | None, typer.Option(min=1, help="Optimizer steps (default from settings).")
+    ] = None,
+    templates: Annotated[
+        str | None,
+        typer.Option(help="grpo: comma-separated templates of the snapshot's tasks to train on."),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -103,6 +113,9 @@ def train(
                 qc_run=None if not qc_run else qc_run[0] if len(qc_run) == 1 else qc_run,
                 base_checkpoint=base_checkpoint,
                 max_steps=max_steps,
+                templates=[t.strip() for t in templates.split(",") if t.strip()]
+                if templates
+                else None,
             )
         )
     except Interrupted as stop:

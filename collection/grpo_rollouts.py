@@ -17,8 +17,17 @@ protocol v1, tools, limits, fault profile and verifier as any collection, reward
 `scoring.rewards.apply_rewards`, every episode stored as it finishes (trajectory object
 with its token ids and logprobs, `episode` and `step` rows). Rollout indices count up per
 task over the whole training run, so every rollout is an episode of its own (its policy
-seed is its rollout index). After the trainer judged the batch, `record` writes each
-episode's `grpo_rollout` row (group, policy version, reward, advantage, fate).
+seed is its rollout index). Then `admit` runs the online QC gate over the batch
+(`expectations.gate.run_gate`: the rule judge, the episode and batch suites, the
+re-encoding drift measured with the trainer's tokenizer) and stores its verdicts like any
+gate's: one `qc_run` per batch on the rollout collection run, a `qc_result` and a
+`judgement` per episode; the episodes it discards are not trained on
+(`training.groups`). After the trainer judged the batch, `record` writes each episode's
+`grpo_rollout` row (group, policy version, reward, advantage, fate).
+
+The online gate evaluates the suites with the `polars` engine by default: the same suite
+files and verdicts as Great Expectations (the gate's reference evaluation), without
+building a GX context for every optimiser step; `gate_engine="gx"` uses GX.
 
 The policy of a batch is built from the trainer's current model by `make_policy`
 (default: `agent.policies.hf.HFPolicy.from_loaded` over the trainer's model, sampling,
@@ -41,20 +50,28 @@ from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from agent.policies.base import Policy
 from agent.prompt import PromptStyle
-from agent.trajectory import Trajectory, episode_id_for
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory, episode_id_for, utcnow
 from collection.errors import CollectError
 from collection.lifecycle import Collection, Executed, open_collection
 from collection.plan import Plan, PlannedEpisode, Shard
 from collection.request import CollectRequest
 from collection.runner import run_episodes
 from config.settings import Settings
+from core.errors import reason_line
+from expectations.gate import GateEngine, run_gate
+from expectations.settings import QcConfig
 from models import GrpoRollout
 from sandbox.spec import SandboxSpec
+from scoring.quality import Verdict
+from scoring.rule_judge import rule_judgement
+from storage.errors import IngestError
 from storage.grpo_rollouts import record_grpo_rollouts
 from storage.objects import ObjectStore
+from storage.qc import write_qc_run
 from tasks.types import TaskInstance
 from training.rollout_tokens import TokenRollout
 from training.trainers.episode_grpo import JudgedBatch, RolloutBatch
@@ -122,12 +139,18 @@ class CollectionRolloutSource:
         tasks: Mapping[str, TaskInstance],
         *,
         make_policy: PolicyFactory,
+        qc_config: QcConfig,
+        gate_engine: GateEngine = "polars",
         training_run_id: uuid.UUID | None = None,
     ) -> None:
         self.collection = collection
         self.tasks = dict(tasks)
         self.make_policy = make_policy
+        self.qc_config = qc_config
+        self.gate_engine: GateEngine = gate_engine
         self.training_run_id = training_run_id
+        self.gates: list[uuid.UUID] = []
+        """The `qc_run` of each batch, in order."""
         self.next_rollout: dict[str, int] = {}
         self.generated = 0
         """Episodes run so far."""
@@ -184,6 +207,45 @@ class CollectionRolloutSource:
         ordered = [finished[p.episode_id] for p in planned]
         return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
+    def admit(self, batch: RolloutBatch, groups: list[list[Trajectory]]) -> frozenset[uuid.UUID]:
+        """The online QC gate over the batch's episodes (see the module): its verdicts
+        stored as one `qc_run` of the rollout run; returns the ids it discarded.
+
+        Raises:
+            SuiteError, SuiteExecutionError: the gate's suites are missing or broke.
+            IngestError: the verdicts could not be written (nothing of them was).
+        """
+        started = utcnow()
+        episodes = [t for group in groups for t in group]
+        rules = [rule_judgement(t, self.qc_config.judge) for t in episodes]
+        report = run_gate(
+            episodes,
+            config=self.qc_config,
+            rule_judgements=rules,
+            engine=self.gate_engine,
+            tokenizer_for=lambda policy: batch.tokenizer,
+        )
+        try:
+            gate = write_qc_run(
+                self.collection.engine,
+                run_id=self.collection.run_id,
+                report=report,
+                judgements=rules,
+                docs_key=None,
+                started_at=started,
+            )
+        except DBAPIError as e:
+            raise IngestError(
+                f"cannot store the QC verdicts of GRPO batch {batch.policy_version}: "
+                f"{reason_line(str(e))}"
+            ) from e
+        self.gates.append(gate)
+        return frozenset(
+            uuid.UUID(v.episode_id)
+            for v in report.episode_verdicts()
+            if v.verdict == Verdict.DISCARD
+        )
+
     def record(self, judged: JudgedBatch) -> None:
         """Write each episode's `grpo_rollout` row (group, policy version, reward,
         advantage, fate) in one transaction.
@@ -197,6 +259,9 @@ class CollectionRolloutSource:
             for t, reward, advantage, tokens in zip(
                 group.trajectories, group.rewards, advantages, rollouts, strict=True
             ):
+                # A discarded rollout keeps its episode's reward here; qc_result says why
+                # it was not trained on.
+                reward = t.total_reward if t.status not in INFRASTRUCTURE_STATUSES else reward
                 rows.append(
                     GrpoRollout(
                         episode_id=t.episode_id,
@@ -235,6 +300,8 @@ def run_grpo_rollouts(
     engine: Engine,
     store: ObjectStore,
     sandbox_spec: SandboxSpec | None = None,
+    qc_config: QcConfig,
+    gate_engine: GateEngine = "polars",
     concurrency: int = 4,
     make_policy: PolicyFactory | None = None,
     prompt_style: PromptStyle = PromptStyle.FULL,
@@ -243,7 +310,8 @@ def run_grpo_rollouts(
     training_run_id: uuid.UUID | None = None,
 ) -> T:
     """Run `train` (the trainer, given the rollout source) as the work of the training
-    run's rollout collection, and return what it returns. The collection is opened
+    run's rollout collection, and return what it returns. `qc_config` is the online QC
+    gate's (the entry point's `load_qc_config()`). The collection is opened
     through the lifecycle and run by `Collection.run`: `completed` when `train` returns,
     `failed` (or `interrupted`) when it raises, which propagates.
 
@@ -283,6 +351,8 @@ def run_grpo_rollouts(
                 collection,
                 {t.task_id: t for t in tasks},
                 make_policy=factory,
+                qc_config=qc_config,
+                gate_engine=gate_engine,
                 training_run_id=training_run_id,
             )
             source.loop = asyncio.get_running_loop()

@@ -5,7 +5,10 @@ collection run, `from_run`, or from the run a QC gate judged, `qc_run`), `base-m
 given checkpoint, else the newest base model, built from the protocol corpus when none
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
 max steps and a table of loss and learning rate, kept current while it trains; stops at
-`max_time_s`) and `register-checkpoint`. With `evaluation.instances > 0` the `evaluate`
+`max_time_s`) and `register-checkpoint`. `grpo` is agentic GRPO over whole episodes: its `train` stage
+runs the rollouts as a collection run keyed by the training run (gated online per batch)
+and its loss table carries each optimiser step's reward, success rate, KL and groups
+dropped. With `evaluation.instances > 0` the `evaluate`
 flow follows as a subflow and the Prefect training artifact links it.
 """
 
@@ -32,11 +35,12 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from config.automations import NOTIFY_TAG
-from config.settings import Settings, load_settings
+from config.settings import Settings, load_qc_config, load_settings
 from core.scratch import scratch_dir
+from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
-from training.errors import DatasetSelectionError, TrainingStopped
+from training.errors import DatasetSelectionError, TrainerError, TrainingStopped
 from training.pipeline import TrainedModel
 from training.recipes import get_recipe
 from training.settings import TrainingSettings
@@ -221,15 +225,25 @@ class _TrainingMonitor:
         with self._lock:
             self.step, self.max_steps = step, max_steps
             if "loss" in logs:
-                self.rows.append(
-                    {
-                        "step": step,
-                        "loss": round(logs["loss"], 5),
-                        "learning_rate": logs.get("learning_rate"),
-                        "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
-                        "epoch": logs.get("epoch"),
+                row: dict[str, Any] = {
+                    "step": step,
+                    "loss": round(logs["loss"], 5),
+                    "learning_rate": logs.get("learning_rate"),
+                    "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
+                    "epoch": logs.get("epoch"),
+                }
+                if "grpo/success_rate" in logs:  # agentic GRPO: the step's rollouts
+                    row |= {
+                        "reward": logs.get("reward"),
+                        "reward_std": logs.get("reward_std"),
+                        "success_rate": logs["grpo/success_rate"],
+                        "kl": logs.get("kl"),
+                        "groups_dropped": sum(
+                            logs.get(f"grpo/groups_dropped_{why}", 0.0)
+                            for why in ("zero_variance", "infrastructure", "qc")
+                        ),
                     }
-                )
+                self.rows.append(row)
             now = time.monotonic()
             if now - self._last_progress >= 1.0 or step >= max_steps:
                 self._last_progress = now
@@ -275,9 +289,13 @@ async def train_task(
     dataset_id: uuid.UUID,
     base: uuid.UUID,
     work: Path,
+    qc_config: QcConfig | None = None,
+    templates: list[str] | None = None,
 ) -> TrainedModel:
     """Train with TRL in a worker thread (the event loop stays free), publishing progress
-    (step / max steps) and the loss table while it runs."""
+    (step / max steps) and the loss table while it runs. `grpo` is agentic GRPO over whole
+    episodes (`collection.grpo_training`: rollouts in the sandbox, gated online with
+    `qc_config`, on the snapshot's tasks of `templates`)."""
     from storage.db import make_engine
     from storage.objects import make_object_store
     from training.pipeline import train_model
@@ -291,21 +309,45 @@ async def train_task(
     engine = make_engine(settings.database)
     try:
         store = make_object_store(settings.objects)
-        trained = await _in_work_thread(
-            lambda: train_model(
-                engine,
-                store,
-                algo=algo,
-                dataset_id=dataset_id,
-                work_dir=work,
-                settings=training,
-                base_checkpoint_id=base,
-                rewards=settings.rewards,
-                prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
-                on_metrics=monitor.on_metrics,
-            ),
-            stop=monitor.stop,
-        )
+        flow_run_id = str(flow_run.id) if flow_run.id else None
+        if algo is Algo.GRPO:
+            from collection.grpo_training import train_grpo_model
+
+            if qc_config is None:
+                raise TrainerError("agentic GRPO needs the online QC gate's settings")
+            gate = qc_config
+            trained = await _in_work_thread(
+                lambda: train_grpo_model(
+                    engine,
+                    store,
+                    dataset_id=dataset_id,
+                    work_dir=work,
+                    training=training,
+                    settings=settings,
+                    qc_config=gate,
+                    base_checkpoint_id=base,
+                    templates=templates,
+                    prefect_flow_run_id=flow_run_id,
+                    on_metrics=monitor.on_metrics,
+                ),
+                stop=monitor.stop,
+            )
+        else:
+            trained = await _in_work_thread(
+                lambda: train_model(
+                    engine,
+                    store,
+                    algo=algo,
+                    dataset_id=dataset_id,
+                    work_dir=work,
+                    settings=training,
+                    base_checkpoint_id=base,
+                    rewards=settings.rewards,
+                    prefect_flow_run_id=flow_run_id,
+                    on_metrics=monitor.on_metrics,
+                ),
+                stop=monitor.stop,
+            )
     finally:
         engine.dispose()
         await monitor.drain()
@@ -390,13 +432,15 @@ async def train(
     save_steps: int | None = None,
     recipe: str | None = None,
     evaluation: EvaluationOptions = EvaluationOptions(instances=0),  # noqa: B008 - frozen
+    templates: list[str] | None = None,
 ) -> TrainFlowResult:
     """Train with TRL and register the checkpoint; exactly one of `dataset`, `from_run`,
     `qc_run` selects the data.
 
     Args:
         algo: Training algorithm: sft (supervised), dpo and kto (preferences), grpo (online
-            RL in the sandbox).
+            RL over whole episodes in the sandbox, gated per batch; the snapshot gives the
+            tasks).
         dataset: Id of a stored dataset snapshot to train on.
         from_run: Build the snapshot from this collection run (key or id).
         qc_run: Build the snapshot from the run this QC gate judged, with its verdicts
@@ -412,6 +456,7 @@ async def train(
         evaluation: Held-out evaluation of the new checkpoint against the previous one
             afterwards (instances 0: none); with `promote_alias`, against the alias's
             champion, and promoted when the rule says so.
+        templates: grpo: train on the snapshot's tasks of these templates only.
     """
     route_library_logs()
     if sum(x is not None for x in (dataset, from_run, qc_run)) != 1:
@@ -420,6 +465,7 @@ async def train(
         )
     chosen = Algo(algo)
     settings = load_settings()
+    qc_config = load_qc_config() if chosen is Algo.GRPO else None
     overrides = {
         name: value
         for name, value in (
@@ -438,7 +484,9 @@ async def train(
         base = await base_model(
             settings, training, base_checkpoint, work, dataset_id if recipe else None
         )
-        trained = await train_task(settings, training, chosen, dataset_id, base, work)
+        trained = await train_task(
+            settings, training, chosen, dataset_id, base, work, qc_config, templates
+        )
         checkpoint_id = await register_checkpoint_task(settings, training, trained)
     result = TrainFlowResult(
         training_run_id=trained.training_run_id,

@@ -10,7 +10,25 @@ with TRL's `GRPOTrainer` formula (`scale_rewards="group"`):
 
 so the advantage stored with each episode is the one the trainer uses.
 
-A group has one of three fates (`GroupFate`), decided before the optimiser step:
+Before a group is judged, the online QC gate has judged its episodes
+(`expectations.gate.run_gate` over the generation batch, verdicts stored in `qc_result`
+like any gate's): an episode it discards is not trained on. Its group is **re-judged
+without it**, not dropped: the verdict is about that episode's data (a format never
+recovered, an aborted episode), and its siblings are still samples of the same policy on
+the same task, so their relative rewards still say which behaviour to reinforce; dropping
+the whole group would throw that away, and early in training, when the gate discards
+often, it would drop nearly every group. The discarded episode's slot gets reward None,
+which TRL (≥ 1.16) leaves out of the group's mean and standard deviation (`nanmean`,
+`nanstd` with Bessel's correction over the scored slots) and gives advantage 0, so the
+advantages computed here over the admitted rollouts are still exactly the trainer's. The
+price is known: a discarded behaviour gets no negative advantage from RL (the format is
+taught by SFT and by the reward's format shaping; the gate keeps broken data out of the
+gradient). A group left with fewer than two admitted rollouts has nothing to compare and
+is dropped (`qc_discarded`). Discarded rollouts are counted (`qc_discarded_rollouts`),
+and so are the groups they dropped (`groups_dropped_qc`). A `downweight` verdict trains at
+full advantage: TRL's loss has no per-sample weight.
+
+A group has one of four fates (`GroupFate`), decided before the optimiser step:
 
 - `trained`: its advantages enter the loss.
 - `infrastructure`: a rollout ended `env_error`, `storage_error` or `endpoint_error`
@@ -26,6 +44,8 @@ A group has one of three fates (`GroupFate`), decided before the optimiser step:
   group would only add KL and dilute the token normaliser. Dropped and counted
   (`groups_dropped_zero_variance`); when their share of the judged groups exceeds
   `TrainingSettings.zero_variance_warn_share`, `zero_variance_warning` says what to change.
+  Only the admitted rollouts are compared.
+- `qc_discarded`: the gate discarded all but at most one of the rollouts.
 
 A dropped group's rollouts stay in TRL's fixed-size batch with every token masked, so
 they contribute nothing to the loss. Pure: no torch, no TRL, no SQL.
@@ -34,7 +54,8 @@ they contribute nothing to the loss. Pure: no torch, no TRL, no SQL.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -65,6 +86,7 @@ class GroupFate(StrEnum):
     TRAINED = "trained"
     INFRASTRUCTURE = "infrastructure"
     ZERO_VARIANCE = "zero_variance"
+    QC_DISCARDED = "qc_discarded"
 
 
 @dataclass(frozen=True)
@@ -78,9 +100,21 @@ class Group:
     fate: GroupFate
     """Trained, or dropped and why."""
     rewards: tuple[float | None, ...]
-    """Each rollout's `total_reward` (None for an infrastructure outcome)."""
-    advantages: tuple[float, ...] | None
-    """Each rollout's advantage when the group is trained; None when it is dropped."""
+    """Each rollout's reward in the group: its `total_reward`; None for an
+    infrastructure outcome or a rollout the gate discarded (out of the baseline)."""
+    advantages: tuple[float | None, ...] | None
+    """Each rollout's advantage when the group is trained (None for a discarded
+    rollout: not trained on); None when the group is dropped."""
+    discarded: tuple[bool, ...] = ()
+    """Whether the online QC gate discarded each rollout (empty: none was)."""
+
+    @property
+    def n_discarded(self) -> int:
+        return sum(self.discarded)
+
+    def admitted(self, index: int) -> bool:
+        """Whether rollout `index` is trained on when the group is."""
+        return not (self.discarded and self.discarded[index])
 
     @property
     def trained(self) -> bool:
@@ -102,8 +136,11 @@ def group_advantages(rewards: Sequence[float]) -> list[float]:
     return [(r - mean) / (std + ADVANTAGE_EPSILON) for r in rewards]
 
 
-def judge_group(trajectories: Sequence[Trajectory]) -> Group:
-    """The fate, rewards and advantages of one task's rollouts.
+def judge_group(
+    trajectories: Sequence[Trajectory], *, discarded: Collection[uuid.UUID] = frozenset()
+) -> Group:
+    """The fate, rewards and advantages of one task's rollouts; `discarded` holds the
+    episode ids the online QC gate discarded (see the module).
 
     Raises:
         TrainerError: the group is empty or mixes tasks, or an agent outcome carries no
@@ -124,16 +161,25 @@ def judge_group(trajectories: Sequence[Trajectory]) -> Group:
             )
         rewards.append(None if t.status in INFRASTRUCTURE_STATUSES else t.total_reward)
     group = tuple(trajectories)
-    judged = [r for r in rewards if r is not None]
-    if len(judged) < len(rewards):
-        fate = GroupFate.INFRASTRUCTURE
-    elif not _std(judged) > ZERO_STD_TOLERANCE:  # NaN for a group of one: nothing to compare
-        fate = GroupFate.ZERO_VARIANCE
-    else:
-        return Group(
-            task_id, group, GroupFate.TRAINED, tuple(rewards), tuple(group_advantages(judged))
-        )
-    return Group(task_id, group, fate, tuple(rewards), None)
+    flags = tuple(t.episode_id in discarded for t in trajectories) if discarded else ()
+    if any(r is None for r in rewards):
+        return Group(task_id, group, GroupFate.INFRASTRUCTURE, tuple(rewards), None, flags)
+    scored = tuple(None if flags and flags[i] else r for i, r in enumerate(rewards))
+    admitted = [r for r in scored if r is not None]
+    if len(admitted) < 2 and flags and any(flags):
+        return Group(task_id, group, GroupFate.QC_DISCARDED, scored, None, flags)
+    if not _std(admitted) > ZERO_STD_TOLERANCE:
+        # NaN for a group of one: nothing to compare
+        return Group(task_id, group, GroupFate.ZERO_VARIANCE, scored, None, flags)
+    advantages = iter(group_advantages(admitted))
+    return Group(
+        task_id,
+        group,
+        GroupFate.TRAINED,
+        scored,
+        tuple(None if r is None else next(advantages) for r in scored),
+        flags,
+    )
 
 
 @dataclass
@@ -148,27 +194,36 @@ class GroupCounts:
     """Groups dropped because a rollout had an infrastructure outcome."""
     dropped_zero_variance: int = 0
     """Groups dropped because every rollout got the same reward."""
+    dropped_qc: int = 0
+    """Groups dropped because the online QC gate left fewer than two rollouts."""
     rollouts: int = 0
     """Rollouts generated (every episode of every group)."""
     infrastructure_rollouts: int = 0
     """Rollouts that ended in an infrastructure outcome."""
+    qc_discarded_rollouts: int = 0
+    """Rollouts the online QC gate discarded (in groups without an infrastructure
+    outcome: those are counted there)."""
 
     def add(self, group: Group) -> None:
         self.groups += 1
         self.rollouts += len(group.trajectories)
-        self.infrastructure_rollouts += sum(r is None for r in group.rewards)
+        if group.fate is GroupFate.INFRASTRUCTURE:
+            self.dropped_infrastructure += 1
+            self.infrastructure_rollouts += sum(r is None for r in group.rewards)
+            return
+        self.qc_discarded_rollouts += group.n_discarded
         if group.fate is GroupFate.TRAINED:
             self.trained += 1
-        elif group.fate is GroupFate.INFRASTRUCTURE:
-            self.dropped_infrastructure += 1
+        elif group.fate is GroupFate.QC_DISCARDED:
+            self.dropped_qc += 1
         else:
             self.dropped_zero_variance += 1
 
     @property
     def zero_variance_share(self) -> float:
         """Zero-variance groups among the groups that could be judged (infrastructure
-        drops aside); 0.0 before any."""
-        judged = self.groups - self.dropped_infrastructure
+        and gate drops aside); 0.0 before any."""
+        judged = self.groups - self.dropped_infrastructure - self.dropped_qc
         return self.dropped_zero_variance / judged if judged else 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -177,8 +232,10 @@ class GroupCounts:
             "groups_used": self.trained,
             "groups_dropped_infrastructure": self.dropped_infrastructure,
             "groups_dropped_zero_variance": self.dropped_zero_variance,
+            "groups_dropped_qc": self.dropped_qc,
             "rollouts_generated": self.rollouts,
             "infrastructure_rollouts": self.infrastructure_rollouts,
+            "qc_discarded_rollouts": self.qc_discarded_rollouts,
             "zero_variance_share": self.zero_variance_share,
         }
 
@@ -189,7 +246,7 @@ def zero_variance_warning(counts: GroupCounts, *, warn_above: float) -> str | No
     share = counts.zero_variance_share
     if share <= warn_above:
         return None
-    judged = counts.groups - counts.dropped_infrastructure
+    judged = counts.groups - counts.dropped_infrastructure - counts.dropped_qc
     return (
         f"GRPO dropped {counts.dropped_zero_variance} of {judged} groups ({share:.0%}, above "
         f"the {warn_above:.0%} of EPIFLOW_TRAINING_ZERO_VARIANCE_WARN_SHARE) because every "

@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from agent.settings import LoopSettings
-from agent.trajectory import Trajectory, utcnow
+from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory, utcnow
 from collection.lifecycle import start_run
 from collection.replay import ReplayReport, replay_trajectory
 from collection.request import CollectRequest
@@ -28,7 +28,7 @@ from collection.runner import collect_in_process
 from config.settings import load_qc_config
 from expectations.gate import run_gate
 from expectations.report import GateReport
-from models import Checkpoint, ReplayResult, run_id_for
+from models import Checkpoint, GrpoRollout, ReplayResult, run_id_for
 from sandbox.settings import SandboxSettings
 from scoring.rubric import Judgement
 from scoring.rule_judge import rule_judgement
@@ -227,6 +227,38 @@ class Downstream:
     """SFT of the oracle run: trained from `checkpoint_id` into `child_checkpoint_id`."""
     untrained_dataset: DatasetInfo
     """CPT of the endpoint run: nobody trained on it."""
+    grpo_training_run_id: uuid.UUID
+    """An agentic GRPO run whose rollouts are the noisy run's episodes."""
+    grpo_rollouts: list[GrpoRollout]
+    """Its `grpo_rollout` rows."""
+
+
+def grpo_rows(training_run_id: uuid.UUID, episodes: list[Trajectory]) -> list[GrpoRollout]:
+    """The noisy run's episodes as two optimiser steps of GRPO rollouts: alternate
+    episodes to each step, one group per template; an infrastructure outcome drops its
+    group, and every third rollout of a trained group is discarded by the gate."""
+    rows: list[GrpoRollout] = []
+    for version in (0, 1):
+        batch = episodes[version::2]
+        templates = sorted({t.template for t in batch})
+        for index, template in enumerate(templates):
+            group = [t for t in batch if t.template == template]
+            infra = any(t.status in INFRASTRUCTURE_STATUSES for t in group)
+            for k, t in enumerate(group):
+                reward = None if t.status in INFRASTRUCTURE_STATUSES else t.total_reward
+                rows.append(
+                    GrpoRollout(
+                        episode_id=t.episode_id,
+                        training_run_id=training_run_id,
+                        policy_version=version,
+                        group_index=index,
+                        task_id=t.task_id,
+                        group_fate="infrastructure" if infra else "trained",
+                        reward=reward,
+                        advantage=None if infra or k % 3 == 2 else float(k),
+                    )
+                )
+    return rows
 
 
 def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Downstream:
@@ -268,6 +300,18 @@ def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Down
         kind="cpt",
         run_ids=[run_id_for(str(corpus.requests["endpoint"].run_key))],
     )
+    grpo_run_id = start_training_run(
+        engine,
+        dataset_id=dataset.id,
+        algo="grpo",
+        base_model=str(corpus.checkpoint_id),
+        config={"rl_learning_rate": 2e-6, "rollouts_per_task": 4},
+    )
+    finish_training_run(engine, grpo_run_id, metrics={"steps": 2})
+    rollouts = grpo_rows(grpo_run_id, corpus.trajectories["noisy"])
+    with Session(engine) as session:
+        session.add_all([GrpoRollout.model_validate(r.model_dump()) for r in rollouts])
+        session.commit()
     # Checkpoint rows without weights: the registry would upload a model directory first;
     # the lineage the cookbook queries is in these rows only.
     with Session(engine) as session:
@@ -313,4 +357,10 @@ def write_downstream(engine: Engine, store: ObjectStore, corpus: Corpus) -> Down
                 )
             )
         session.commit()
-    return Downstream(dataset=dataset, child_dataset=child_dataset, untrained_dataset=untrained)
+    return Downstream(
+        dataset=dataset,
+        child_dataset=child_dataset,
+        untrained_dataset=untrained,
+        grpo_training_run_id=grpo_run_id,
+        grpo_rollouts=rollouts,
+    )

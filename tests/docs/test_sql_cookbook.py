@@ -130,6 +130,7 @@ def params_for(query: CookbookQuery, populated: Populated) -> dict[str, Any]:
         "episode_id": corpus.trajectories["noisy"][0].episode_id,
         "qc_run_id": corpus.gate("noisy").qc_run_id,
         "lineage_episode_id": min(e for e, _ in populated.lineage(populated.dataset_id)),
+        "training_run_id": populated.downstream.grpo_training_run_id,
     }
     assert query.params <= set(values), f"{query.name}: no test value for {query.params}"
     return {name: values[name] for name in query.params}
@@ -409,6 +410,35 @@ def test_quality_per_template_matches_the_gate(db: Populated) -> None:
             r["mean_quality"], sum(scores[r["template"]]) / len(scores[r["template"]])
         )
         assert math.isclose(r["min_quality"], min(scores[r["template"]]))
+
+
+def test_grpo_reward_by_step_follows_the_rollouts(db: Populated) -> None:
+    episodes = {t.episode_id: t for t in db.corpus.trajectories["noisy"]}
+    cells: dict[tuple[int, str], list[Any]] = defaultdict(list)
+    for row in db.downstream.grpo_rollouts:
+        cells[(row.policy_version, episodes[row.episode_id].template)].append(row)
+    _, rows = run(db, "grpo_reward_by_step")
+    assert [(r["policy_version"], r["template"]) for r in rows] == sorted(cells)
+    for r in rows:
+        cell = cells[(r["policy_version"], r["template"])]
+        rewarded = [g for g in cell if g.reward is not None]
+        wins = sum(episodes[g.episode_id].status == EpisodeStatus.SUCCESS for g in rewarded)
+        assert (r["rollouts"], r["infrastructure"], r["trained"], r["successes"]) == (
+            len(cell),
+            len(cell) - len(rewarded),
+            sum(g.advantage is not None for g in cell),
+            wins,
+        )
+        if rewarded:
+            assert math.isclose(
+                float(r["mean_reward"]), sum(g.reward or 0.0 for g in rewarded) / len(rewarded)
+            )
+            assert math.isclose(r["success_rate"], wins / len(rewarded))
+        else:
+            assert r["mean_reward"] is None and r["success_rate"] is None
+    assert {r["policy_version"] for r in rows} == {0, 1}
+    _, other = run(db, "grpo_reward_by_step", {"training_run_id": uuid.uuid4()})
+    assert other == []
 
 
 def test_typed_columns_give_the_same_python_types_on_both(db: Populated) -> None:

@@ -82,6 +82,10 @@ VERDICTS = ["keep", "downweight", "discard"]
 EPOCH = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
 
 
+NO_GRPO_RUN = uuid.UUID(int=0)
+"""No GRPO run is in the scale database: its cookbook query plans an empty answer."""
+
+
 @dataclass(frozen=True)
 class ScaleIds:
     """Ids the cookbook's parameterised queries are run with."""
@@ -102,6 +106,7 @@ class ScaleIds:
             "episode_id": self.episode_id,
             "qc_run_id": self.qc_run_id,
             "lineage_episode_id": self.lineage_episode_id,
+            "training_run_id": NO_GRPO_RUN,
             "session_id": "NORMALIZED_SESSION_ID",  # the scale database imports no ATIF files
         }
 

@@ -77,3 +77,47 @@ def test_a_real_training_run_prints_progress_lines_with_step_loss_and_eta(
     assert re.search(r", loss \d+(\.\d+)?, ", step_two)
     assert re.search(r"(s/step|steps/s), elapsed \d+s, ETA \d+", step_two)
     assert re.fullmatch(r"train sft: finished 3/3 steps in \d+s, loss \d+(\.\d+)?", lines[-1])
+
+
+def test_grpo_progress_lines_carry_the_steps_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agentic GRPO's line: reward mean and std, success rate, KL, grad norm, the groups
+    dropped (zero variance + infrastructure + gate) and tokens/s between log events."""
+    from types import SimpleNamespace
+
+    from training import callbacks
+
+    clock = iter([100.0, 102.0])  # this module's clock only: the reporter keeps its own
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    lines: list[str] = []
+    progress = callbacks.TrainingProgress("train grpo", every_s=1e-6, emit=lines.append)
+    state = SimpleNamespace(global_step=1, max_steps=2)
+    progress.on_train_begin(None, state, None)
+    logs = {
+        "loss": 0.5,
+        "reward": 0.25,
+        "reward_std": 0.75,
+        "kl": 0.01,
+        "grad_norm": 1.5,
+        "num_tokens": 1000.0,
+        "grpo/success_rate": 0.5,
+        "grpo/groups_dropped_zero_variance": 1.0,
+        "grpo/groups_dropped_infrastructure": 1.0,
+        "grpo/groups_dropped_qc": 0.0,
+    }
+    progress.on_log(None, state, None, logs=logs)
+    progress.on_log(None, state, None, logs={**logs, "num_tokens": 1500.0})
+    state.global_step = 2
+    progress.on_step_end(None, state, None)
+    progress.close()
+    line = next(line for line in lines if line.startswith("train grpo: 2/2 steps"))
+    for part in (
+        "loss 0.5",
+        "reward 0.25",
+        "reward_std 0.75",
+        "success 0.5",
+        "kl 0.01",
+        "grad_norm 1.5",
+        "groups_dropped 2",
+        "tokens/s 250",
+    ):
+        assert part in line, line

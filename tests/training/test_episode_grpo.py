@@ -22,7 +22,7 @@ from collection.grpo_rollouts import (
     rollout_run_key,
     run_grpo_rollouts,
 )
-from config.settings import load_settings
+from config.settings import load_qc_config, load_settings
 from models import run_id_for
 from scoring.rewards import apply_rewards
 from scoring.settings import RewardSettings
@@ -71,14 +71,22 @@ def _infra(task: int, rollout: int) -> Trajectory:
 
 
 class _ListSource:
-    def __init__(self, groups: list[list[Trajectory]]) -> None:
+    def __init__(
+        self, groups: list[list[Trajectory]], discard: frozenset[uuid.UUID] = frozenset()
+    ) -> None:
         self.groups = groups
+        self.discard = discard
         self.batches: list[RolloutBatch] = []
+        self.gated: list[list[list[Trajectory]]] = []
         self.recorded: list[JudgedBatch] = []
 
     def generate(self, batch: RolloutBatch) -> list[list[Trajectory]]:
         self.batches.append(batch)
         return self.groups
+
+    def admit(self, batch: RolloutBatch, groups: list[list[Trajectory]]) -> frozenset[uuid.UUID]:
+        self.gated.append(groups)
+        return self.discard
 
     def record(self, judged: JudgedBatch) -> None:
         self.recorded.append(judged)
@@ -131,12 +139,48 @@ def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
     assert rollouts.counts.infrastructure_rollouts == 1
     assert rollouts.last is judged
     assert trainer.logged == {
+        "grpo/success_rate": 2 / 5,  # the infrastructure rollout aside
         "grpo/groups_used": 1.0,
         "grpo/groups_dropped_zero_variance": 1.0,
         "grpo/groups_dropped_infrastructure": 1.0,
         "grpo/infrastructure_rollouts": 1.0,
+        "grpo/groups_dropped_qc": 0.0,
+        "grpo/qc_discarded_rollouts": 0.0,
         "grpo/sampled_tokens": 8.0,
     }
+    assert source.gated == [[mixed, flat, broken]]  # the gate saw the batch before judging
+
+
+def test_rollout_func_trains_no_rollout_the_gate_discarded() -> None:
+    """A discarded episode's slot is masked and unscored (TRL leaves it out of the group's
+    baseline); its group is trained on the rest, or dropped when one rollout is left."""
+    three = [_tokened(0, i, success=i == 0, sampled=10 + i) for i in range(3)]
+    other = [_tokened(1, i, success=i == 0, sampled=30 + i) for i in range(3)]
+    source = _ListSource(
+        [three, other], discard=frozenset({three[1].episode_id, other[1].episode_id})
+    )
+    rollouts = EpisodeRollouts(source=source, rollouts_per_task=3)
+    prompts = [three[0].task_id] * 3 + [other[0].task_id] * 3
+    trainer = _trainer()
+    out = rollouts(prompts, trainer)
+    judged = source.recorded[0]
+    assert [g.fate for g in judged.groups] == [GroupFate.TRAINED, GroupFate.TRAINED]
+    assert out["env_mask"][1] == [0] and out["completion_ids"][1] == [0]
+    assert out["env_mask"][4] == [0]
+    rewards = out[REWARD_FIELD]
+    assert rewards[1] is None and rewards[4] is None
+    assert rewards[0] == three[0].total_reward and rewards[2] == three[2].total_reward
+    assert judged.rollouts[0][1] is None and judged.rollouts[0][0] is not None
+    assert trainer.logged["grpo/qc_discarded_rollouts"] == 2.0
+
+    lonely = [_tokened(2, i, success=i == 0, sampled=60 + i) for i in range(3)]
+    gone = EpisodeRollouts(
+        source=_ListSource([lonely], discard=frozenset(t.episode_id for t in lonely[1:])),
+        rollouts_per_task=3,
+    )
+    out = gone([lonely[0].task_id] * 3, _trainer())
+    assert out[REWARD_FIELD] == [None] * 3 and all(m == [0] for m in out["env_mask"])
+    assert gone.counts.dropped_qc == 1 and gone.counts.qc_discarded_rollouts == 2
 
 
 def test_rollout_func_refuses_a_batch_that_is_not_whole_groups() -> None:
@@ -157,10 +201,12 @@ class _ScriptedTrainerPolicy(TrainerModelPolicy):
     """The trainer's model, with some rollouts' answers fixed so that the groups' rewards
     are known: the real model's prompts, ids and logprobs are recorded for every turn.
 
-    - `solved` task, even seeds: the reference solution, call by call, then the final
-      answer (forced ids; the model's logprobs of them are recorded);
-    - `flat` task: the same unparsable text on every rollout (zero variance);
-    - `down` task, odd seeds: the endpoint fails (an infrastructure outcome);
+    - `dir_tree`: by seed mod 3, the reference solution call by call then the final
+      answer (forced ids; the model's logprobs of them are recorded); the first reference
+      call then a wrong answer (a failure the gate keeps); unparsable text until the loop
+      ends the episode (the gate discards it: its group is trained on the other two);
+    - `checksums`: the same wrong answer on every rollout (zero variance);
+    - `largest_files`, seeds 1 mod 3: the endpoint fails (an infrastructure outcome);
     - everything else: sampled from the model.
     """
 
@@ -169,16 +215,21 @@ class _ScriptedTrainerPolicy(TrainerModelPolicy):
         self.tasks = tasks
 
     def forced(self, request: PolicyRequest) -> str | None:
-        role = request.task.template
-        if role == "dir_tree" and request.seed % 2 == 0:
-            reference = request.task.reference_solution
-            k = request.step_index
+        role, kind = request.task.template, request.seed % 3
+        reference, k = request.task.reference_solution, request.step_index
+        if role == "dir_tree" and kind == 0:
             if k < len(reference):
                 return render_tool_call(f"c{k + 1}", reference[k].tool, reference[k].args)
             return render_final(request.task.reference_final)
-        if role == "checksums":
+        if role == "dir_tree" and kind == 1:
+            if k == 0:
+                return render_tool_call("c1", reference[0].tool, reference[0].args)
+            return render_final("not the answer")
+        if role == "dir_tree":
             return "I will not use the protocol."
-        if role == "largest_files" and request.seed % 2 == 1:
+        if role == "checksums":
+            return render_final("not the answer")
+        if role == "largest_files" and kind == 1:
             raise EndpointError("the test's endpoint is down", endpoint="test://down")
         return None
 
@@ -196,6 +247,16 @@ class _ScriptedTrainerPolicy(TrainerModelPolicy):
             logits = self.model(input_ids=torch.tensor([prompt_ids + ids])).logits[0]
         logps = torch.log_softmax(logits[len(prompt_ids) - 1 : -1].float(), dim=-1)
         return ids, [float(logps[i, t]) for i, t in enumerate(ids)]
+
+
+def _verdicts(engine: Engine, gates: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    from sqlmodel import Session, col, select
+
+    from models import QcResult
+
+    with Session(engine) as session:
+        found = session.exec(select(QcResult).where(col(QcResult.qc_run_id).in_(gates))).all()
+        return {r.episode_id: r.verdict for r in found}
 
 
 class _Capture:
@@ -241,8 +302,8 @@ def test_grpo_over_episodes_in_real_jails(
         max_length=1024,
         max_position_embeddings=1024,
         max_steps=2,
-        batch_size=6,
-        rollouts_per_task=2,
+        batch_size=9,
+        rollouts_per_task=3,
         max_completion_length=16,
         prompt_style=PromptStyle.COMPACT,
         rl_learning_rate=5e-6,
@@ -285,6 +346,7 @@ def test_grpo_over_episodes_in_real_jails(
         base_model_dir=tiny_base_model,
         engine=engine,
         store=store,
+        qc_config=load_qc_config(),
         concurrency=3,
         make_policy=policy,
     )
@@ -297,8 +359,12 @@ def test_grpo_over_episodes_in_real_jails(
     # Every rollout is a stored episode with its grpo_rollout row: stored = generated.
     stored = {t.episode_id: t for t in run_trajectories(engine, store, run_id)}
     rows = {r.episode_id: r for r in grpo_rollouts_of_run(engine, run_id)}
-    assert len(stored) == len(rows) == source.generated == rollouts.counts.rollouts == 12
-    assert sum(run_counts(engine, run_id).values()) == 12
+    assert len(stored) == len(rows) == source.generated == rollouts.counts.rollouts == 18
+    assert sum(run_counts(engine, run_id).values()) == 18
+    # Each batch was gated before its optimiser step: one qc_run per batch on the rollout
+    # run, a verdict per episode.
+    verdicts = _verdicts(engine, source.gates)
+    assert len(source.gates) == 2 and len(verdicts) == 18
 
     for batch, output in zip(judged, capture.outputs, strict=True):
         completion = output["completion_ids"].tolist()
@@ -306,12 +372,17 @@ def test_grpo_over_episodes_in_real_jails(
         advantages = output["advantages"].tolist()
         slot = 0
         for group in batch.groups:
-            for t in group.trajectories:
+            for i, t in enumerate(group.trajectories):
                 row, kept = rows[t.episode_id], stored[t.episode_id]
                 assert row.policy_version == batch.batch.policy_version
                 assert row.group_fate == group.fate.value
                 trained = [c for c, m in zip(completion[slot], loss_mask[slot], strict=True) if m]
-                if group.trained:
+                assert (verdicts[t.episode_id] == "discard") == (not group.admitted(i))
+                if group.trained and not group.admitted(i):
+                    # Discarded by the gate: nothing of it trained, out of the baseline.
+                    assert trained == [] and advantages[slot] == 0.0
+                    assert row.advantage is None and row.reward == kept.total_reward
+                elif group.trained:
                     # The ids the trainer optimised are the stored ids the model sampled,
                     # and nothing else: every observation token is out of the loss.
                     exact = token_rollout(kept)
@@ -339,11 +410,13 @@ def test_grpo_over_episodes_in_real_jails(
     assert counts["groups_dropped_zero_variance"] == 2
     assert counts["groups_dropped_infrastructure"] == 2
     assert counts["infrastructure_rollouts"] == 2
+    assert counts["qc_discarded_rollouts"] == 2  # dir_tree's unparsable rollout, twice
     assert result.metrics["grpo_run/groups_dropped_zero_variance"] == 2.0  # the run's
+    assert result.metrics["grpo_run/qc_discarded_rollouts"] == 2.0
     assert result.metrics["grpo/groups_dropped_zero_variance"] == 1.0  # the last step's
     assert result.metrics["grpo/groups_used"] == 1.0
     assert any("dropped 2 of 4 groups" in w for w in result.warnings) is False  # 50 % is not above
-    solved = [t for t in stored.values() if t.template == "dir_tree" and t.policy_seed % 2 == 0]
+    solved = [t for t in stored.values() if t.template == "dir_tree" and t.policy_seed % 3 == 0]
     assert solved and all(t.status == EpisodeStatus.SUCCESS and t.n_steps == 3 for t in solved)
     assert all(isinstance(s, Step) for t in solved for s in t.steps)
 
@@ -378,6 +451,7 @@ def test_the_default_rollout_policy_is_the_token_exact_hf_policy(
         base_model_dir=tiny_base_model,
         engine=engine,
         store=store,
+        qc_config=load_qc_config(),
         concurrency=2,
         prompt_style=PromptStyle.COMPACT,
         max_new_tokens=8,
@@ -392,3 +466,87 @@ def test_the_default_rollout_policy_is_the_token_exact_hf_policy(
             assert step.prompt_token_ids and step.completion_token_ids
             assert len(step.logprobs or []) == len(step.completion_token_ids)
         token_rollout(t)  # raises unless every turn's prompt extends the previous one
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
+    tiny_base_model: Path, engine: Engine, store: LocalObjectStore, tmp_path: Path
+) -> None:
+    """What `epiflow train --algo grpo` runs (the train flow's `train` and
+    `register-checkpoint` stages): a grpo snapshot's tasks (the templates asked for) from a
+    registered checkpoint; the training run, its checkpoint (parent: the base), the
+    rollout run keyed by the training run, every rollout gated and recorded."""
+    from sqlmodel import Session
+
+    from agent.trajectory import episode_id_for
+    from collection.grpo_training import train_grpo_model
+    from models import TrainingRun
+    from sandbox.tool_specs import BUILTIN_TOOLS
+    from storage.episodes import persist_episodes
+    from training.pipeline import register_checkpoint
+    from training.registry import get_checkpoint, register_base_model
+    from training.snapshots import build_snapshot
+    from training.training_config import build_training_config
+
+    training = TrainingSettings(
+        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
+        batch_size=2, rollouts_per_task=2, max_completion_length=8,
+        prompt_style=PromptStyle.COMPACT, logging_steps=1,
+    )  # fmt: skip
+    real = load_suite("builtin").instances(1, templates=["dir_tree", "checksums"])
+    collected = []
+    for i, task in enumerate(real):
+        t = episode(task=i, template=task.template)
+        collected.append(
+            t.model_copy(
+                update={
+                    "task_id": task.task_id,
+                    "instance_seed": task.seed,
+                    "episode_id": episode_id_for(t.run_key, task.task_id, 0),
+                }
+            )
+        )
+    persist_episodes(engine, store, collected)
+    snapshot = build_snapshot(
+        engine, store, kind="grpo", run_ids=[run_id_for("train-run")], prompt_style="compact"
+    )
+    config = build_training_config(
+        tiny_base_model, tools=list(BUILTIN_TOOLS.values()), settings=training
+    )
+    base = register_base_model(engine, store, tiny_base_model, config=config)
+    settings = dataclasses.replace(
+        load_settings(),
+        loop=LoopSettings(max_steps=2, max_consecutive_parse_failures=2),
+        policy=PolicySettings(outage_episodes=0),
+    )
+
+    trained = train_grpo_model(
+        engine,
+        store,
+        dataset_id=snapshot.id,
+        work_dir=tmp_path / "work",
+        training=training,
+        settings=settings,
+        qc_config=load_qc_config(),
+        base_checkpoint_id=base,
+        templates=["dir_tree"],
+        concurrency=2,
+    )
+    outcome = register_checkpoint(engine, store, trained, settings=training)
+
+    checkpoint = get_checkpoint(engine, outcome.checkpoint_id)
+    assert checkpoint.parent_checkpoint_id == base
+    assert checkpoint.training_run_id == trained.training_run_id
+    with Session(engine) as session:
+        row = session.get(TrainingRun, trained.training_run_id)
+        assert row is not None and row.status == "completed" and row.algo == "grpo"
+        assert row.dataset_id == snapshot.id and row.config["rollouts"] == "episodes"
+    run_id = run_id_for(rollout_run_key(str(trained.training_run_id)))
+    assert run_status(engine, run_id) == "completed"
+    stored = run_trajectories(engine, store, run_id)
+    assert len(stored) == 2 and {t.template for t in stored} == {"dir_tree"}
+    rows = grpo_rollouts_of_run(engine, run_id)
+    assert [r.training_run_id for r in rows] == [trained.training_run_id] * 2
+    assert trained.result.steps == 1
+    assert trained.result.metrics["grpo_run/rollouts_generated"] == 2.0

@@ -12,14 +12,19 @@ passed in) and turns each generation batch into TRL's rollout:
 2. The source runs `rollouts_per_task` episodes per task with the trainer's current model
    (`RolloutBatch.policy_version` = optimiser steps taken) and returns them rewarded by
    `scoring.rewards.apply_rewards` and stored.
-3. `training.groups.judge_group` decides each group's fate and advantages;
+3. The source gates the batch (`RolloutSource.admit`: the online QC gate, its verdicts
+   stored like any gate's); an episode it discards is not trained on, and its group is
+   re-judged without it (`training.groups`).
+4. `training.groups.judge_group` decides each group's fate and advantages;
    `training.rollout_tokens.token_rollout` turns each trained episode into prompt ids,
-   completion ids, `env_mask` and logprobs (a dropped group's slots get a one-token
-   rollout with nothing trained); the source records group, policy version, advantage and
-   fate with each episode (`RolloutSource.record`), before the optimiser step.
-4. TRL's reward function reads the episode's reward from the rollout (`episode_reward`,
-   None for a dropped group: TRL then gives it advantage 0 and keeps it out of the group
-   baseline); TRL normalises within each group exactly as `training.groups` did.
+   completion ids, `env_mask` and logprobs (a dropped group's slots, and a discarded
+   episode's, get a one-token rollout with nothing trained); the source records group,
+   policy version, advantage and fate with each episode (`RolloutSource.record`), before
+   the optimiser step.
+5. TRL's reward function reads the episode's reward from the rollout (`episode_reward`,
+   None for a dropped group's or a discarded episode's slot: TRL then gives it advantage
+   0 and keeps it out of the group baseline); TRL normalises within each group exactly as
+   `training.groups` did.
 
 Why TRL's hook and not a hand-written loss: the clipped objective, the KL to a frozen
 reference, the loss normalisation over the batch's tokens, the logging and the trainer's
@@ -37,12 +42,13 @@ vllm_mode="server")`: TRL pushes the weights to the vLLM server before each call
 from __future__ import annotations
 
 import logging
+import uuid
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.trajectory import Trajectory
+from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, Trajectory
 from training.errors import TrainerError
 from training.groups import Group, GroupCounts, judge_group, zero_variance_warning
 from training.rollout_tokens import (
@@ -111,6 +117,17 @@ class RolloutSource(Protocol):
         """
         ...
 
+    def admit(self, batch: RolloutBatch, groups: list[list[Trajectory]]) -> frozenset[uuid.UUID]:
+        """Run the online QC gate over the batch's episodes (`expectations.gate.run_gate`)
+        and store its verdicts like any gate's; returns the ids of the episodes it
+        discarded (not trained on).
+
+        Raises:
+            EpiflowError: the gate could not run (its suites) or its verdicts could not be
+                stored.
+        """
+        ...
+
     def record(self, judged: JudgedBatch) -> None:
         """Store each episode's group, policy version, advantage and fate."""
         ...
@@ -124,15 +141,25 @@ def episode_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
 
 def batch_metrics(judged: JudgedBatch) -> dict[str, float]:
     """What one generation batch's groups became, as TRL metrics (`grpo/…`, logged with
-    the step's loss and KL, so `on_metrics` and the progress lines see them)."""
+    the step's loss and KL, so `on_metrics` and the progress lines see them), and the
+    success rate of its rollouts that had an outcome (infrastructure ones aside)."""
     counts = GroupCounts()
     for group in judged.groups:
         counts.add(group)
+    outcomes = [
+        t.status is EpisodeStatus.SUCCESS
+        for group in judged.groups
+        for t in group.trajectories
+        if t.status not in INFRASTRUCTURE_STATUSES
+    ]
     return {
+        "grpo/success_rate": sum(outcomes) / len(outcomes) if outcomes else 0.0,
         "grpo/groups_used": counts.trained,
         "grpo/groups_dropped_zero_variance": counts.dropped_zero_variance,
         "grpo/groups_dropped_infrastructure": counts.dropped_infrastructure,
         "grpo/infrastructure_rollouts": counts.infrastructure_rollouts,
+        "grpo/groups_dropped_qc": counts.dropped_qc,
+        "grpo/qc_discarded_rollouts": counts.qc_discarded_rollouts,
         "grpo/sampled_tokens": sum(
             sum(r.env_mask) for rs in judged.rollouts for r in rs if r is not None
         ),
@@ -194,9 +221,13 @@ class EpisodeRollouts:
                 f"the rollout source returned {[len(g) for g in episodes]} episodes for "
                 f"{len(batch.task_ids)} groups of {batch.rollouts_per_task}"
             )
-        groups = [judge_group(g) for g in episodes]
+        discarded = self.source.admit(batch, episodes)
+        groups = [judge_group(g, discarded=discarded) for g in episodes]
         rollouts: list[list[TokenRollout | None]] = [
-            [token_rollout(t) if group.trained else None for t in group.trajectories]
+            [
+                token_rollout(t) if group.trained and group.admitted(i) else None
+                for i, t in enumerate(group.trajectories)
+            ]
             for group in groups
         ]
         judged = JudgedBatch(batch=batch, groups=groups, rollouts=rollouts)
@@ -217,7 +248,7 @@ class EpisodeRollouts:
         output = rollout_func_output(slots)
         output[REWARD_FIELD] = [
             reward if group.trained else None for group in groups for reward in group.rewards
-        ]
+        ]  # None for a discarded rollout too (`Group.rewards`)
         return output
 
 

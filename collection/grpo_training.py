@@ -1,0 +1,165 @@
+"""`epiflow train --algo grpo`: agentic GRPO over whole episodes, registered like any training.
+
+    trained = train_grpo_model(engine, store, dataset_id=…, work_dir=…, training=…,
+                               settings=…, qc_config=…, base_checkpoint_id=…)
+    register_checkpoint(engine, store, trained, settings=training)   # training.pipeline
+
+The tasks are a `grpo` snapshot's (one row per task, with the coordinates that regenerate
+it from its suite: `suite`, `template`, `instance_seed`, `task_id`), so a GRPO training
+run records its dataset like every other (`training_run.dataset_id`, lineage through
+`dataset_episode`); `templates` narrows them. The run:
+
+1. fetches the base (or SFT) checkpoint and opens the `training_run` row (running);
+2. runs `collection.grpo_rollouts.run_grpo_rollouts` with the rollout run key derived from
+   the training run's id (`grpo-rollouts-<training run id>`) and the trainer
+   `training.trainers.episode_grpo.run_episode_grpo`, the base as the frozen reference;
+3. returns the `training.pipeline.TrainedModel` that `register_checkpoint` uploads and
+   closes (checkpoint row, its parent the base checkpoint, the training run completed).
+
+A failure, a cancellation or an interrupt closes the training run `failed` (the rollout
+run is closed `failed` or `interrupted` by `Collection.run`); a killed process leaves
+both `running` until the next training on the host marks the training run `crashed` and
+the next collection under the run key recovers the rollout run (the usual rules).
+
+The one-turn GRPO of `training.trainers.grpo` (a rollout is one assistant turn rewarded by
+`training.rewards.SandboxReward`) is no longer what `--algo grpo` runs; it stays callable
+as `training.pipeline.train_checkpoint(algo="grpo")` until it is removed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from config.settings import Settings
+from expectations.settings import QcConfig
+from storage.objects import ObjectStore
+from tasks.types import TaskInstance
+from training.builders import DatasetKind
+from training.errors import TrainerError
+from training.pipeline import TrainedModel
+from training.registry import fail_training_run, fetch_checkpoint, start_training_run
+from training.rewards import suite_task_resolver
+from training.settings import TrainingSettings
+from training.snapshots import get_snapshot, read_snapshot
+from training.trainers import Algo
+from training.trainers.common import TrainJob
+
+if TYPE_CHECKING:
+    from training.callbacks import MetricsHook
+
+__all__ = ["grpo_tasks", "train_grpo_model"]
+
+
+def grpo_tasks(
+    engine: Engine,
+    store: ObjectStore,
+    dataset_id: uuid.UUID,
+    *,
+    templates: Sequence[str] | None = None,
+) -> list[TaskInstance]:
+    """The tasks of `grpo` snapshot `dataset_id`, regenerated from their suites, in the
+    snapshot's order; only `templates` when given.
+
+    Raises:
+        SnapshotError: the snapshot is missing or corrupt.
+        TrainerError: it is not a `grpo` snapshot, a task no longer regenerates as it was,
+            or no task is left.
+    """
+    info = get_snapshot(engine, dataset_id)
+    if info.kind != DatasetKind.GRPO:
+        raise TrainerError(f"grpo trains on grpo snapshots, not {info.kind.value}")
+    frame = read_snapshot(store, info)
+    resolve = suite_task_resolver()
+    tasks: list[TaskInstance] = []
+    for row in frame.select("suite", "template", "instance_seed", "task_id").iter_rows():
+        suite, template, seed, task_id = row
+        if templates and template not in templates:
+            continue
+        try:
+            tasks.append(resolve(str(suite), str(template), int(seed), str(task_id)))
+        except (ValueError, KeyError) as e:
+            raise TrainerError(f"snapshot {info.id}: task {task_id}: {e}") from e
+    if not tasks:
+        wanted = f" of templates {', '.join(templates)}" if templates else ""
+        raise TrainerError(f"snapshot {info.id} holds no task{wanted} to train on")
+    return tasks
+
+
+def train_grpo_model(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    dataset_id: uuid.UUID,
+    work_dir: Path,
+    training: TrainingSettings,
+    settings: Settings,
+    qc_config: QcConfig,
+    base_checkpoint_id: uuid.UUID,
+    templates: Sequence[str] | None = None,
+    prefect_flow_run_id: str | None = None,
+    on_metrics: MetricsHook | None = None,
+    concurrency: int = 4,
+) -> TrainedModel:
+    """Agentic GRPO from checkpoint `base_checkpoint_id` over the tasks of `grpo` snapshot
+    `dataset_id` (see the module): the `training_run` row (running) and the trained model
+    in `work_dir/model`, to be registered with `training.pipeline.register_checkpoint`.
+
+    Raises:
+        TrainerError: not a `grpo` snapshot, no task, or the trainer failed.
+        SnapshotError: the snapshot is missing or corrupt.
+        RegistryError, CheckpointNotFound: the base checkpoint cannot be fetched.
+        CollectError, StorageError: the rollout run cannot be opened or stored.
+    """
+    from collection.grpo_rollouts import run_grpo_rollouts
+    from training.trainers.episode_grpo import run_episode_grpo
+
+    tasks = grpo_tasks(engine, store, dataset_id, templates=templates)
+    base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
+    run_id = start_training_run(
+        engine,
+        dataset_id=dataset_id,
+        algo=Algo.GRPO.value,
+        base_model=str(base_checkpoint_id),
+        config={**training.model_dump(mode="json"), "rollouts": "episodes"},
+        prefect_flow_run_id=prefect_flow_run_id,
+    )
+    job = TrainJob(
+        base_model_dir=base_dir,
+        output_dir=work_dir / "model",
+        settings=training,
+        on_metrics=on_metrics,
+        rewards=settings.rewards,
+    )
+    task_ids = [t.task_id for t in tasks]
+    try:
+        result, _rollouts = run_grpo_rollouts(
+            str(run_id),
+            tasks,
+            settings,
+            lambda source: run_episode_grpo(task_ids, job, source),
+            base_model_dir=base_dir,
+            engine=engine,
+            store=store,
+            qc_config=qc_config,
+            concurrency=concurrency,
+            prompt_style=training.prompt_style,
+            temperature=training.temperature,
+            max_new_tokens=training.max_completion_length,
+            training_run_id=run_id,
+        )
+    except BaseException as e:  # cancelled or interrupted runs are closed too
+        fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")
+        raise
+    return TrainedModel(
+        training_run_id=run_id,
+        dataset_id=dataset_id,
+        algo=Algo.GRPO,
+        base_name=str(base_checkpoint_id),
+        base_checkpoint_id=base_checkpoint_id,
+        result=result,
+    )
