@@ -57,7 +57,7 @@ from training.rollout_tokens import (
     rollout_func_output,
     token_rollout,
 )
-from training.trainers.common import Algo, TrainJob, TrainResult, base_args, module, train_with
+from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
 
 __all__ = [
     "EpisodeRollouts",
@@ -268,26 +268,14 @@ def run_episode_grpo(
     """
     from datasets import Dataset
 
-    from training.trainers.grpo import use_reference
+    from training.trainers.grpo import grpo_config, use_reference
 
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
     trl = module("trl")
     settings = job.settings
     generations = settings.rollouts_per_task
-    batch = max(settings.batch_size, generations)
-    batch -= batch % generations
-    args = base_args(settings, job.output_dir, learning_rate=settings.rl_learning_rate)
-    args["per_device_train_batch_size"] = batch
-    config = trl.GRPOConfig(
-        **args,
-        num_generations=generations,
-        max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature,
-        beta=settings.beta,
-        epsilon=settings.clip_epsilon,
-        remove_unused_columns=False,
-    )
+    config = grpo_config(job)
     rollouts = EpisodeRollouts(
         source=source,
         rollouts_per_task=generations,

@@ -25,7 +25,7 @@ from training.trainers.common import (
     train_with,
 )
 
-__all__ = ["run_grpo", "use_reference"]
+__all__ = ["grpo_config", "run_grpo", "use_reference"]
 
 _TASK_COLUMNS = ("task_id", "suite", "template", "instance_seed")
 
@@ -50,21 +50,7 @@ def run_grpo(
         [{"prompt": r["prompt"], **{c: r[c] for c in _TASK_COLUMNS if c in r}} for r in rows]
     )
     settings = job.settings
-    # One optimizer step consumes batch_size completions; it must hold whole groups.
-    generations = settings.rollouts_per_task
-    batch = max(settings.batch_size, generations)
-    batch -= batch % generations
-    args = base_args(settings, job.output_dir, learning_rate=settings.rl_learning_rate)
-    args["per_device_train_batch_size"] = batch
-    config = trl.GRPOConfig(
-        **args,
-        num_generations=generations,
-        max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature,
-        beta=settings.beta,
-        epsilon=settings.clip_epsilon,
-        remove_unused_columns=False,
-    )
+    config = grpo_config(job)
     reference = job.ref_model_dir if settings.beta > 0 else None
     return train_with(
         Algo.GRPO,
@@ -75,6 +61,27 @@ def run_grpo(
         n_examples=len(rows),
         prepare=(lambda trainer: use_reference(trainer, reference)) if reference else None,
         reward_funcs=list(reward_fns),
+    )
+
+
+def grpo_config(job: TrainJob) -> Any:
+    """TRL's `GRPOConfig` of `job` (the one-turn and the episode GRPO alike): seed 000
+    §4.4's knobs from its settings (learning rate, β, ε, rollouts per task); one optimiser
+    step consumes `batch_size` completions, rounded down to whole groups."""
+    settings = job.settings
+    generations = settings.rollouts_per_task
+    batch = max(settings.batch_size, generations)
+    batch -= batch % generations
+    args = base_args(settings, job.output_dir, learning_rate=settings.rl_learning_rate)
+    args["per_device_train_batch_size"] = batch
+    return module("trl").GRPOConfig(
+        **args,
+        num_generations=generations,
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        beta=settings.beta,
+        epsilon=settings.clip_epsilon,
+        remove_unused_columns=False,
     )
 
 
