@@ -368,13 +368,21 @@ def test_lineage_of_an_episode_reaches_every_dataset_and_checkpoint(db: Populate
     corpus, down = db.corpus, db.downstream
     in_parent = min(e for e, _ in db.lineage(down.dataset.id))
     _, rows = run(db, "lineage_of_episode", {"lineage_episode_id": in_parent})
+
+    def maybe(value: object) -> uuid.UUID | None:
+        return None if value is None else as_uuid(value)
+
     assert {
-        (as_uuid(r["dataset_id"]), as_uuid(r["checkpoint_id"]), r["generations"]) for r in rows
+        (as_uuid(r["dataset_id"]), maybe(r["checkpoint_id"]), r["generations"], r["algo"])
+        for r in rows
     } == {
-        (down.dataset.id, corpus.checkpoint_id, 0),
-        (down.dataset.id, corpus.child_checkpoint_id, 1),
+        (down.dataset.id, corpus.checkpoint_id, 0, "sft"),
+        (down.dataset.id, corpus.child_checkpoint_id, 1, "sft"),
+        # The GRPO run on the same snapshot (the cookbook data's), no checkpoint registered:
+        (down.dataset.id, None, None, "grpo"),
     }
-    assert {as_uuid(r["trained_checkpoint_id"]) for r in rows} == {corpus.checkpoint_id}
+    assert {maybe(r["trained_checkpoint_id"]) for r in rows} == {corpus.checkpoint_id, None}
+    assert rows[-1]["algo"] == "grpo"  # a run without a checkpoint sorts last on both
     in_child = min(e for e, _ in db.lineage(down.child_dataset.id))
     _, rows = run(db, "lineage_of_episode", {"lineage_episode_id": in_child})
     assert [(as_uuid(r["checkpoint_id"]), r["generations"]) for r in rows] == [
