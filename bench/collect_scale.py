@@ -202,14 +202,6 @@ def _descendants(pids: list[int]) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def run_collector(
     args: argparse.Namespace, database_url: str, objects: Path, *, kill_at: int | None
 ) -> Phase:
@@ -359,6 +351,7 @@ def verify(database_url: str, objects: Path, episodes: int) -> dict[str, Any]:
 def measure(
     args: argparse.Namespace, database: str, database_url: str, work: Path
 ) -> dict[str, Any]:
+    from core.owner import process_start_ticks
     from storage import migrate
     from storage.db import make_engine
     from storage.settings import DatabaseSettings
@@ -374,9 +367,12 @@ def measure(
             f"{database}: the first collector ended before the kill:\n{first.stderr_tail}"
         )
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in first.jail_pids) and time.monotonic() < deadline:
+    while (
+        any(process_start_ticks(p) is not None for p in first.jail_pids)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
-    leftover = [p for p in first.jail_pids if _alive(p)]
+    leftover = [p for p in first.jail_pids if process_start_ticks(p) is not None]
     killed_verify = verify(database_url, objects, args.episodes)
     print(f"{database}: resuming ({killed_verify['stored']} stored)", file=sys.stderr)
     second = run_collector(args, database_url, objects, kill_at=None)

@@ -3,7 +3,8 @@
 Run for real (nsjail, SQLite, Prefect), each entry point holds the run key's lock while
 its episodes run: `epiflow collect` (a subprocess; its flow runs on the collection the
 command opened), the `collect-episodes` and `collect-shard` flows (Prefect's test
-harness), `collect_in_process` and an evaluation (`collection.evaluation`). The policy is
+harness), `collect_in_process`, an evaluation (`collection.evaluation`), environment
+sessions (`environment.hub`) and GRPO's rollouts (`collection.grpo_rollouts`). The policy is
 the `openai:` policy talking to a real
 loopback chat server (`tests.agent.chat_server`), which tries to take the lock itself
 each time an episode asks it for a completion, before it answers; once the entry point
@@ -27,6 +28,7 @@ import pytest
 from sqlalchemy import text
 
 from collection.request import CollectRequest
+from config.settings import load_qc_config
 from storage import migrate
 from storage.db import make_engine
 from storage.errors import RunKeyBusy
@@ -177,6 +179,75 @@ def test_an_evaluation_holds_the_lock_and_ends_its_run(
         assert [e.task_id for e in episodes] == [t.task_id for t in tasks]
         assert status == "completed"
         probe.assert_held_while_episodes_ran(2)
+
+
+def _lock_is_held(database: DatabaseSettings, name: str) -> bool:
+    try:
+        acquire_run_key(database, name).release()
+    except RunKeyBusy:
+        return True
+    return False
+
+
+def test_environment_sessions_hold_the_lock(database: DatabaseSettings, tmp_path: Path) -> None:
+    """A server's sessions are episodes of one collection run: its key's lock is held while
+    a session runs, free once the hub closed, and the run ended by the collection."""
+    from agent.render import render_final
+    from config.settings import load_settings
+    from environment.actions import Action
+    from environment.hub import HubConfig, open_hub
+    from environment.selection import TaskSelection
+
+    engine = make_engine(database)
+
+    async def serve() -> list[bool]:
+        held = []
+        async with open_hub(
+            HubConfig(run_key="env-lock", templates=["dir_tree"]),
+            load_settings(),
+            engine=engine,
+            store=LocalObjectStore(tmp_path / "objects"),
+        ) as hub:
+            session, _ = await hub.reset(TaskSelection(template="dir_tree"))
+            held.append(await asyncio.to_thread(_lock_is_held, database, "env-lock"))
+            await hub.step(session, Action(message=render_final("done")))
+        held.append(await asyncio.to_thread(_lock_is_held, database, "env-lock"))
+        return held
+
+    try:
+        assert asyncio.run(serve()) == [True, False]
+        with engine.connect() as conn:
+            status = conn.execute(
+                text("SELECT status FROM collection_run WHERE run_key = 'env-lock'")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert status == "completed"
+
+
+def test_rl_rollouts_hold_the_lock(database: DatabaseSettings, tmp_path: Path) -> None:
+    """GRPO's rollouts are one collection run per training run, and the training runs as
+    its work: the rollout run key's lock is held for the whole training, then freed."""
+    from collection.grpo_rollouts import rollout_run_key, run_grpo_rollouts
+    from config.settings import load_settings
+    from suites.registry import load_suite
+
+    engine = make_engine(database)
+    key = rollout_run_key("lock")
+    try:
+        held = run_grpo_rollouts(
+            "lock",
+            load_suite("builtin").instances(1, templates=["dir_tree"]),
+            load_settings(),
+            lambda source: _lock_is_held(database, key),
+            base_model_dir=tmp_path / "unused-model",
+            engine=engine,
+            store=LocalObjectStore(tmp_path / "objects"),
+            qc_config=load_qc_config(),
+        )
+    finally:
+        engine.dispose()
+    assert held and not _lock_is_held(database, key)
 
 
 @pytest.fixture
