@@ -20,7 +20,7 @@ import pytest
 from tests.services.chromium import run_chromium
 from tests.services.prefect_server import PrefectServer
 
-EXPECTED = {"nightly-collect", "qc-gate", "train", "evaluate", "shard"}
+EXPECTED = {"nightly-collect", "nightly-champion", "qc-gate", "train", "evaluate", "shard"}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def served(
     try:
         deadline = time.monotonic() + 120
         found: dict[str, dict[str, object]] = {}
-        while time.monotonic() < deadline and set(found) < EXPECTED:
+        while time.monotonic() < deadline and not set(found) >= EXPECTED:
             assert serving.poll() is None, "epiflow serve exited"
             deployments = _post(f"{server.api_url}/deployments/filter", {})
             assert isinstance(deployments, list)
