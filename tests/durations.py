@@ -31,6 +31,8 @@ def nodeid_of(classname: str, name: str, root: Path = ROOT) -> str | None:
     """The pytest node id of a junit test case: `tests.cli.test_show` (or, for a test in a
     class, `tests.cli.test_show.TestShow`) and `test_x[sqlite]` give
     `tests/cli/test_show.py[::TestShow]::test_x[sqlite]`; None if no such file exists."""
+    if not classname:  # a collection error's case: no test, no time
+        return None
     parts = classname.split(".")
     for split in range(len(parts), 0, -1):
         path = Path(*parts[:split]).with_suffix(".py")

@@ -168,6 +168,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <testcase classname="tests.test_lanes" name="test_a" time="1.25" />
   <testcase classname="tests.cli.test_show.TestShow" name="test_c" time="7" />
   <testcase classname="tests.gone.test_removed" name="test_d" time="9" />
+  <testcase classname="" name="tests.test_broken" time="0.000"><error message="collection failure" /></testcase>
 </testsuite></testsuites>
 """
 
