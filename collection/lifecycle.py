@@ -50,6 +50,7 @@ from agent.trajectory import success_rate
 from collection.errors import CollectError, RequestError
 from collection.plan import Plan, PlannedEpisode, Shard, plan_collection, plan_tasks
 from collection.request import CollectRequest, CollectResult
+from collection.stored_policy import STORED_POLICY_PREFIXES, stored_policy
 from config.settings import Settings
 from models import run_id_for
 from storage.ingest import IngestReport
@@ -96,46 +97,6 @@ def make_run_policy(spec: str, settings: Settings) -> Policy:
         return make_policy(spec, settings=settings.policy)
     except PolicySpecError as e:
         raise RequestError(f"--policy: {e}", setting="--policy") from e
-
-
-STORED_POLICY_PREFIXES = ("hf:checkpoint/", "hf:alias/")
-"""Policy specs naming a checkpoint in the registry, directly or by a model alias."""
-
-
-def stored_checkpoint(spec: str, engine: Engine) -> uuid.UUID | None:
-    """The checkpoint `hf:checkpoint/<id>` or `hf:alias/<name>` names now (an alias is
-    read once, when the collection opens: the run keeps that model even if the alias
-    moves meanwhile); None for any other spec.
-
-    Raises:
-        RequestError: a malformed id, or an alias never set.
-    """
-    from training.aliases import alias_target
-
-    if spec.startswith("hf:checkpoint/"):
-        raw = spec.removeprefix("hf:checkpoint/")
-        try:
-            return uuid.UUID(raw)
-        except ValueError as e:
-            raise RequestError(
-                f"--policy {spec!r}: {raw!r} is not a checkpoint id", setting="--policy"
-            ) from e
-    if spec.startswith("hf:alias/"):
-        name = spec.removeprefix("hf:alias/")
-        target = alias_target(engine, name)
-        if target is None or target.checkpoint_id is None:
-            raise RequestError(
-                f"--policy {spec!r}: model alias {name!r} "
-                + (
-                    "was never set"
-                    if target is None
-                    else f"points at {target.policy}, not a checkpoint"
-                )
-                + " (epiflow models list)",
-                setting="--policy",
-            )
-        return target.checkpoint_id
-    return None
 
 
 def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
@@ -464,7 +425,11 @@ class CollectionContext:
             ensure_current(engine)
             store = self._store if self._store is not None else make_object_store(settings.objects)
             store.check()
-            policy = self._policy or policy or self._stored_policy(spec, engine, store)
+            policy = (
+                self._policy
+                or policy
+                or stored_policy(spec, settings.policy, engine, store, self._scratch)
+            )
         except BaseException:
             if self._engine is None:
                 engine.dispose()
@@ -479,24 +444,6 @@ class CollectionContext:
             shard=self._shard,
             outage=EndpointOutage(limit=settings.policy.outage_episodes),
         )
-
-    def _stored_policy(self, spec: str, engine: Engine, store: ObjectStore) -> Policy:
-        """The `hf:` policy of a registry checkpoint (by id or alias), fetched into a
-        scratch directory that lives as long as the collection; its episodes are labelled
-        `hf:checkpoint/<id>` (the model itself, which an alias is not)."""
-        from agent.policies.hf import HFPolicy
-        from core.scratch import scratch_dir
-        from training.errors import RegistryError
-        from training.registry import fetch_checkpoint
-
-        checkpoint_id = stored_checkpoint(spec, engine)
-        assert checkpoint_id is not None  # the caller checked the prefix
-        directory = self._scratch.enter_context(scratch_dir("epiflow-policy-")) / "model"
-        try:
-            fetch_checkpoint(engine, store, checkpoint_id, directory)
-        except RegistryError as e:
-            raise RequestError(f"--policy {spec!r}: {e}", setting="--policy") from e
-        return HFPolicy(directory, self._settings.policy, spec=f"hf:checkpoint/{checkpoint_id}")
 
     def _lock(self, collection: Collection) -> None:
         """Take the run key's lock (a shard's own), where the run's rows are."""
