@@ -138,7 +138,8 @@ def load_dataset(folder: Path, images_dir: Path) -> LoadedDataset:
         if not isinstance(loaded, HarborSuite):
             raise SystemExit(f"--dataset: {folder} is not a Harbor dataset (it holds suite.yaml)")
         suite = loaded
-        problems = list(getattr(suite, "refused", None) or suite.invalid)
+        refused = getattr(suite, "refused", None)  # the per-task loader's, once it lands
+        problems = list(refused if refused is not None else suite.invalid)
     load_s = round(time.perf_counter() - started, 3)
     refused = dict(_refusal(problem, folder) for problem in problems)
     names = {t.path.name: t.name for t in suite.tasks.values()} if suite else {}
