@@ -34,6 +34,7 @@ backward pass, the optimiser step).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections import defaultdict
@@ -91,12 +92,20 @@ class _StepCurve:
     points: list[dict[str, float]] = field(default_factory=list)
 
     def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
-        if "reward" not in logs:
+        if "grpo/success_rate" not in logs:  # a step's log, not the run's summary
             return
-        keys = {"reward": "reward", "reward_std": "reward_std", "kl": "kl"}
-        point = {"step": float(step)} | {k: round(logs[v], 4) for k, v in keys.items() if v in logs}
-        if "grpo/success_rate" in logs:
-            point["success"] = round(logs["grpo/success_rate"], 3)
+        keys = {
+            "reward": "reward",
+            "reward_std": "reward_std",
+            "success": "grpo/success_rate",
+            "kl": "kl",
+            "groups_used": "grpo/groups_used",
+        }
+        point = {"step": float(step)} | {
+            name: round(logs[key], 4)
+            for name, key in keys.items()
+            if key in logs and math.isfinite(logs[key])  # no reward when no group trained
+        }
         self.points.append(point)
 
 
@@ -168,7 +177,13 @@ def run_rl_stage(
     from training.snapshots import build_snapshot
 
     assert recipe.rl is not None, "run_rl_stage needs a recipe with an RL stage"
-    settings = recipe.rl_settings(sft_settings, steps=steps, groups_per_step=groups_per_step)
+    settings = recipe.rl_settings(
+        sft_settings,
+        # An EPIFLOW_TRAINING_* variable wins over the recipe's RL knobs, as over its SFT ones.
+        explicit=TrainingSettings().model_fields_set,
+        steps=steps,
+        groups_per_step=groups_per_step,
+    )
     groups = settings.batch_size // settings.rollouts_per_task
     started = time.perf_counter()
     snapshot = build_snapshot(
@@ -226,7 +241,10 @@ def run_rl_stage(
             "rollouts_generated": int(counts.get("rollouts_generated", 0)),
             **stored,
             "trainer_tokens": result.tokens,
-            "trainer_tokens_per_s": round(result.tokens / trainer_s, 2) if trainer_s > 0 else None,
+            # None when no group was trained: the trainer then saw only placeholder slots.
+            "trainer_tokens_per_s": round(result.tokens / trainer_s, 2)
+            if trainer_s > 0 and counts.get("groups_used")
+            else None,
             "rl_train_s": round(result.runtime_s, 1),
             "rl_s": round(rl_s, 1),
             "rl_cpu_share": round(result.cpu_s / result.runtime_s, 2) if result.runtime_s else None,
