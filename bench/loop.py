@@ -819,6 +819,14 @@ def _evaluate_saves(
     return out
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer ≥ 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -883,12 +891,19 @@ def main() -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
-        "--rl-steps", type=int, default=None, help="GRPO optimiser steps (the recipe's RlStage)"
+        "--rl-steps", type=_positive, default=None, help="GRPO optimiser steps (the recipe's)"
     )
     parser.add_argument(
-        "--rl-groups", type=int, default=None, help="GRPO groups per optimiser step (the recipe's)"
+        "--rl-groups", type=_positive, default=None, help="GRPO groups per step (the recipe's)"
     )
     args = parser.parse_args()
+    from training.recipes import RECIPES
+
+    if args.recipe not in RECIPES:
+        parser.error(f"--recipe: unknown recipe {args.recipe!r} (known: {', '.join(RECIPES)})")
+    if RECIPES[args.recipe].rl is None and (args.rl_steps or args.rl_groups):
+        with_rl = ", ".join(n for n, r in RECIPES.items() if r.rl is not None)
+        parser.error(f"--rl-steps and --rl-groups need a recipe with an RL stage ({with_rl})")
     # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
     # a server the run started and remove the work directory.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
