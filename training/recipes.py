@@ -126,11 +126,13 @@ class Recipe(BaseModel):
         self,
         sft: TrainingSettings,
         *,
+        explicit: frozenset[str] | set[str] = frozenset(),
         steps: int | None = None,
         groups_per_step: int | None = None,
     ) -> TrainingSettings:
         """The RL stage's settings: the stage's overrides over the SFT stage's settings
-        `sft` (a field set by an `EPIFLOW_TRAINING_*` variable is kept), and its budget:
+        `sft` (except the fields in `explicit`: those the entry point's settings were given
+        explicitly, e.g. `TrainingSettings().model_fields_set`), and its budget:
         `steps` optimiser steps of `groups_per_step` groups (default: the stage's), no
         wall-time budget, no gradient accumulation.
 
@@ -139,7 +141,6 @@ class Recipe(BaseModel):
         """
         if self.rl is None:
             raise TrainerError(f"recipe {self.name!r} has no RL stage")
-        explicit = TrainingSettings().model_fields_set
         overrides = {k: v for k, v in self.rl.settings.items() if k not in explicit}
         merged = {**sft.model_dump(), **overrides}
         groups = groups_per_step if groups_per_step is not None else self.rl.groups_per_step

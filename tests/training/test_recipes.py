@@ -70,7 +70,10 @@ def test_rl_settings_take_the_step_and_group_flags_and_keep_explicit_settings(
 ) -> None:
     recipe = RECIPES["loop-rl"]
     monkeypatch.setenv("EPIFLOW_TRAINING_BETA", "0.08")
-    rl = recipe.rl_settings(recipe.training_settings(), steps=2, groups_per_step=3)
+    explicit = TrainingSettings().model_fields_set
+    rl = recipe.rl_settings(
+        recipe.training_settings(), explicit=explicit, steps=2, groups_per_step=3
+    )
     assert (rl.max_steps, rl.batch_size, rl.beta) == (2, 3 * rl.rollouts_per_task, 0.08)
 
 
