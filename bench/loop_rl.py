@@ -22,11 +22,11 @@ the SFT stage:
 The counts come from two places and are reported side by side: what the trainer
 counted (`rollouts_generated`, `groups_used`, `groups_dropped_*`,
 `infrastructure_rollouts`: `training.groups.GroupCounts`) and what SQL holds
-(`rollouts_stored`: the rollout run's `grpo_rollout` rows joined to their episodes;
-`episodes_stored`: its `episode` rows). `rollout_tokens_per_s` is the tokens the policy
-sampled (`episode.completion_tokens`) per second of rollout wall time, a generation
-batch's wall time being its first episode's start to its last one's end (sandbox, tools
-and verifier included); `trainer_tokens_per_s` is the tokens the trainer fed its model
+(`storage.grpo_rollouts.rollout_run_figures`: `rollouts_stored`, the rollout run's
+`grpo_rollout` rows joined to their episodes; `episodes_stored`, its `episode` rows).
+`rollout_tokens_per_s` is the tokens the policy sampled (`episode.completion_tokens`) per
+second of rollout wall time, a generation batch's wall time being its first episode's
+start to its last one's end (sandbox, tools and verifier included); `trainer_tokens_per_s` is the tokens the trainer fed its model
 (`TrainResult.tokens`: prompt and completion of every rollout) per second of
 `trainer.train()` outside those batches (the reference and policy forward passes, the
 backward pass, the optimiser step).
@@ -37,18 +37,15 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, select
-from sqlmodel import col
+from sqlalchemy import Engine
 
 from config.settings import Settings, load_qc_config
-from models import Episode, GrpoRollout, run_id_for
+from models import run_id_for
 from storage.objects import ObjectStore
 from training.recipes import Recipe
 from training.settings import TrainingSettings
@@ -109,41 +106,6 @@ class _StepCurve:
         self.points.append(point)
 
 
-def rollout_figures(engine: Engine, rollout_run_id: uuid.UUID) -> dict[str, Any]:
-    """From SQL: the rollout run's stored rollouts and episodes, the tokens its policy
-    sampled, and the wall time of its generation batches (per policy version)."""
-    with engine.connect() as conn:
-        episodes = conn.execute(
-            select(
-                col(Episode.id),
-                col(Episode.started_at),
-                col(Episode.ended_at),
-                col(Episode.completion_tokens),
-            ).where(col(Episode.run_id) == rollout_run_id)
-        ).all()
-        versions = dict(
-            conn.execute(
-                select(col(GrpoRollout.episode_id), col(GrpoRollout.policy_version))
-                .join(Episode, col(Episode.id) == col(GrpoRollout.episode_id))
-                .where(col(Episode.run_id) == rollout_run_id)
-            ).all()
-        )
-    spans: dict[int, list[datetime]] = defaultdict(list)
-    for episode_id, started, ended, _ in episodes:
-        version = versions.get(episode_id)
-        if version is not None and started is not None and ended is not None:
-            spans[int(version)] += [started, ended]
-    wall_s = sum((max(ts) - min(ts)).total_seconds() for ts in spans.values())
-    sampled = sum(int(tokens or 0) for *_, tokens in episodes)
-    return {
-        "rollouts_stored": len(versions),
-        "episodes_stored": len(episodes),
-        "sampled_tokens": sampled,
-        "rollout_wall_s": round(wall_s, 1),
-        "rollout_tokens_per_s": round(sampled / wall_s, 2) if wall_s > 0 else None,
-    }
-
-
 def run_rl_stage(
     engine: Engine,
     store: ObjectStore,
@@ -172,6 +134,7 @@ def run_rl_stage(
     """
     from collection.grpo_rollouts import rollout_run_key
     from collection.grpo_training import train_grpo_model
+    from storage.grpo_rollouts import rollout_run_figures
     from training.pipeline import register_checkpoint
     from training.registry import fetch_checkpoint
     from training.snapshots import build_snapshot
@@ -218,10 +181,10 @@ def run_rl_stage(
     rl_s = time.perf_counter() - started
     result = trained.result
     rollout_run = run_id_for(rollout_run_key(str(trained.training_run_id)))
-    stored = rollout_figures(engine, rollout_run)
-    trainer_s = result.runtime_s - stored["rollout_wall_s"]
+    stored = rollout_run_figures(engine, rollout_run)
+    trainer_s = result.runtime_s - stored.rollout_wall_s
     counts = {k.removeprefix("grpo_run/"): v for k, v in result.metrics.items()}
-    log(f"RL done in {rl_s:.1f}s: {result.steps} steps, {stored}")
+    log(f"RL done in {rl_s:.1f}s: {result.steps} steps, {stored.model_dump()}")
     model_dir = fetch_checkpoint(engine, store, outcome.checkpoint_id, work / "rl-model")
     return RlStageOutcome(
         checkpoint_id=outcome.checkpoint_id,
@@ -239,7 +202,13 @@ def run_rl_stage(
             "infrastructure_rollouts": int(counts.get("infrastructure_rollouts", 0)),
             "qc_discarded_rollouts": int(counts.get("qc_discarded_rollouts", 0)),
             "rollouts_generated": int(counts.get("rollouts_generated", 0)),
-            **stored,
+            "rollouts_stored": stored.rollouts_stored,
+            "episodes_stored": stored.episodes_stored,
+            "sampled_tokens": stored.sampled_tokens,
+            "rollout_wall_s": round(stored.rollout_wall_s, 1),
+            "rollout_tokens_per_s": round(stored.rollout_tokens_per_s, 2)
+            if stored.rollout_tokens_per_s is not None
+            else None,
             "trainer_tokens": result.tokens,
             # None when no group was trained: the trainer then saw only placeholder slots.
             "trainer_tokens_per_s": round(result.tokens / trainer_s, 2)
