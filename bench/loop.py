@@ -3,6 +3,7 @@
     python bench/loop.py --json [--recipe loop] [--budget-s 1200] [--iterations 1]
                                 [--train-tasks N] [--noisy-tasks N] [--heldout N]
                                 [--curve-every-s S] [--dump PATH] [--keep] [--quiet]
+                                [--rl-steps N] [--rl-groups N]
 
 Everything not given on the command line comes from the recipe (`training.recipes`,
 default `loop`): templates, oracle and noisy instances per template, the model shape, the
@@ -45,6 +46,18 @@ snapshot's own chats (`bare_torch`, `trl_vs_bare_torch`). Infrastructure outcome
 left out of every rate and counted (`infrastructure_episodes`). Target: base ≤ 0.1,
 trained ≥ 0.5 overall and on ≥ 4 of its 6 templates, ≤ 30 minutes on the quiet 2-core
 machine; `per_template` has {template: {base, trained}}.
+
+`--recipe smollm2-rl` (issue 42) runs the smollm2 recipe, then agentic GRPO from its SFT
+checkpoint (`bench/loop_rl.py`: `collection.grpo_training.train_grpo_model`, what `epiflow
+train --algo grpo` runs; every rollout a stored, gated episode in a real sandbox), and
+evaluates base, SFT and RL on the same held-out instances (8 per template, 48 episodes)
+through `transformers serve` and `openai:`: `sft_completion_rate`, `rl_completion_rate`,
+`per_template` as {template: {base, sft, rl}}, the RL stage's counts (`rl_steps`,
+`groups_used`, `groups_dropped_zero_variance`, `infrastructure_rollouts`,
+`rollouts_generated`, `rollouts_stored` read from SQL), `rollout_tokens_per_s`,
+`trainer_tokens_per_s` and `rl_s`. Its budget is `--rl-steps` optimiser steps of
+`--rl-groups` groups (default: the recipe's `RlStage`), never seconds. `--recipe loop-rl`
+does the same with the `loop` recipe's small model (`hf:` evaluation): the path in minutes.
 
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
@@ -293,6 +306,8 @@ class _Curve:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from loop_rl import cpu_flags
+
     from config.settings import load_qc_config
     from core.home import epiflow_home
     from storage.db import make_engine
@@ -573,6 +588,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
             parent_id = outcome.checkpoint_id
+        rl_keys: dict[str, Any] = {}
+        if recipe.rl is not None and result is not None:
+            # bench/loop_rl.py: this script's folder is sys.path[0] (as mypy maps bench/)
+            from loop_rl import rl_report, run_rl_stage
+
+            stage = run_rl_stage(
+                engine,
+                store,
+                recipe=recipe,
+                sft_settings=settings,
+                sft_checkpoint_id=parent_id,
+                oracle_run_id=runs["oracle"],
+                oracle_gate_id=gates["oracle"][0],
+                templates=templates,
+                work=work,
+                rollout_settings=_eval_settings(
+                    args, max_parse_failures=args.eval_max_parse_failures
+                ),
+                steps=args.rl_steps,
+                groups_per_step=args.rl_groups,
+                log=lambda message: _log(quiet, message),
+            )
+            rl_eval = _evaluate(stage.model_dir, heldout, run_key="loop-eval-rl", args=args)
+            _log(quiet, f"RL eval: {rl_eval}")
+            rl_keys = rl_report(
+                base_eval, iterations[-1]["eval"], rl_eval, stage, templates=templates
+            )
         bare_torch = None
         if recipe.bare_torch_steps > 0 and result is not None:
             bare_torch = _bare_torch(
@@ -693,7 +735,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eval_policy": args.eval_policy,
         "eval_max_parse_failures": args.eval_max_parse_failures,
         "trained_sample_first_turn": final["sample_first_turn"],
-    }
+        "cpu_flags": cpu_flags(),
+    } | rl_keys
 
 
 def _bare_torch(
@@ -776,6 +819,14 @@ def _evaluate_saves(
     return out
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer ≥ 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -839,7 +890,20 @@ def main() -> None:
         "--dump", type=Path, default=None, help="append the evaluated trajectories (JSONL) here"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--rl-steps", type=_positive, default=None, help="GRPO optimiser steps (the recipe's)"
+    )
+    parser.add_argument(
+        "--rl-groups", type=_positive, default=None, help="GRPO groups per step (the recipe's)"
+    )
     args = parser.parse_args()
+    from training.recipes import RECIPES
+
+    if args.recipe not in RECIPES:
+        parser.error(f"--recipe: unknown recipe {args.recipe!r} (known: {', '.join(RECIPES)})")
+    if RECIPES[args.recipe].rl is None and (args.rl_steps or args.rl_groups):
+        with_rl = ", ".join(n for n, r in RECIPES.items() if r.rl is not None)
+        parser.error(f"--rl-steps and --rl-groups need a recipe with an RL stage ({with_rl})")
     # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
     # a server the run started and remove the work directory.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

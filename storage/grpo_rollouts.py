@@ -8,8 +8,11 @@ written again (the same episode) is replaced, so recording is idempotent.
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime
 
+from pydantic import BaseModel
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, col
@@ -18,7 +21,12 @@ from core.errors import reason_line
 from models import Episode, GrpoRollout
 from storage.errors import IngestError
 
-__all__ = ["grpo_rollouts_of_run", "record_grpo_rollouts"]
+__all__ = [
+    "RolloutRunFigures",
+    "grpo_rollouts_of_run",
+    "record_grpo_rollouts",
+    "rollout_run_figures",
+]
 
 
 def record_grpo_rollouts(engine: Engine, rows: Sequence[GrpoRollout]) -> int:
@@ -56,3 +64,54 @@ def grpo_rollouts_of_run(engine: Engine, run_id: uuid.UUID) -> list[GrpoRollout]
             )
         ).scalars()
         return [GrpoRollout.model_validate(r.model_dump()) for r in rows]
+
+
+class RolloutRunFigures(BaseModel):
+    """What SQL holds of a GRPO rollout run (`rollout_run_figures`)."""
+
+    rollouts_stored: int
+    """`grpo_rollout` rows of the run's episodes."""
+    episodes_stored: int
+    """`episode` rows of the run."""
+    sampled_tokens: int
+    """Tokens the policy sampled over the run's episodes (`episode.completion_tokens`)."""
+    rollout_wall_s: float
+    """Wall time of the generation batches: per policy version, its first episode's start
+    to its last episode's end (sandboxes, tools and verifier included), summed."""
+
+    @property
+    def rollout_tokens_per_s(self) -> float | None:
+        """Sampled tokens per second of `rollout_wall_s` (None before any batch)."""
+        return self.sampled_tokens / self.rollout_wall_s if self.rollout_wall_s > 0 else None
+
+
+def rollout_run_figures(engine: Engine, run_id: uuid.UUID) -> RolloutRunFigures:
+    """The stored rollouts and episodes of the rollout run `run_id`, the tokens its policy
+    sampled, and its generation batches' wall time."""
+    with Session(engine) as session:
+        episodes = session.execute(
+            select(
+                col(Episode.id),
+                col(Episode.started_at),
+                col(Episode.ended_at),
+                col(Episode.completion_tokens),
+            ).where(col(Episode.run_id) == run_id)
+        ).all()
+        versions = dict(
+            session.execute(
+                select(col(GrpoRollout.episode_id), col(GrpoRollout.policy_version))
+                .join(Episode, col(Episode.id) == col(GrpoRollout.episode_id))
+                .where(col(Episode.run_id) == run_id)
+            ).all()
+        )
+    spans: dict[int, list[datetime]] = defaultdict(list)
+    for episode_id, started, ended, _ in episodes:
+        version = versions.get(episode_id)
+        if version is not None and started is not None and ended is not None:
+            spans[int(version)] += [started, ended]
+    return RolloutRunFigures(
+        rollouts_stored=len(versions),
+        episodes_stored=len(episodes),
+        sampled_tokens=sum(int(tokens or 0) for *_, tokens in episodes),
+        rollout_wall_s=sum((max(ts) - min(ts)).total_seconds() for ts in spans.values()),
+    )

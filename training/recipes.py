@@ -22,7 +22,28 @@ from training.errors import TrainerError
 from training.precision import EvalDtype, Precision
 from training.settings import TrainingSettings
 
-__all__ = ["RECIPES", "Recipe", "get_recipe"]
+__all__ = ["RECIPES", "Recipe", "RlStage", "get_recipe"]
+
+
+class RlStage(BaseModel):
+    """Agentic GRPO after the SFT stage (`bench/loop.py`'s RL stage): its budget in
+    optimiser steps and groups, never seconds, and its settings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int = Field(ge=1)
+    """Optimiser steps."""
+    groups_per_step: int = Field(ge=1)
+    """Groups (tasks, each with `rollouts_per_task` rollouts) per optimiser step: the
+    step's batch is `groups_per_step × rollouts_per_task` rollouts, one generation batch
+    per step (TRL's `steps_per_generation` 1), so a run generates `steps ×
+    groups_per_step` groups."""
+    concurrency: int = Field(default=8, ge=1)
+    """Rollout episodes at a time (the trainer's model generates their turns together)."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """`TrainingSettings` overrides over the SFT stage's: seed 000 §4.4's knobs
+    (`rl_learning_rate`, `beta`, `clip_epsilon`, `rollouts_per_task`), sampling, the new
+    tokens per turn (`max_completion_length`)."""
 
 
 class Recipe(BaseModel):
@@ -80,6 +101,9 @@ class Recipe(BaseModel):
     eval_dtype: EvalDtype = "float32"
     """The dtype checkpoints are evaluated in: the saved one (fp32 master weights under any
     training precision), which the `hf:` policy and `transformers serve` load by default."""
+    rl: RlStage | None = None
+    """GRPO from the SFT checkpoint after the SFT stage, evaluated on the same held-out
+    instances (None: no RL stage)."""
 
     def training_settings(self, base: TrainingSettings | None = None) -> TrainingSettings:
         """The recipe's settings and precision over the defaults of `base` (default:
@@ -97,6 +121,47 @@ class Recipe(BaseModel):
             return TrainingSettings.model_validate({**start.model_dump(), **overrides})
         except ValueError as e:
             raise TrainerError(f"recipe {self.name!r}: invalid settings: {e}") from e
+
+    def rl_settings(
+        self,
+        sft: TrainingSettings,
+        *,
+        explicit: frozenset[str] | set[str] = frozenset(),
+        steps: int | None = None,
+        groups_per_step: int | None = None,
+    ) -> TrainingSettings:
+        """The RL stage's settings: the stage's overrides over the SFT stage's settings
+        `sft` (except the fields in `explicit`: those the entry point's settings were given
+        explicitly, e.g. `TrainingSettings().model_fields_set`), and its budget:
+        `steps` optimiser steps of `groups_per_step` groups (default: the stage's), no
+        wall-time budget, no gradient accumulation.
+
+        Raises:
+            TrainerError: the recipe has no RL stage, or an override or budget is invalid.
+        """
+        if self.rl is None:
+            raise TrainerError(f"recipe {self.name!r} has no RL stage")
+        overrides = {k: v for k, v in self.rl.settings.items() if k not in explicit}
+        merged = {**sft.model_dump(), **overrides}
+        groups = groups_per_step if groups_per_step is not None else self.rl.groups_per_step
+        n_steps = steps if steps is not None else self.rl.steps
+        if n_steps < 1 or groups < 1:
+            raise TrainerError(
+                f"recipe {self.name!r}: the RL budget must be at least 1 step of 1 group "
+                f"(--rl-steps, --rl-groups), got {n_steps} steps of {groups}"
+            )
+        budget = {
+            "max_steps": n_steps,
+            "batch_size": groups * int(merged["rollouts_per_task"]),
+            "gradient_accumulation_steps": 1,
+            "max_time_s": None,
+            "save_every_s": None,
+            "save_steps": None,
+        }
+        try:
+            return TrainingSettings.model_validate({**merged, **budget})
+        except ValueError as e:
+            raise TrainerError(f"recipe {self.name!r}: invalid RL settings: {e}") from e
 
 
 _SMALL_MODEL: dict[str, Any] = {
@@ -135,27 +200,127 @@ fixed command and writes the names it reports as failed; rename_files lists a fo
 writes one `mv` per listed name; csv_to_json rewrites the file it read as JSON (the
 hardest of the six: every value is copied into another format)."""
 
-RECIPES: dict[str, Recipe] = {
-    "loop": Recipe(
-        name="loop",
-        summary="bench/loop.py: the closed loop from a fresh model in 20 minutes on 2 cores",
-        templates=["csv_to_json", "dir_tree"],
-        oracle_tasks=1000,
-        noisy_tasks=100,
-        heldout=10,
-        # Steps, not seconds (as the demo): the time-budgeted warm-up and SFT followed the
-        # machine's load (warm-up 411 / 300 / 295 steps gave dir_tree 1.0 / 0.8 / 0.3);
-        # 400 warm-up and 1,000 SFT steps are what the quiet run of the issue-15 note did.
-        settings={
-            **_SMALL_MODEL,
-            "copy_warmup_steps": 400,
-            "max_steps": 1000,
-            "template_weights": {"csv_to_json": 1.5},
-        },
-        # fp32 on every CPU: 0.50 held-out completion in fp32 (3 of 3 runs) against
-        # 0.20-0.25 under bf16 autocast on an AMX Xeon (issue 46).
-        precision="fp32",
+_LOOP = Recipe(
+    name="loop",
+    summary="bench/loop.py: the closed loop from a fresh model in 20 minutes on 2 cores",
+    templates=["csv_to_json", "dir_tree"],
+    oracle_tasks=1000,
+    noisy_tasks=100,
+    heldout=10,
+    # Steps, not seconds (as the demo): the time-budgeted warm-up and SFT followed the
+    # machine's load (warm-up 411 / 300 / 295 steps gave dir_tree 1.0 / 0.8 / 0.3);
+    # 400 warm-up and 1,000 SFT steps are what the quiet run of the issue-15 note did.
+    settings={
+        **_SMALL_MODEL,
+        "copy_warmup_steps": 400,
+        "max_steps": 1000,
+        "template_weights": {"csv_to_json": 1.5},
+    },
+    # fp32 on every CPU: 0.50 held-out completion in fp32 (3 of 3 runs) against
+    # 0.20-0.25 under bf16 autocast on an AMX Xeon (issue 46).
+    precision="fp32",
+)
+
+_SMOLLM2 = Recipe(
+    name="smollm2",
+    summary=(
+        "bench/loop.py --recipe smollm2: SmolLM2-135M-Instruct fine-tuned on the loop's "
+        "own data, served and evaluated through openai: in under 30 minutes on 2 cores"
     ),
+    templates=SMOLLM2_TEMPLATES,
+    oracle_tasks=30,
+    noisy_tasks=6,
+    heldout=4,
+    base_heldout=2,
+    eval_max_steps=5,
+    eval_max_new_tokens=256,
+    eval_max_parse_failures=2,
+    eval_concurrency=6,
+    pretrained="smollm2",
+    eval_policy="openai",
+    serve_threads=1,
+    bare_torch_steps=3,
+    # Steps and examples, not seconds. The compact prompt: ~90 SmolLM2 tokens against
+    # ~800 for the full one, so an example costs ~600 tokens instead of ~1,300 to train
+    # and each served turn prefills a seventh of the prompt; the openai: policy sends
+    # it with `prompt_style=compact`. Full fine-tune (no LoRA: peft is not a
+    # dependency, and the whole model is 134.5 M parameters) in bf16 autocast where
+    # the CPU runs it natively: 0.583 held-out under bf16 (AMX) against 0.542 in fp32
+    # (one run each, 14 vs 13 of 24 episodes), SFT ~170 against 29 tokens/s.
+    precision="auto",
+    settings={
+        "prompt_style": "compact",
+        "max_length": 1536,
+        "sft_learning_rate": 1e-4,
+        "lr_scheduler": "cosine",
+        "min_lr_ratio": 0.1,
+        "warmup_ratio": 0.05,
+        "batch_size": 4,
+        "max_steps": 45,
+        "epochs": 1.0,
+        "logging_steps": 5,
+    },
+)
+
+
+_SEED_GRPO: dict[str, Any] = {
+    # Seed 000 §4.4: lr 1e-6 … 5e-6 (the top: a run of tens of steps), KL β 0.01 … 0.1,
+    # clip ε 0.2 … 0.3, 4 … 8 rollouts per task; a constant rate (no warm-up or decay over
+    # so few steps) and one log line per optimiser step (the progress of the RL stage).
+    "rl_learning_rate": 5e-6,
+    "beta": 0.04,
+    "clip_epsilon": 0.2,
+    "rollouts_per_task": 6,
+    "temperature": 1.0,
+    "lr_scheduler": "constant",
+    "warmup_ratio": 0.0,
+    "logging_steps": 1,
+}
+"""The GRPO stage's settings shared by the RL recipes."""
+
+_SMOLLM2_RL = Recipe.model_validate(
+    {
+        **_SMOLLM2.model_dump(),
+        "name": "smollm2-rl",
+        "summary": (
+            "bench/loop.py --recipe smollm2-rl: the smollm2 recipe, then agentic GRPO from its "
+            "SFT checkpoint; base, SFT and RL evaluated on the same 48 held-out episodes"
+        ),
+        # The same 8 held-out instances per template for the base, the SFT and the RL
+        # checkpoint (issue 42: 48 episodes each).
+        "heldout": 8,
+        "base_heldout": 8,
+        "rl": RlStage(
+            # 12 steps × 4 groups × 6 rollouts = 288 episodes over the 180 oracle
+            # instances: by the arithmetic of docs/training.md ("What a full RL run costs
+            # here"), ~45-65 min on a 2-core AMX machine, ~4-5 h on the fp32 EPYC.
+            steps=12,
+            groups_per_step=4,
+            # New tokens per turn as in the evaluation (`eval_max_new_tokens`).
+            settings={**_SEED_GRPO, "max_completion_length": 256},
+        ),
+    }
+)
+
+_LOOP_RL = Recipe.model_validate(
+    {
+        **_LOOP.model_dump(),
+        "name": "loop-rl",
+        "summary": (
+            "bench/loop.py --recipe loop-rl: the loop recipe's small model, then the RL stage "
+            "of smollm2-rl (a path check that runs in minutes, not a learning target)"
+        ),
+        "rl": RlStage(
+            steps=8,
+            groups_per_step=2,
+            settings={**_SEED_GRPO, "rollouts_per_task": 4, "max_completion_length": 256},
+        ),
+    }
+)
+
+
+RECIPES: dict[str, Recipe] = {
+    "loop": _LOOP,
     "demo": Recipe(
         name="demo",
         summary=(
@@ -174,46 +339,9 @@ RECIPES: dict[str, Recipe] = {
         # The loop's model and data: what held for it holds here (issue 46).
         precision="fp32",
     ),
-    "smollm2": Recipe(
-        name="smollm2",
-        summary=(
-            "bench/loop.py --recipe smollm2: SmolLM2-135M-Instruct fine-tuned on the loop's "
-            "own data, served and evaluated through openai: in under 30 minutes on 2 cores"
-        ),
-        templates=SMOLLM2_TEMPLATES,
-        oracle_tasks=30,
-        noisy_tasks=6,
-        heldout=4,
-        base_heldout=2,
-        eval_max_steps=5,
-        eval_max_new_tokens=256,
-        eval_max_parse_failures=2,
-        eval_concurrency=6,
-        pretrained="smollm2",
-        eval_policy="openai",
-        serve_threads=1,
-        bare_torch_steps=3,
-        # Steps and examples, not seconds. The compact prompt: ~90 SmolLM2 tokens against
-        # ~800 for the full one, so an example costs ~600 tokens instead of ~1,300 to train
-        # and each served turn prefills a seventh of the prompt; the openai: policy sends
-        # it with `prompt_style=compact`. Full fine-tune (no LoRA: peft is not a
-        # dependency, and the whole model is 134.5 M parameters) in bf16 autocast where
-        # the CPU runs it natively: 0.583 held-out under bf16 (AMX) against 0.542 in fp32
-        # (one run each, 14 vs 13 of 24 episodes), SFT ~170 against 29 tokens/s.
-        precision="auto",
-        settings={
-            "prompt_style": "compact",
-            "max_length": 1536,
-            "sft_learning_rate": 1e-4,
-            "lr_scheduler": "cosine",
-            "min_lr_ratio": 0.1,
-            "warmup_ratio": 0.05,
-            "batch_size": 4,
-            "max_steps": 45,
-            "epochs": 1.0,
-            "logging_steps": 5,
-        },
-    ),
+    "smollm2": _SMOLLM2,
+    "smollm2-rl": _SMOLLM2_RL,
+    "loop-rl": _LOOP_RL,
 }
 """The presets, by name."""
 

@@ -4,6 +4,7 @@ purged with an infrastructure episode that a re-run redoes (SQLite and PostgreSQ
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -11,12 +12,17 @@ from sqlalchemy import Engine
 from agent.trajectory import EpisodeStatus, FailureCategory
 from models import GrpoRollout, run_id_for
 from storage.episodes import persist_episodes
-from storage.grpo_rollouts import grpo_rollouts_of_run, record_grpo_rollouts
+from storage.grpo_rollouts import (
+    grpo_rollouts_of_run,
+    record_grpo_rollouts,
+    rollout_run_figures,
+)
 from storage.objects import LocalObjectStore
 from storage.runs import open_run, remaining_episodes
-from tests.training.factory import episode
+from tests.training.factory import call_step, episode, final_step
 
 RUN_KEY = "grpo-rollouts-test"
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _row(t_id: uuid.UUID, *, version: int, fate: str, advantage: float | None) -> GrpoRollout:
@@ -70,3 +76,41 @@ def test_rows_round_trip_and_go_with_a_purged_episode(
     assert [r.episode_id for r in grpo_rollouts_of_run(migrated_engine, run_id_for(RUN_KEY))] == [
         good.episode_id
     ]
+
+
+def test_rollout_run_figures_count_the_stored_rollouts_and_time_the_batches(
+    migrated_engine: Engine, tmp_path: Path
+) -> None:
+    """Two generation batches of two rollouts (policy versions 0 and 1), each batch 10 s
+    from its first start to its last end, 30 sampled tokens an episode; a fifth episode of
+    the run has no `grpo_rollout` row (an episode, not a rollout)."""
+    store = LocalObjectStore(tmp_path / "objects")
+    store.check()
+    trajectories = []
+    for i in range(5):
+        steps = [call_step(0, "ls"), final_step(1)]
+        for step in steps:
+            step.completion_tokens = 15
+        t = episode(run_key=RUN_KEY, task=i // 2, rollout=i % 2, steps=steps)
+        started = START + timedelta(seconds=100 * (i // 2) + 4 * (i % 2))
+        t.started_at, t.ended_at = started, started + timedelta(seconds=6)
+        trajectories.append(t)
+    persist_episodes(migrated_engine, store, trajectories)
+    rows = [
+        _row(t.episode_id, version=i // 2, fate="trained", advantage=0.0)
+        for i, t in enumerate(trajectories[:4])
+    ]
+    record_grpo_rollouts(migrated_engine, rows)
+
+    figures = rollout_run_figures(migrated_engine, run_id_for(RUN_KEY))
+
+    assert (figures.rollouts_stored, figures.episodes_stored) == (4, 5)
+    assert figures.sampled_tokens == 5 * 30
+    assert figures.rollout_wall_s == 20.0  # 2 batches × (4 s apart + 6 s long)
+    assert figures.rollout_tokens_per_s == 150 / 20.0
+    empty = rollout_run_figures(migrated_engine, uuid.uuid4())
+    assert (empty.rollouts_stored, empty.episodes_stored, empty.rollout_tokens_per_s) == (
+        0,
+        0,
+        None,
+    )

@@ -10,6 +10,7 @@ from agent.policies import make_policy
 from agent.prompt import PromptStyle, render_system_prompt
 from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.registry import load_suite
+from training.errors import TrainerError
 from training.pretrained import PRETRAINED
 from training.recipes import RECIPES
 from training.settings import TrainingSettings
@@ -43,3 +44,42 @@ def test_the_smollm2_recipe_evaluates_what_it_trains() -> None:
         BUILTIN_TOOLS.values(), style
     )
     assert style == PromptStyle.COMPACT
+
+
+def test_the_smollm2_rl_recipe_declares_seed_grpo_defaults_in_steps_and_groups() -> None:
+    """Seed 000 §4.4's ranges, a budget of optimiser steps and groups (never seconds), and
+    the 48 held-out episodes (8 per template) that base, SFT and RL are evaluated on."""
+    recipe = RECIPES["smollm2-rl"]
+    sft = recipe.training_settings(TrainingSettings())
+    assert sft == RECIPES["smollm2"].training_settings(TrainingSettings())
+    assert recipe.rl is not None and recipe.heldout == recipe.base_heldout == 8
+    assert recipe.heldout * len(recipe.templates) == 48
+    rl = recipe.rl_settings(sft)
+    assert 1e-6 <= rl.rl_learning_rate <= 5e-6
+    assert 0.01 <= rl.beta <= 0.1
+    assert 0.2 <= rl.clip_epsilon <= 0.3
+    assert 4 <= rl.rollouts_per_task <= 8
+    assert rl.max_steps == recipe.rl.steps and rl.max_time_s is None
+    assert rl.batch_size == recipe.rl.groups_per_step * rl.rollouts_per_task
+    assert rl.gradient_accumulation_steps == 1
+    assert rl.prompt_style == sft.prompt_style == PromptStyle.COMPACT
+
+
+def test_rl_settings_take_the_step_and_group_flags_and_keep_explicit_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recipe = RECIPES["loop-rl"]
+    monkeypatch.setenv("EPIFLOW_TRAINING_BETA", "0.08")
+    explicit = TrainingSettings().model_fields_set
+    rl = recipe.rl_settings(
+        recipe.training_settings(), explicit=explicit, steps=2, groups_per_step=3
+    )
+    assert (rl.max_steps, rl.batch_size, rl.beta) == (2, 3 * rl.rollouts_per_task, 0.08)
+
+
+def test_rl_settings_refuse_an_empty_budget_and_a_recipe_without_rl() -> None:
+    recipe = RECIPES["loop-rl"]
+    with pytest.raises(TrainerError, match="--rl-steps, --rl-groups"):
+        recipe.rl_settings(TrainingSettings(), steps=0)
+    with pytest.raises(TrainerError, match="no RL stage"):
+        RECIPES["smollm2"].rl_settings(TrainingSettings())
