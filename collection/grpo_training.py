@@ -17,9 +17,11 @@ run records its dataset like every other (`training_run.dataset_id`, lineage thr
    closes (checkpoint row, its parent the base checkpoint, the training run completed).
 
 A failure, a cancellation or an interrupt closes the training run `failed` (the rollout
-run is closed `failed` or `interrupted` by `Collection.run`); a killed process leaves
-both `running` until the next training on the host marks the training run `crashed` and
-the next collection under the run key recovers the rollout run (the usual rules).
+run is closed `failed` or `interrupted` by `Collection.run`); a killed process (SIGKILL,
+the OOM killer) leaves both `running`, its jails end by themselves, and the next training
+on the host (or `epiflow db orphans --fix`) finds its owner process gone and marks the
+training run `crashed` and its rollout run `interrupted`
+(`training.registry.mark_crashed_training_runs`): no one runs that run key again.
 
 The one-turn GRPO of `training.trainers.grpo` (a rollout is one assistant turn rewarded by
 `training.rewards.SandboxReward`) is no longer what `--algo grpo` runs; it stays callable
