@@ -267,18 +267,37 @@ def get_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> CheckpointInfo:
         return CheckpointInfo.from_row(row)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""Files of a model directory that hold weights (what `weights=False` leaves out)."""
+
+
 def fetch_checkpoint(
-    engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID, dest: Path
+    engine: Engine,
+    store: ObjectStore,
+    checkpoint_id: uuid.UUID,
+    dest: Path,
+    *,
+    weights: bool = True,
 ) -> Path:
-    """Download the checkpoint's HF directory into `dest`; returns `dest` (an `hf:` policy path).
+    """Download the checkpoint's HF directory into `dest`; returns `dest` (an `hf:` policy
+    path). Without `weights`, only its configuration and tokenizer files (what a check of
+    the tokenizer or its chat template needs, without the download of a model).
 
     Raises:
         CheckpointNotFound: no such checkpoint, or no stored files under its prefix.
         RegistryError: the download failed.
     """
     info = get_checkpoint(engine, checkpoint_id)
+    base = info.object_prefix.rstrip("/") + "/"
     try:
-        written = store.get_tree(info.object_prefix, dest)
+        if weights:
+            written = store.get_tree(info.object_prefix, dest)
+        else:
+            written = [
+                store.get_file(key, dest / key[len(base) :])
+                for key in store.list(base)
+                if not key.endswith(WEIGHT_SUFFIXES)
+            ]
     except ObjectStoreError as e:
         raise RegistryError(f"cannot download checkpoint {checkpoint_id}: {e}") from e
     if not written:
