@@ -151,7 +151,6 @@ async def dataset_snapshot(
     return info.id
 
 
-@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
 async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
     """`fn()` in a worker thread that writes into the flow's work folder. A cancelled
     await would leave the thread running, writing into a folder the flow is about to
@@ -167,6 +166,7 @@ async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None =
         raise
 
 
+@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
 async def base_model(
     settings: Settings,
     training: TrainingSettings,
