@@ -3,8 +3,9 @@ rollouts was stored, while it runs the next in its jails) cannot close its rows:
 `training_run` and its rollout collection run stay `running`, its jails go away by
 themselves (their pipes close), and the next `epiflow train --algo grpo` on the host marks
 the training run `crashed` and its rollout run `interrupted` (the stale-owner rule of
-`core.owner`), sweeps its work folder and trains clean. A real `epiflow` subprocess, real
-TRL on the tiny local base model, real nsjail, SQLite."""
+`core.owner`), sweeps its work folder and trains clean, its progress (terminal line and
+Prefect artifact) carrying the step's GRPO figures. A real `epiflow` subprocess, real TRL
+on the tiny local base model, real nsjail, SQLite, Prefect's test harness."""
 
 from __future__ import annotations
 
@@ -69,6 +70,19 @@ def _count(engine: Engine, table: type, training_run: uuid.UUID) -> int:
         query = query.join(GrpoRollout, col(GrpoRollout.episode_id) == col(Episode.id))
     with engine.connect() as conn:
         return int(conn.execute(query).scalar_one())
+
+
+async def _progress_artifact(key: str) -> str:
+    """The description of the newest progress artifact under `key`."""
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        found = await client.read_artifacts()
+    newest = max(
+        (a for a in found if a.key == key),
+        key=lambda a: a.created.timestamp() if a.created else 0.0,
+    )
+    return str(newest.description)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -151,6 +165,17 @@ def _scenario(
     result = json.loads(last_line(rerun.stdout))
     fresh = uuid.UUID(result["training_run_id"])
     assert result["algo"] == "grpo" and result["steps"] == 1
+
+    # Its terminal progress (`training.callbacks.TrainingProgress`, on stderr) and the train
+    # flow's progress artifact carry the optimiser step's GRPO figures.
+    finished = next(
+        (ln for ln in rerun.stderr.splitlines() if "train grpo: finished 1/1 steps" in ln), ""
+    )
+    for part in (", success ", ", kl ", ", grad_norm ", ", dropped_zero_variance "):
+        assert part in finished, rerun.stderr[-3000:]
+    shown = asyncio.run(_progress_artifact(f"train-{result['dataset_id']}-progress"))
+    assert shown.startswith("step 1 / 1: reward "), shown
+    assert "success" in shown and "KL" in shown and "groups dropped" in shown, shown
 
     runs = _training_runs(engine)
     status, error = runs[killed]
