@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.stores import load_settings
+from cli.stores import load_settings, stores
 from cli.terminal import TerminalConsole
 
 if TYPE_CHECKING:
@@ -97,6 +97,8 @@ def train(
         raise typer.BadParameter("give exactly one of --dataset, --from-run and --qc-run")
     if algo not in ("sft", "dpo", "kto", "grpo"):
         raise typer.BadParameter("use sft, dpo, kto or grpo", param_hint="--algo")
+    if algo == "grpo" and base_checkpoint:
+        _check_grpo_base(base_checkpoint)
     _prefect()
     from cli.interrupts import Interrupted, run_interruptibly
     from flows.train import train as train_flow
@@ -138,6 +140,22 @@ def train(
         ),
         as_json,
     )
+
+
+def _check_grpo_base(base_checkpoint: str) -> None:
+    """Refuse, before the flow starts, a GRPO base whose chat template cannot render the
+    protocol (`collection.grpo_training.check_base_checkpoint`; the flow checks again)."""
+    import uuid
+
+    from collection.grpo_training import check_base_checkpoint
+    from core.scratch import scratch_dir
+
+    try:
+        checkpoint = uuid.UUID(base_checkpoint)
+    except ValueError as e:
+        raise typer.BadParameter("not a checkpoint id", param_hint="--base-checkpoint") from e
+    with stores(load_settings()) as (engine, store), scratch_dir("epiflow-grpo-base-") as work:
+        check_base_checkpoint(engine, store, checkpoint, work)
 
 
 def evaluate(

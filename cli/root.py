@@ -131,7 +131,8 @@ def db_orphans(
     fix: Annotated[
         bool,
         typer.Option(
-            help="Mark `crashed` the training runs left `running` by dead processes of this host."
+            help="Mark `crashed` the training runs left `running` by dead processes of this "
+            "host (and their GRPO rollout runs `interrupted`)."
         ),
     ] = False,
 ) -> None:

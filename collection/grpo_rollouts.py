@@ -69,7 +69,7 @@ from sandbox.spec import SandboxSpec
 from scoring.quality import Verdict
 from scoring.rule_judge import rule_judgement
 from storage.errors import IngestError
-from storage.grpo_rollouts import record_grpo_rollouts
+from storage.grpo_rollouts import record_grpo_rollouts, rollout_run_key
 from storage.objects import ObjectStore
 from storage.qc import write_qc_run
 from tasks.types import TaskInstance
@@ -94,11 +94,6 @@ class TokenRecorder(Protocol):
     """A policy that keeps what it sampled apart and writes it onto a finished episode."""
 
     def record_tokens(self, trajectory: Trajectory) -> None: ...
-
-
-def rollout_run_key(training_run_key: str) -> str:
-    """The collection run key of a training run's rollouts."""
-    return f"grpo-rollouts-{training_run_key}"
 
 
 def trainer_model_policy(

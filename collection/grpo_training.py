@@ -9,7 +9,9 @@ it from its suite: `suite`, `template`, `instance_seed`, `task_id`), so a GRPO t
 run records its dataset like every other (`training_run.dataset_id`, lineage through
 `dataset_episode`); `templates` narrows them. The run:
 
-1. fetches the base (or SFT) checkpoint and opens the `training_run` row (running);
+1. fetches the base (or SFT) checkpoint, refuses it when its chat template cannot render
+   protocol v1 (`check_protocol_template`: nothing opened, no jail started), and opens
+   the `training_run` row (running);
 2. runs `collection.grpo_rollouts.run_grpo_rollouts` with the rollout run key derived from
    the training run's id (`grpo-rollouts-<training run id>`) and the trainer
    `training.trainers.episode_grpo.run_episode_grpo`, the base as the frozen reference;
@@ -17,9 +19,11 @@ run records its dataset like every other (`training_run.dataset_id`, lineage thr
    closes (checkpoint row, its parent the base checkpoint, the training run completed).
 
 A failure, a cancellation or an interrupt closes the training run `failed` (the rollout
-run is closed `failed` or `interrupted` by `Collection.run`); a killed process leaves
-both `running` until the next training on the host marks the training run `crashed` and
-the next collection under the run key recovers the rollout run (the usual rules).
+run is closed `failed` or `interrupted` by `Collection.run`); a killed process (SIGKILL,
+the OOM killer) leaves both `running`, its jails end by themselves, and the next training
+on the host (or `epiflow db orphans --fix`) finds its owner process gone and marks the
+training run `crashed` and its rollout run `interrupted`
+(`training.registry.mark_crashed_training_runs`): no one runs that run key again.
 
 The one-turn GRPO of `training.trainers.grpo` (a rollout is one assistant turn rewarded by
 `training.rewards.SandboxReward`) is no longer what `--algo grpo` runs; it stays callable
@@ -40,8 +44,9 @@ from expectations.settings import QcConfig
 from storage.objects import ObjectStore
 from tasks.types import TaskInstance
 from training.builders import DatasetKind
-from training.errors import TrainerError
+from training.errors import ChatTemplateError, TrainerError
 from training.pipeline import TrainedModel
+from training.protocol_template import protocol_template_problem
 from training.registry import fail_training_run, fetch_checkpoint, start_training_run
 from training.rewards import suite_task_resolver
 from training.settings import TrainingSettings
@@ -52,7 +57,7 @@ from training.trainers.common import TrainJob
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
 
-__all__ = ["grpo_tasks", "train_grpo_model"]
+__all__ = ["check_base_checkpoint", "check_protocol_template", "grpo_tasks", "train_grpo_model"]
 
 
 def grpo_tasks(
@@ -90,6 +95,40 @@ def grpo_tasks(
     return tasks
 
 
+def check_protocol_template(base_dir: Path, checkpoint_id: uuid.UUID) -> None:
+    """Refuse a base whose chat template cannot render protocol v1 for GRPO
+    (`training.protocol_template`), with the tokenizer the trainer would load.
+
+    Raises:
+        ChatTemplateError: it cannot (the message says why and what to start from).
+    """
+    from training.trainers.common import load_tokenizer
+
+    problem = protocol_template_problem(load_tokenizer(base_dir))
+    if problem is not None:
+        raise ChatTemplateError(
+            f"checkpoint {checkpoint_id} cannot train with agentic GRPO: its chat template "
+            f"{problem}; start from a checkpoint whose chat template renders system, user "
+            "and assistant turns (an epiflow base, an instruct model)",
+            setting="--base-checkpoint",
+        )
+
+
+def check_base_checkpoint(
+    engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID, scratch: Path
+) -> None:
+    """`check_protocol_template` on the stored checkpoint, its tokenizer files fetched
+    into `scratch` without the weights: what `epiflow train --algo grpo --base-checkpoint`
+    runs before its flow starts, so a base that cannot be trained is refused in one line.
+
+    Raises:
+        CheckpointNotFound, RegistryError: the checkpoint cannot be fetched.
+        ChatTemplateError: its chat template cannot render protocol v1.
+    """
+    base_dir = fetch_checkpoint(engine, store, checkpoint_id, scratch / "base", weights=False)
+    check_protocol_template(base_dir, checkpoint_id)
+
+
 def train_grpo_model(
     engine: Engine,
     store: ObjectStore,
@@ -113,6 +152,7 @@ def train_grpo_model(
         TrainerError: not a `grpo` snapshot, no task, or the trainer failed.
         SnapshotError: the snapshot is missing or corrupt.
         RegistryError, CheckpointNotFound: the base checkpoint cannot be fetched.
+        ChatTemplateError: its chat template cannot render protocol v1 (nothing opened).
         CollectError, StorageError: the rollout run cannot be opened or stored.
     """
     from collection.grpo_rollouts import run_grpo_rollouts
@@ -120,6 +160,7 @@ def train_grpo_model(
 
     tasks = grpo_tasks(engine, store, dataset_id, templates=templates)
     base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
+    check_protocol_template(base_dir, base_checkpoint_id)
     run_id = start_training_run(
         engine,
         dataset_id=dataset_id,

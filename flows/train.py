@@ -6,9 +6,10 @@ given checkpoint, else the newest base model, built from the protocol corpus whe
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
 max steps and a table of loss and learning rate, kept current while it trains; stops at
 `max_time_s`) and `register-checkpoint`. `grpo` is agentic GRPO over whole episodes: its `train` stage
-runs the rollouts as a collection run keyed by the training run (gated online per batch)
-and its loss table carries each optimiser step's reward, success rate, KL and groups
-dropped. With `evaluation.instances > 0` the `evaluate`
+runs the rollouts as a collection run keyed by the training run (gated online per batch),
+its progress artifact is updated at every optimiser step with the step's reward mean and
+std, success rate, KL, grad norm, groups dropped (zero variance, infrastructure, gate) and
+tokens/s, and its loss table carries the same figures per step. With `evaluation.instances > 0` the `evaluate`
 flow follows as a subflow and the Prefect training artifact links it.
 """
 
@@ -41,6 +42,7 @@ from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
 from training.errors import DatasetSelectionError, TrainerError, TrainingStopped
+from training.grpo_figures import TokenRate, grpo_step_figures, is_grpo_step, step_summary
 from training.pipeline import TrainedModel
 from training.recipes import get_recipe
 from training.settings import TrainingSettings
@@ -151,7 +153,6 @@ async def dataset_snapshot(
     return info.id
 
 
-@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
 async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
     """`fn()` in a worker thread that writes into the flow's work folder. A cancelled
     await would leave the thread running, writing into a folder the flow is about to
@@ -167,6 +168,7 @@ async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None =
         raise
 
 
+@task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
 async def base_model(
     settings: Settings,
     training: TrainingSettings,
@@ -203,7 +205,12 @@ async def base_model(
 
 class _TrainingMonitor:
     """Turns the trainer's metrics hook (called in the training thread) into a progress
-    artifact and a loss table on the flow's event loop, throttled."""
+    artifact and a loss table on the flow's event loop. The progress artifact is updated
+    at most every second, and at every optimiser step of agentic GRPO (each one is
+    seconds to minutes of rollouts), its description then carrying the step's figures
+    (`training.grpo_figures`: reward mean and std, success rate, KL, grad norm, groups
+    dropped by why, tokens/s); the loss table gets a row per logged step (with those
+    figures for GRPO), published every `LOSS_TABLE_EVERY_S`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress_id: uuid.UUID, key: str) -> None:
         self.loop = loop
@@ -212,6 +219,9 @@ class _TrainingMonitor:
         self.rows: list[dict[str, Any]] = []
         self.step = 0
         self.max_steps = 0
+        self.figures = ""
+        """The latest GRPO step's figures, as the progress artifact shows them."""
+        self._token_rate = TokenRate()
         self._last_progress = 0.0
         self._last_table = time.monotonic()
         self._lock = threading.Lock()
@@ -224,6 +234,10 @@ class _TrainingMonitor:
             raise TrainingStopped(f"training stopped at step {step}: its flow was cancelled")
         with self._lock:
             self.step, self.max_steps = step, max_steps
+            grpo = is_grpo_step(logs)
+            figures = grpo_step_figures(logs, self._token_rate(logs)) if grpo else None
+            if figures is not None:
+                self.figures = step_summary(figures)
             if "loss" in logs:
                 row: dict[str, Any] = {
                     "step": step,
@@ -232,36 +246,33 @@ class _TrainingMonitor:
                     "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
                     "epoch": logs.get("epoch"),
                 }
-                if "grpo/success_rate" in logs:  # agentic GRPO: the step's rollouts
-                    row |= {
-                        "reward": logs.get("reward"),
-                        "reward_std": logs.get("reward_std"),
-                        "success_rate": logs["grpo/success_rate"],
-                        "kl": logs.get("kl"),
-                        "groups_dropped": sum(
-                            logs.get(f"grpo/groups_dropped_{why}", 0.0)
-                            for why in ("zero_variance", "infrastructure", "qc")
-                        ),
-                    }
-                self.rows.append(row)
+                self.rows.append(row | (figures or {}))
             now = time.monotonic()
-            if now - self._last_progress >= 1.0 or step >= max_steps:
+            if grpo or now - self._last_progress >= 1.0 or step >= max_steps:
                 self._last_progress = now
-                self._submit(self.publish_progress())
+                self._submit(self.publish_progress(*self._progress()))
             if now - self._last_table >= LOSS_TABLE_EVERY_S:
                 self._last_table = now
                 self._submit(self.publish_table())
 
+    def _progress(self) -> tuple[float, str]:
+        """The progress artifact's value and description now (the caller holds the lock)."""
+        step, max_steps = self.step, self.max_steps
+        value = 100.0 * min(step, max_steps) / max_steps if max_steps else 0.0
+        described = f"step {step} / {max_steps}"
+        return value, f"{described}: {self.figures}" if self.figures else described
+
     def _submit(self, coroutine: Any) -> None:
         self._pending.append(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
 
-    async def publish_progress(self) -> None:
-        step, max_steps = self.step, self.max_steps
+    async def publish_progress(self, value: float | None = None, description: str = "") -> None:
+        """Update the progress artifact (by default: to what is known now)."""
+        if value is None:
+            with self._lock:
+                value, description = self._progress()
         try:
             await aupdate_progress_artifact(
-                self.progress_id,
-                progress=100.0 * min(step, max_steps) / max_steps if max_steps else 0.0,
-                description=f"step {step} / {max_steps}",
+                self.progress_id, progress=value, description=description
             )
         except Exception as e:  # progress is for the eyes; training goes on
             get_run_logger().warning("progress artifact not updated: %r", e)

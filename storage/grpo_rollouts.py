@@ -26,7 +26,14 @@ __all__ = [
     "grpo_rollouts_of_run",
     "record_grpo_rollouts",
     "rollout_run_figures",
+    "rollout_run_key",
 ]
+
+
+def rollout_run_key(training_run_key: str) -> str:
+    """The collection run key of a training run's rollouts (one rollout run per training
+    run; `training.registry` closes it when it finds the training's process dead)."""
+    return f"grpo-rollouts-{training_run_key}"
 
 
 def record_grpo_rollouts(engine: Engine, rows: Sequence[GrpoRollout]) -> int:

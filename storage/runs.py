@@ -8,7 +8,11 @@ ids not stored yet, after purging the ones an infrastructure failure spoiled
 A run's status is `running`, `completed`, `failed` or `interrupted` (stopped by a signal;
 re-running the key resumes it). A collection's status has one writer, its lifecycle
 (`collection.lifecycle.Collection.end`); evaluation runs and imports close their own
-rows. Every read of a run is in `storage.run_reads`.
+rows. One exception: a run whose process is known dead and whose key nobody runs again
+(a killed GRPO training's rollout run, keyed by the training run) is closed `interrupted`
+by whoever found the process dead (`close_abandoned_run`, from
+`training.registry.mark_crashed_training_runs`). Every read of a run is in
+`storage.run_reads`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, false, select, update
+from sqlalchemy import Connection, Engine, delete, false, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -85,6 +89,18 @@ def close_run(
         values["prefect_flow_run_id"] = flow_run_id
     with engine.begin() as conn:
         conn.execute(update(CollectionRun).where(col(CollectionRun.id) == run_id).values(**values))
+
+
+def close_abandoned_run(conn: Connection, run_key: str, *, ended_at: datetime) -> bool:
+    """Mark the run of `run_key` `interrupted` when it is still `running`, in the caller's
+    transaction; the caller knows its process is dead (a SIGKILL, the OOM killer: nothing
+    could close it) and that no one runs the key again. Returns whether a row changed."""
+    result = conn.execute(
+        update(CollectionRun)
+        .where(col(CollectionRun.id) == run_id_for(run_key), col(CollectionRun.status) == "running")
+        .values(status="interrupted", ended_at=ended_at)
+    )
+    return bool(result.rowcount)
 
 
 def remaining_episodes(engine: Engine, episode_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:

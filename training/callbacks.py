@@ -32,6 +32,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from core.progress import ProgressReporter, log_lines
+from training.grpo_figures import TokenRate, grpo_step_figures, is_grpo_step
 from training.threads import ThreadTuner
 
 __all__ = [
@@ -135,7 +136,7 @@ class TrainingProgress(TrainerCallback):
         emit: Callable[[str], None] | None = None,
     ) -> None:
         self.budget = budget
-        self._last_tokens: tuple[float, float] | None = None
+        self._token_rate = TokenRate()
         self.reporter = ProgressReporter(
             what, unit="step", every_s=every_s, emit=emit or log_lines(progress_logger)
         )
@@ -162,20 +163,9 @@ class TrainingProgress(TrainerCallback):
         figures = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
         if "loss" in figures:
             self.reporter.note(loss=figures["loss"])
-        if any(k.startswith("grpo/") for k in figures):
-            self.reporter.note(**grpo_fields(figures, self._tokens_per_s(figures)))
+        if is_grpo_step(figures):
+            self.reporter.note(**grpo_step_figures(figures, self._token_rate(figures)))
         return control
-
-    def _tokens_per_s(self, figures: dict[str, float]) -> float | None:
-        """Tokens trained per second since the previous log event (TRL's cumulative
-        `num_tokens`); None at the first."""
-        tokens, now = figures.get("num_tokens"), time.monotonic()
-        if tokens is None:
-            return None
-        last, self._last_tokens = self._last_tokens, (tokens, now)
-        if last is None or now <= last[1]:
-            return None
-        return (tokens - last[0]) / (now - last[1])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.close()
@@ -188,29 +178,6 @@ class TrainingProgress(TrainerCallback):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-GRPO_DROPS = (
-    "grpo/groups_dropped_zero_variance",
-    "grpo/groups_dropped_infrastructure",
-    "grpo/groups_dropped_qc",
-)
-
-
-def grpo_fields(figures: dict[str, float], tokens_per_s: float | None) -> dict[str, float | None]:
-    """The per-step figures of agentic GRPO on a progress line: reward mean and std (TRL's
-    `reward`, `reward_std`), success rate of the batch's rollouts with an outcome, KL,
-    grad norm, groups dropped (zero variance, infrastructure, gate) and tokens/s."""
-    dropped = [figures[k] for k in GRPO_DROPS if k in figures]
-    return {
-        "reward": figures.get("reward"),
-        "reward_std": figures.get("reward_std"),
-        "success": figures.get("grpo/success_rate"),
-        "kl": figures.get("kl"),
-        "grad_norm": figures.get("grad_norm"),
-        "groups_dropped": int(sum(dropped)) if dropped else None,
-        "tokens/s": round(tokens_per_s, 1) if tokens_per_s is not None else None,
-    }
 
 
 class TimedSaves(TrainerCallback):

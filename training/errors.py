@@ -4,6 +4,7 @@ TrainingError
 ├── SnapshotError          a dataset snapshot cannot be built or read
 │   └── EmptySnapshot      the selection matched no usable episode
 ├── BaseModelError         the local tokenizer / model cannot be built
+├── ChatTemplateError      a base's chat template cannot render protocol v1 (agentic GRPO)
 ├── TrainerError           a TRL trainer failed (bad dataset, bad config, runtime error)
 │   ├── TrainingStopped    its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)
 │   └── RolloutTokenError  an episode cannot be a token-exact GRPO rollout
@@ -35,6 +36,14 @@ class EmptySnapshot(SnapshotError):
 
 class BaseModelError(TrainingError):
     """The local tokenizer or base model cannot be built or saved."""
+
+
+class ChatTemplateError(TrainingError):
+    """A base checkpoint's chat template cannot render protocol v1 for agentic GRPO (none, or
+    one that drops the system or user turns, raises, or breaks token-exact turns:
+    `training.protocol_template`). The input is wrong: running it again fails the same way."""
+
+    retryable = False
 
 
 class TrainerError(TrainingError):

@@ -20,7 +20,9 @@ from agent.trajectory import utcnow
 from core.owner import owner_gone, this_process
 from models import Checkpoint, Policy, TrainingRun
 from storage.errors import ObjectStoreError
+from storage.grpo_rollouts import rollout_run_key
 from storage.objects import ObjectStore
+from storage.runs import close_abandoned_run
 from training.errors import CheckpointNotFound, RegistryError
 from training.training_config import CONFIG_FILE, TrainingConfig
 
@@ -153,9 +155,10 @@ def start_training_run(
 
 def mark_crashed_training_runs(engine: Engine, *, dry_run: bool = False) -> list[uuid.UUID]:
     """Mark `crashed` every `running` training run whose owner process ran on this host and
-    is gone (killed with SIGKILL, out of memory: nothing could close its row); returns
-    their ids (`dry_run`: only finds them). Another host's rows, and rows without an
-    owner, are left alone."""
+    is gone (killed with SIGKILL, out of memory: nothing could close its row), and its GRPO
+    rollout collection run (`grpo-rollouts-<training run id>`, when one is still
+    `running`) `interrupted`; returns the training runs' ids (`dry_run`: only finds them).
+    Another host's rows, and rows without an owner, are left alone."""
     with engine.connect() as conn:
         running = conn.execute(
             select(col(TrainingRun.id), col(TrainingRun.owner)).where(
@@ -177,6 +180,9 @@ def mark_crashed_training_runs(engine: Engine, *, dry_run: bool = False) -> list
                     ended_at=now,
                 )
             )
+            # A GRPO training's rollouts were a collection run of that same process, keyed
+            # by this training run: no one runs that key again, so it is closed here.
+            close_abandoned_run(conn, rollout_run_key(str(run_id)), ended_at=now)
     return [run_id for run_id, _ in dead]
 
 
@@ -261,18 +267,37 @@ def get_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> CheckpointInfo:
         return CheckpointInfo.from_row(row)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""Files of a model directory that hold weights (what `weights=False` leaves out)."""
+
+
 def fetch_checkpoint(
-    engine: Engine, store: ObjectStore, checkpoint_id: uuid.UUID, dest: Path
+    engine: Engine,
+    store: ObjectStore,
+    checkpoint_id: uuid.UUID,
+    dest: Path,
+    *,
+    weights: bool = True,
 ) -> Path:
-    """Download the checkpoint's HF directory into `dest`; returns `dest` (an `hf:` policy path).
+    """Download the checkpoint's HF directory into `dest`; returns `dest` (an `hf:` policy
+    path). Without `weights`, only its configuration and tokenizer files (what a check of
+    the tokenizer or its chat template needs, without the download of a model).
 
     Raises:
         CheckpointNotFound: no such checkpoint, or no stored files under its prefix.
         RegistryError: the download failed.
     """
     info = get_checkpoint(engine, checkpoint_id)
+    base = info.object_prefix.rstrip("/") + "/"
     try:
-        written = store.get_tree(info.object_prefix, dest)
+        if weights:
+            written = store.get_tree(info.object_prefix, dest)
+        else:
+            written = [
+                store.get_file(key, dest / key[len(base) :])
+                for key in store.list(base)
+                if not key.endswith(WEIGHT_SUFFIXES)
+            ]
     except ObjectStoreError as e:
         raise RegistryError(f"cannot download checkpoint {checkpoint_id}: {e}") from e
     if not written:

@@ -1,7 +1,8 @@
 """A training killed outright (SIGKILL) cannot close its `training_run` row: a real child
 process opens one through `start_training_run` and is SIGKILLed; the next training on the
-host marks it `crashed` (SQLite and PostgreSQL), and so does `epiflow db orphans --fix`,
-while a live process's row and another host's stay `running`."""
+host marks it `crashed` and its GRPO rollout run `interrupted` (SQLite and PostgreSQL), and
+so does `epiflow db orphans --fix`, while a live process's row and another host's stay
+`running`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from models import Dataset, TrainingRun
+from storage.grpo_rollouts import rollout_run_key
+from storage.run_reads import run_status
+from storage.runs import open_run
 from training.registry import mark_crashed_training_runs, start_training_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +63,19 @@ def _status(engine: Engine, run_id: uuid.UUID) -> tuple[str, str | None]:
         row = session.get(TrainingRun, run_id)
         assert row is not None
         return row.status, row.error
+
+
+def _rollout_run(engine: Engine, training_run: uuid.UUID) -> uuid.UUID:
+    """A running rollout collection run of `training_run` (`grpo-rollouts-<id>`)."""
+    return open_run(
+        engine,
+        run_key=rollout_run_key(str(training_run)),
+        suite="builtin",
+        policy="hf:grpo",
+        parameters={},
+        sandbox_spec={},
+        fault_profile={},
+    )
 
 
 @pytest.fixture
@@ -105,6 +122,10 @@ def test_the_next_training_marks_a_killed_one_crashed(
         )
         session.commit()
 
+    # A GRPO training's rollouts are a collection run keyed by its training run.
+    killed_rollouts = _rollout_run(migrated_engine, killed)
+    foreign_rollouts = _rollout_run(migrated_engine, foreign)
+
     mine = start_training_run(
         migrated_engine, dataset_id=dataset_id, algo="sft", base_model="tiny", config={}
     )
@@ -112,6 +133,8 @@ def test_the_next_training_marks_a_killed_one_crashed(
     assert status == "crashed" and error is not None and "ended without closing" in error
     assert _status(migrated_engine, mine) == ("running", None)  # this process is alive
     assert _status(migrated_engine, foreign) == ("running", None)
+    assert run_status(migrated_engine, killed_rollouts) == "interrupted"  # no one re-runs it
+    assert run_status(migrated_engine, foreign_rollouts) == "running"
     with Session(migrated_engine) as session:
         row = session.get(TrainingRun, killed)
         assert row is not None and row.ended_at is not None
