@@ -98,7 +98,7 @@ def main() -> None:
 
     from agent.loop import run_episode
     from agent.policies import make_policy
-    from agent.settings import LoopSettings
+    from agent.settings import LoopSettings, PolicySettings
     from sandbox import SandboxSpec
 
     task = suite.generate("hello-world", 0)
@@ -109,7 +109,7 @@ def main() -> None:
         traj = asyncio.run(
             run_episode(
                 task,
-                make_policy("scripted:idle"),
+                make_policy("scripted:idle", settings=PolicySettings()),
                 spec=SandboxSpec(),
                 run_key=f"bench-harbor-{i}",
                 settings=LoopSettings(),

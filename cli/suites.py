@@ -257,13 +257,13 @@ async def _run_check(
     from agent.errors import PolicySpecError
     from agent.loop import run_episode
     from agent.policies import make_policy
-    from agent.settings import LoopSettings
+    from agent.settings import LoopSettings, PolicySettings
     from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus
     from sandbox import SandboxSpec, open_sandbox
     from suites.check import InstanceResult, failed_steps, summarize
 
     try:
-        policy = make_policy(policy_spec)
+        policy = make_policy(policy_spec, settings=PolicySettings())
     except PolicySpecError as e:
         raise _fail(str(e)) from e
     spec = SandboxSpec()

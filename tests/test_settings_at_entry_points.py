@@ -24,9 +24,6 @@ LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 """Functions that read the settings from the environment for an entry point."""
 
 PENDING = {
-    "agent/policies/__init__.py builds PolicySettings": (
-        "make_policy's default: tests pass no settings"
-    ),
     "sandbox/factory.py builds SandboxSettings": (
         "open_sandbox's default: training/rewards.py:157 hands sandbox.open_sandbox to the "
         "loop without settings, and agent/loop.py's default opener calls it without; "

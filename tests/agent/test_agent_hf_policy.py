@@ -129,7 +129,7 @@ def test_episode_with_the_tiny_model_records_parse_errors(
 
 
 def test_missing_checkpoint_is_a_policy_error(tmp_path: Path, task, spec) -> None:
-    policy = make_policy(f"hf:{tmp_path / 'nope'}")
+    policy = make_policy(f"hf:{tmp_path / 'nope'}", settings=PolicySettings())
     traj = asyncio.run(
         run_episode(
             task,

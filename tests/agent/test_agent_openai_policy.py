@@ -194,11 +194,15 @@ def test_the_compact_prompt_is_sent_when_the_spec_asks(task, spec) -> None:
     # training config, the spec says the style.
     compact = render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.COMPACT)
     with ChatServer([reply(t) for t in oracle_texts(task)]) as server:
-        policy = make_policy(f"openai:{server.base_url}#m?prompt_style=compact")
+        policy = make_policy(
+            f"openai:{server.base_url}#m?prompt_style=compact", settings=PolicySettings()
+        )
         traj = run_with_policy(policy, task, spec)
     assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
     assert all(r["messages"][0]["content"] == compact for r in server.requests)
-    full = make_policy("openai:http://127.0.0.1:1/v1#m").system_prompt(BUILTIN_TOOLS.values())
+    full = make_policy("openai:http://127.0.0.1:1/v1#m", settings=PolicySettings()).system_prompt(
+        BUILTIN_TOOLS.values()
+    )
     assert full == render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.FULL)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from agent.settings import PolicySettings
 from collection.request import CollectRequest
 from config.settings import load_qc_config
 from storage import migrate
@@ -152,7 +153,7 @@ def test_an_evaluation_holds_the_lock_and_ends_its_run(
     tasks = load_suite("builtin").heldout_instances(1, templates=TEMPLATES)
     with LockProbe(database, "eval-probe") as probe:
         engine = make_engine(database)
-        policy = make_policy(f"openai:{probe.base_url}#lock-probe")
+        policy = make_policy(f"openai:{probe.base_url}#lock-probe", settings=PolicySettings())
 
         async def evaluate() -> list[Any]:
             try:

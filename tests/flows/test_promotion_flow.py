@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from agent.settings import PolicySettings
 from storage.objects import LocalObjectStore
 from training.settings import TrainingSettings
 
@@ -78,7 +79,7 @@ def _forced_evaluation(checkpoint_id: uuid.UUID, policy: str) -> None:
     settings = evaluation_settings(load_settings(), max_steps=12)  # the oracle's whole plan
     episodes = asyncio.run(
         run_evaluation(
-            make_policy(policy), tasks, run_key=f"eval-{checkpoint_id}", suite="builtin",
+            make_policy(policy, settings=PolicySettings()), tasks, run_key=f"eval-{checkpoint_id}", suite="builtin",
             settings=settings,
         )
     )  # fmt: skip

@@ -7,7 +7,7 @@ import asyncio
 from agent.loop import run_episode
 from agent.policies import make_policy
 from agent.render import render_tool_call
-from agent.settings import LoopSettings
+from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, ParseKind, Step, history_hash
 from sandbox import SandboxSpec
 from sandbox.tool_specs import BUILTIN_TOOLS
@@ -57,7 +57,7 @@ def test_training_renders_exactly_the_history_the_loop_sent():
     traj = asyncio.run(
         run_episode(
             task,
-            make_policy("scripted:oracle"),
+            make_policy("scripted:oracle", settings=PolicySettings()),
             spec=SandboxSpec(),
             run_key="render-check",
             settings=LoopSettings(),

@@ -8,6 +8,7 @@ import pytest
 
 from agent.policies import make_policy
 from agent.prompt import PromptStyle, render_system_prompt
+from agent.settings import PolicySettings
 from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.registry import load_suite
 from training.pretrained import PRETRAINED
@@ -38,7 +39,9 @@ def test_the_smollm2_recipe_evaluates_what_it_trains() -> None:
     assert len(recipe.templates) >= 6 and recipe.eval_policy == "openai"
     style = recipe.training_settings(TrainingSettings()).prompt_style
     # bench/loop.py's spec for the served checkpoint carries the style it was trained on.
-    policy = make_policy(f"openai:http://127.0.0.1:1/v1#m?prompt_style={style.value}")
+    policy = make_policy(
+        f"openai:http://127.0.0.1:1/v1#m?prompt_style={style.value}", settings=PolicySettings()
+    )
     assert policy.system_prompt(BUILTIN_TOOLS.values()) == render_system_prompt(
         BUILTIN_TOOLS.values(), style
     )
