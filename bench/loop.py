@@ -307,12 +307,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
     from training.recipes import get_recipe
     from training.registry import fetch_checkpoint, get_checkpoint
+    from training.settings import TrainingSettings
     from training.snapshots import select_episodes, write_snapshot
     from training.threads import tuned_threads
 
     quiet = args.quiet
     recipe = get_recipe(args.recipe)
-    settings = recipe.training_settings()
+    settings = recipe.training_settings(TrainingSettings())
     overrides = {
         k: v
         for k, v in {

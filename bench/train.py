@@ -196,13 +196,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.precision import precision_report
     from training.pretrained import PRETRAINED, prepare_pretrained
     from training.recipes import get_recipe
+    from training.settings import TrainingSettings
     from training.threads import choose_threads
     from training.trainers import run_training
     from training.trainers.common import load_tokenizer, use_bf16
 
     load_start = os.getloadavg()[0]
     recipe = get_recipe(args.recipe)
-    settings = recipe.training_settings().model_copy(
+    settings = recipe.training_settings(TrainingSettings()).model_copy(
         update={"max_steps": args.steps, "max_time_s": None, "logging_steps": args.steps}
     )
     bf16 = use_bf16(settings)

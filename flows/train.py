@@ -476,7 +476,7 @@ async def train(
         if value is not None
     }
     training = (
-        get_recipe(recipe).training_settings() if recipe else TrainingSettings()
+        get_recipe(recipe).training_settings(TrainingSettings()) if recipe else TrainingSettings()
     ).model_copy(update=overrides)
     # Removed on any exit; a killed training's folder (model copies) is swept by the next.
     with scratch_dir("epiflow-train-") as work:

@@ -36,7 +36,6 @@ PENDING = {
         "load_suite's default for user generators: collection/plan.py passes none "
         "(collection/lifecycle.py:67 hands it only settings.suites), nor does training/"
     ),
-    "training/recipes.py builds TrainingSettings": "Recipe.training_settings's default",
     "training/rewards.py builds LoopSettings": "ROLLOUT_LOOP, at import",
     "training/trainers/__init__.py builds RewardSettings": "run_training's default",
 }
