@@ -133,7 +133,6 @@ def train_grpo_model(
         output_dir=work_dir / "model",
         settings=training,
         on_metrics=on_metrics,
-        rewards=settings.rewards,
     )
     task_ids = [t.task_id for t in tasks]
     try:

@@ -342,7 +342,6 @@ async def train_task(
                     work_dir=work,
                     settings=training,
                     base_checkpoint_id=base,
-                    rewards=settings.rewards,
                     prefect_flow_run_id=flow_run_id,
                     on_metrics=monitor.on_metrics,
                 ),

@@ -222,6 +222,14 @@ def test_unknown_algorithm_and_wrong_columns_are_refused(tiny_base_model, tiny_s
             output_dir=tmp_path,
             settings=tiny_settings,
         )
+    with pytest.raises(TrainerError, match="reward_fn"):  # the entry point builds GRPO's reward
+        run_training(
+            "grpo",
+            dataset=_frame(DatasetKind.GRPO).head(2),
+            base_model_dir=tiny_base_model,
+            output_dir=tmp_path,
+            settings=tiny_settings,
+        )
     only_wins = _frame(DatasetKind.KTO).filter(pl.col("label"))
     with pytest.raises(TrainerError, match="both desirable and undesirable"):
         run_training(
