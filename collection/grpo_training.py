@@ -59,6 +59,7 @@ def grpo_tasks(
     engine: Engine,
     store: ObjectStore,
     dataset_id: uuid.UUID,
+    settings: Settings,
     *,
     templates: Sequence[str] | None = None,
 ) -> list[TaskInstance]:
@@ -74,7 +75,7 @@ def grpo_tasks(
     if info.kind != DatasetKind.GRPO:
         raise TrainerError(f"grpo trains on grpo snapshots, not {info.kind.value}")
     frame = read_snapshot(store, info)
-    resolve = suite_task_resolver()
+    resolve = suite_task_resolver(settings.suites, settings.sandbox)
     tasks: list[TaskInstance] = []
     for row in frame.select("suite", "template", "instance_seed", "task_id").iter_rows():
         suite, template, seed, task_id = row
@@ -118,7 +119,7 @@ def train_grpo_model(
     from collection.grpo_rollouts import run_grpo_rollouts
     from training.trainers.episode_grpo import run_episode_grpo
 
-    tasks = grpo_tasks(engine, store, dataset_id, templates=templates)
+    tasks = grpo_tasks(engine, store, dataset_id, settings, templates=templates)
     base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
     run_id = start_training_run(
         engine,

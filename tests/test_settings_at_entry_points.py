@@ -36,7 +36,6 @@ PENDING = {
         "load_suite's default for user generators: collection/plan.py passes none "
         "(collection/lifecycle.py:67 hands it only settings.suites), nor does training/"
     ),
-    "training/rewards.py builds LoopSettings": "ROLLOUT_LOOP, at import",
 }
 """Constructions below an entry point in files this change could not edit (another change
 was editing them), with where they are and what must pass settings first. Remove an entry
