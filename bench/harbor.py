@@ -99,7 +99,7 @@ def main() -> None:
     from agent.loop import run_episode
     from agent.policies import make_policy
     from agent.settings import LoopSettings, PolicySettings
-    from sandbox import SandboxSpec
+    from sandbox import SandboxSettings, SandboxSpec, sandbox_opener
 
     task = suite.generate("hello-world", 0)
     episode_s: list[float] = []
@@ -113,6 +113,7 @@ def main() -> None:
                 spec=SandboxSpec(),
                 run_key=f"bench-harbor-{i}",
                 settings=LoopSettings(),
+                open_sandbox=sandbox_opener(SandboxSettings()),
             )
         )
         episode_s.append(time.perf_counter() - started)

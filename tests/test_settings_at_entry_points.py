@@ -24,11 +24,6 @@ LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 """Functions that read the settings from the environment for an entry point."""
 
 PENDING = {
-    "sandbox/factory.py builds SandboxSettings": (
-        "open_sandbox's default: training/rewards.py:157 hands sandbox.open_sandbox to the "
-        "loop without settings, and agent/loop.py's default opener calls it without; "
-        "both need a settings-bound opener"
-    ),
     "suites/registry.py builds SuitesSettings": (
         "load_suite's default: training/pipeline.py:331, training/rewards.py:106 pass none"
     ),

@@ -165,10 +165,7 @@ class SandboxReward:
         tools: Mapping[str, ToolSpec] | None = None,
         concurrency: int = 4,
     ) -> None:
-        import functools
-
-        from sandbox import SandboxSpec
-        from sandbox import open_sandbox as open_jail
+        from sandbox import SandboxSpec, sandbox_opener
 
         self.rewards = rewards
         self.loop = rollout_loop(loop)
@@ -176,11 +173,7 @@ class SandboxReward:
             resolve_task if resolve_task is not None else suite_task_resolver(suites, sandbox)
         )
         self.spec = spec if spec is not None else SandboxSpec()
-        self.open_sandbox = (
-            open_sandbox
-            if open_sandbox is not None
-            else functools.partial(open_jail, settings=sandbox)
-        )
+        self.open_sandbox = open_sandbox if open_sandbox is not None else sandbox_opener(sandbox)
         self.tools = dict(tools if tools is not None else BUILTIN_TOOLS)
         self.concurrency = concurrency
 

@@ -23,6 +23,8 @@ if not hasattr(sandbox, "open_sandbox"):
 
 
 def episode(task, policy, spec, settings=None, **kw):
+    kw.setdefault("open_sandbox", sandbox.sandbox_opener(sandbox.SandboxSettings()))
+
     async def go():
         try:
             return await run_episode(
@@ -189,6 +191,7 @@ def test_concurrent_episodes_share_one_policy(spec) -> None:
                 run_key="concurrent",
                 settings=LoopSettings(max_steps=30),
                 rollout_index=i,
+                open_sandbox=sandbox.sandbox_opener(sandbox.SandboxSettings()),
             )
             for i, t in enumerate(tasks)
         )

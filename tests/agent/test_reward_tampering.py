@@ -55,6 +55,7 @@ from agent.trajectory import (
     FailureCategory,
     Trajectory,
 )
+from sandbox import SandboxSettings, sandbox_opener
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
 from scoring.rewards import apply_rewards
@@ -198,6 +199,7 @@ def run(
             run_key="tamper",
             settings=settings or LoopSettings(max_steps=len(texts) + 2),
             verify=verify,
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
 
     traj = asyncio.run(go())

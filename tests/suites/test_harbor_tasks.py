@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from agent.settings import PolicySettings
+from sandbox import SandboxSettings, sandbox_opener
 from suites.harbor.dockerfile import parse_dockerfile
 from suites.harbor.errors import HarborTaskError, UnsupportedEnvironment
 from suites.harbor.suite import HarborDatasetError, load_harbor_suite
@@ -216,6 +217,7 @@ def _episode(task, policy_spec: str):
             spec=SandboxSpec(),
             run_key=f"harbor-test/{policy_spec}",
             settings=LoopSettings(),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
 

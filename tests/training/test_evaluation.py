@@ -9,7 +9,7 @@ from agent.policies import make_policy
 from agent.render import render_tool_call
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, ParseKind, Step, history_hash
-from sandbox import SandboxSpec
+from sandbox import SandboxSettings, SandboxSpec, sandbox_opener
 from sandbox.tool_specs import BUILTIN_TOOLS
 from suites.registry import load_suite
 from tests.training.factory import call_step, episode, final_step, garbage_step
@@ -61,6 +61,7 @@ def test_training_renders_exactly_the_history_the_loop_sent():
             spec=SandboxSpec(),
             run_key="render-check",
             settings=LoopSettings(),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
     assert traj.status == EpisodeStatus.SUCCESS and traj.n_steps >= 2
@@ -163,6 +164,7 @@ def test_a_compact_checkpoint_sees_in_the_loop_exactly_what_training_renders(tmp
             spec=SandboxSpec(),
             run_key="compact-check",
             settings=LoopSettings(max_steps=1, max_consecutive_parse_failures=1),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
     assert traj.n_steps == 1
