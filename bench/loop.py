@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from storage.migrate import upgrade
     from storage.objects import LocalObjectStore
     from storage.settings import DatabaseSettings
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.base_model import protocol_corpus
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log(quiet, f"snapshot: {snapshot.n_rows} rows, weight {snapshot.weight_sum:.1f}")
 
         # 4. base model from scratch
-        suite = load_suite("builtin")
+        suite = builtin_suite()
         corpus = (
             protocol_corpus(
                 suite.instances(train_tasks, templates=templates),

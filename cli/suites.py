@@ -184,6 +184,7 @@ def export(
     """Write seeded instances as Harbor task directories (tests run offline; docs/harbor.md)."""
     from pathlib import Path
 
+    from sandbox.settings import SandboxSettings
     from suites.errors import SuiteError
     from suites.harbor.export import export_task
     from suites.registry import load_suite
@@ -194,7 +195,7 @@ def export(
     if not out:
         raise _fail("--out: name the folder to write the task directories into")
     try:
-        loaded = load_suite(suite, settings=SuitesSettings())
+        loaded = load_suite(suite, settings=SuitesSettings(), sandbox=SandboxSettings())
         names = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
         tasks = loaded.instances(instances, seed=seed, templates=names)
     except SuiteError as e:

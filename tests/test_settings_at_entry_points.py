@@ -24,12 +24,10 @@ LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 """Functions that read the settings from the environment for an entry point."""
 
 PENDING = {
-    "suites/registry.py builds SuitesSettings": (
-        "load_suite's default: training/pipeline.py:331, training/rewards.py:106 pass none"
-    ),
     "suites/registry.py builds SandboxSettings": (
-        "load_suite's default for user generators: collection/plan.py passes none "
-        "(collection/lifecycle.py:67 hands it only settings.suites), nor does training/"
+        "load_suite's default for user generators: environment/selection.py (resolve_task) "
+        "and environment/trainer_env.py (dataset_rows) pass none; they need the sandbox "
+        "settings as a parameter (environment/hub.py and cli/env.py have them)"
     ),
 }
 """Constructions below an entry point in files this change could not edit (another change

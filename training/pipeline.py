@@ -315,14 +315,14 @@ def ensure_base_model(
 ) -> uuid.UUID:
     """The newest registered base model, or a new tiny one built from the protocol corpus of
     the built-in suite (no download, ever)."""
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.base_model import protocol_corpus
     from training.registry import newest_base_model
 
     found = newest_base_model(engine)
     if found is not None:
         return found
-    tasks = load_suite("builtin").instances(2)
+    tasks = builtin_suite().instances(2)
     return prepare_base_model(
         engine, store, work_dir=work, corpus=protocol_corpus(tasks), settings=settings
     )

@@ -56,7 +56,9 @@ def request_for(port: int) -> CollectRequest:
 
 def oracle_for(request: CollectRequest, settings: Settings) -> Action:
     """Answers every planned task with its reference solution, turn by turn."""
-    return oracle(p.task for p in plan_collection(request, settings.suites).episodes)
+    return oracle(
+        p.task for p in plan_collection(request, settings.suites, sandbox=settings.sandbox).episodes
+    )
 
 
 def collect(request: CollectRequest, engine: Engine, store: LocalObjectStore, settings: Settings):
@@ -131,7 +133,8 @@ def test_a_rerun_redoes_exactly_the_spoiled_and_unstarted_episodes(
     assert second.success_rate == 1.0
     # Only the three redone episodes asked the endpoint (one request per turn).
     assert {r["messages"][1]["content"] for r in server.requests} == {
-        p.task.prompt for p in plan_collection(request, patient.suites).episodes
+        p.task.prompt
+        for p in plan_collection(request, patient.suites, sandbox=patient.sandbox).episodes
     }
     with migrated_engine.connect() as conn:
         models = set(conn.execute(text("SELECT DISTINCT response_model FROM step")).scalars())

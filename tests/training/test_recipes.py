@@ -10,7 +10,7 @@ from agent.policies import make_policy
 from agent.prompt import PromptStyle, render_system_prompt
 from agent.settings import PolicySettings
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from training.pretrained import PRETRAINED
 from training.recipes import RECIPES
 from training.settings import TrainingSettings
@@ -21,7 +21,7 @@ def test_every_recipe_validates_and_budgets_in_steps(name: str) -> None:
     recipe = RECIPES[name]
     settings = recipe.training_settings(TrainingSettings())
     assert settings.max_steps > 0 and settings.max_time_s is None
-    suite = load_suite("builtin")
+    suite = builtin_suite()
     assert recipe.templates and set(recipe.templates) <= set(suite.templates)
     heldout = suite.heldout_instances(recipe.heldout, templates=recipe.templates)
     training_seeds = {

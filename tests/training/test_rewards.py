@@ -20,7 +20,7 @@ from scoring.rewards import final_reward
 from scoring.settings import RewardSettings
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from suites.settings import SuitesSettings
 from tasks.types import TaskInstance
 from training.rewards import (
@@ -69,7 +69,7 @@ def test_completion_text_accepts_strings_and_chats():
 
 
 def test_resolver_refuses_a_changed_task():
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     resolve = suite_task_resolver(SuitesSettings(), SandboxSettings())
     assert resolve(task.suite, task.template, task.seed, task.task_id) == task
     with pytest.raises(ValueError, match="suite changed"):
@@ -96,7 +96,7 @@ def _rollouts(task: TaskInstance) -> tuple[list[str], dict[str, list[Any]]]:
 
 def test_sandbox_reward_runs_the_turn_and_the_verifier_in_nsjail():
     rewards = RewardSettings()
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     texts, columns = _rollouts(task)
     scores = _sandbox_reward(rewards)([None] * 4, [_as_chat(t) for t in texts], **columns)
     # Solved: the success reward plus the step's shaping (parsed, a new path written).
@@ -115,7 +115,7 @@ def test_the_reward_grpo_optimises_is_the_reward_stored_with_the_episode(
     stored with it is `scoring.rewards.final_reward` (the one formula) of its verifier
     score, and the GRPO reward is that plus the stored step shaping — nothing else."""
     rewards = RewardSettings(failure_reward=-0.4, success=SuccessSettings(threshold=0.9))
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     texts, columns = _rollouts(task)
     grpo = _sandbox_reward(rewards)
     optimised = grpo([None] * 4, [_as_chat(t) for t in texts], **columns)
