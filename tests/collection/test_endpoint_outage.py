@@ -26,7 +26,7 @@ from config.settings import Settings, load_settings
 from models import run_id_for
 from storage.objects import LocalObjectStore
 from storage.run_reads import rerun_needed
-from tests.agent.chat_server import Action, ChatServer, oracle
+from tests.agent.chat_server import Action, ChatServer, held, oracle
 from tests.services.postgres import free_port
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors"]
@@ -75,7 +75,7 @@ def statuses(engine: Engine) -> dict[str, int]:
 FAILURES: dict[str, list[Action] | None] = {
     "http_500": [{"kind": "status", "status": 500}],
     "html_body": [{"kind": "garbage"}],
-    "hang": [{"kind": "sleep", "seconds": 3.0}],
+    "hang": [held()],  # never answered while the run lasts: its requests time out
     "nothing_listening": None,
 }
 
