@@ -54,7 +54,9 @@ def oracle(tasks: Iterable[TaskInstance]) -> Action:
             render_tool_call(f"c{i + 1}", c.tool, c.args)
             for i, c in enumerate(task.reference_solution)
         ]
-        texts[task.prompt] = [*calls, render_final(task.reference_final)]
+        answers = [*calls, render_final(task.reference_final)]
+        if texts.setdefault(task.prompt, answers) != answers:
+            raise ValueError(f"two tasks share the prompt of {task.task_id}: pick others")
 
     def answer(body: dict[str, Any]) -> str:
         messages = body["messages"]
