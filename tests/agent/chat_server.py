@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,25 @@ def oracle(tasks: Iterable[TaskInstance]) -> Action:
         return texts[messages[1]["content"]][turn]
 
     return {"kind": "script", "answer": answer}
+
+
+def oracle_until(tasks: Sequence[TaskInstance], answered: int) -> Action:
+    """`oracle(tasks)` answering the turns of the first `answered` tasks (in plan order) at
+    once and holding the later tasks' turns until `release()`: a run that stops mid-way at
+    a point the test knows (the earlier tasks' episodes done, every worker mid-episode with
+    its jail open), however fast the machine."""
+    late = {t.prompt for t in tasks[answered:]}
+
+    def is_late_turn(body: dict[str, Any]) -> bool:
+        return is_episode_turn(body) and body["messages"][1]["content"] in late
+
+    return held(oracle(tasks), when=is_late_turn)
+
+
+BY_PROMPT_TEMPLATES = [
+    "config_update", "csv_to_json", "dir_tree", "fix_script", "rename_files", "summary_stats",
+]  # fmt: skip
+"""Built-in templates whose instances' prompts differ by seed (`oracle` answers by prompt)."""
 
 
 class ChatServer:

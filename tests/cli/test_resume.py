@@ -12,7 +12,6 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -24,7 +23,7 @@ from storage.objects import LocalObjectStore
 from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
 from suites.builtin import builtin_suite
-from tests.agent.chat_server import ChatServer, held, is_episode_turn, oracle
+from tests.agent.chat_server import BY_PROMPT_TEMPLATES, ChatServer, oracle_until
 from tests.cli.local import (
     EPIFLOW,
     cgroups,
@@ -33,15 +32,7 @@ from tests.cli.local import (
     wait_until,
 )
 
-TEMPLATES = [
-    "config_update",
-    "csv_to_json",
-    "dir_tree",
-    "fix_script",
-    "rename_files",
-    "summary_stats",
-]
-"""Templates whose instances' prompts differ by seed (the model server answers by prompt)."""
+TEMPLATES = BY_PROMPT_TEMPLATES
 TASKS = 3
 ANSWERED = 9
 """Tasks (in plan order) whose turns the model answers; later tasks' turns are held until the
@@ -64,15 +55,8 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, prefect_api_url: str) -> No
 
 
 def _model() -> ChatServer:
-    """A model answering every task with its reference solution, holding the turns of the
-    tasks after the first `ANSWERED` until released."""
     tasks = builtin_suite().instances(TASKS, templates=TEMPLATES)
-    late = {t.prompt for t in tasks[ANSWERED:]}
-
-    def is_late_turn(body: dict[str, Any]) -> bool:
-        return is_episode_turn(body) and body["messages"][1]["content"] in late
-
-    return ChatServer([held(oracle(tasks), when=is_late_turn)])
+    return ChatServer([oracle_until(tasks, ANSWERED)])
 
 
 def _scenario(
