@@ -84,7 +84,8 @@ def oracle_until(tasks: Sequence[TaskInstance], answered: int) -> Action:
 BY_PROMPT_TEMPLATES = [
     "config_update", "csv_to_json", "dir_tree", "fix_script", "rename_files", "summary_stats",
 ]  # fmt: skip
-"""Built-in templates whose instances' prompts differ by seed (`oracle` answers by prompt)."""
+"""Built-in templates whose instances of seeds 0-2 have prompts of their own (`oracle`
+answers by prompt and refuses a clash: csv_to_json's seed 3 repeats seed 0's)."""
 
 
 class ChatServer:
