@@ -86,16 +86,6 @@ class _EpisodeEnd(Exception):
         self.reason = reason
 
 
-def _default_opener() -> SandboxOpener:
-    import sandbox
-
-    opener = getattr(sandbox, "open_sandbox", None)
-    if opener is None:
-        raise SandboxError("sandbox.open_sandbox is not available; pass open_sandbox= explicitly")
-    result: SandboxOpener = opener
-    return result
-
-
 def _call_key(step: Step) -> str:
     return json.dumps([step.tool, step.args], sort_keys=True, ensure_ascii=False, default=str)
 
@@ -292,7 +282,7 @@ async def run_episode(
     faults: FaultProfile | None = None,
     fault_seed: int = 0,
     verify: Verifier = run_verifier,
-    open_sandbox: SandboxOpener | None = None,
+    open_sandbox: SandboxOpener,
     tools: Mapping[str, ToolSpec] | None = None,
 ) -> Trajectory:
     """Run one episode of `task` with `policy` in a fresh sandbox and return its trajectory.
@@ -305,7 +295,8 @@ async def run_episode(
             rollouts of one task differ and a re-run repeats them.
         faults, fault_seed: the `sandbox.FaultProfile` and its seed (None: no faults).
         verify: the verifier; defaults to `run_verifier`, the one runner of a `VerifierSpec`.
-        open_sandbox: sandbox factory; defaults to `sandbox.open_sandbox` (tests pass a double).
+        open_sandbox: sandbox factory, built by the entry point with its settings
+            (`sandbox.sandbox_opener(settings)`, a warm pool's; tests pass a double).
         tools: tools offered to the agent; defaults to the built-in tools.
 
     Raises:
@@ -335,8 +326,7 @@ async def run_episode(
         fault_seed=fault_seed if faults is not None else None,
     )
     try:
-        opener = open_sandbox if open_sandbox is not None else _default_opener()
-        sandbox = await opener(spec, files=task.files, faults=faults, fault_seed=fault_seed)
+        sandbox = await open_sandbox(spec, files=task.files, faults=faults, fault_seed=fault_seed)
     except SandboxError as e:
         _finish(
             traj, EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, f"sandbox unavailable: {e}"

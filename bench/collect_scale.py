@@ -147,9 +147,9 @@ def bench_episodes(plan: Any, episodes: int) -> list[Any]:
 def bench_request(episodes: int, concurrency: int, batch_size: int) -> Any:
     """The request whose first `episodes` planned episodes the benchmark runs."""
     from collection.request import CollectRequest
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
 
-    templates = len(load_suite("builtin").templates)
+    templates = len(builtin_suite().templates)
     return CollectRequest(
         suite="builtin",
         policy="scripted:oracle",

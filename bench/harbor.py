@@ -375,8 +375,8 @@ def main() -> None:
 
     from agent.loop import run_episode
     from agent.policies import make_policy
-    from agent.settings import LoopSettings
-    from sandbox import SandboxSpec
+    from agent.settings import LoopSettings, PolicySettings
+    from sandbox import SandboxSettings, SandboxSpec, sandbox_opener
 
     task = suite.generate("hello-world", 0)
     episode_s: list[float] = []
@@ -386,10 +386,11 @@ def main() -> None:
         traj = asyncio.run(
             run_episode(
                 task,
-                make_policy("scripted:idle"),
+                make_policy("scripted:idle", settings=PolicySettings()),
                 spec=SandboxSpec(),
                 run_key=f"bench-harbor-{i}",
                 settings=LoopSettings(),
+                open_sandbox=sandbox_opener(SandboxSettings()),
             )
         )
         episode_s.append(time.perf_counter() - started)

@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from storage.migrate import upgrade
     from storage.objects import LocalObjectStore
     from storage.settings import DatabaseSettings
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.base_model import protocol_corpus
     from training.builders import DatasetKind, build_rows
     from training.pipeline import prepare_base_model, train_checkpoint
@@ -322,12 +322,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
     from training.recipes import get_recipe
     from training.registry import fetch_checkpoint, get_checkpoint
+    from training.settings import TrainingSettings
     from training.snapshots import select_episodes, write_snapshot
     from training.threads import tuned_threads
 
     quiet = args.quiet
     recipe = get_recipe(args.recipe)
-    settings = recipe.training_settings()
+    settings = recipe.training_settings(TrainingSettings())
     overrides = {
         k: v
         for k, v in {
@@ -433,7 +434,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log(quiet, f"snapshot: {snapshot.n_rows} rows, weight {snapshot.weight_sum:.1f}")
 
         # 4. base model from scratch
-        suite = load_suite("builtin")
+        suite = builtin_suite()
         corpus = (
             protocol_corpus(
                 suite.instances(train_tasks, templates=templates),

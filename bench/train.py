@@ -54,12 +54,12 @@ def conversations(n: int, templates: list[str], style: str) -> list[list[dict[st
     """Oracle-style chats: every reference call, a short observation, the final answer."""
     from agent.render import render_final, render_tool_call
     from sandbox.tool_specs import BUILTIN_TOOLS
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.conversations import system_prompt_for
 
     system = system_prompt_for(BUILTIN_TOOLS.values(), style)
     per_template = max(1, n // len(templates) + 1)
-    tasks = load_suite("builtin").instances(per_template, templates=templates)[:n]
+    tasks = builtin_suite().instances(per_template, templates=templates)[:n]
     chats = []
     for task in tasks:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
@@ -191,24 +191,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import polars as pl
 
     from core.home import epiflow_home
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.base_model import build_base_model, protocol_corpus
     from training.precision import precision_report
     from training.pretrained import PRETRAINED, prepare_pretrained
     from training.recipes import get_recipe
+    from training.settings import TrainingSettings
     from training.threads import choose_threads
     from training.trainers import run_training
     from training.trainers.common import load_tokenizer, use_bf16
 
     load_start = os.getloadavg()[0]
     recipe = get_recipe(args.recipe)
-    settings = recipe.training_settings().model_copy(
+    settings = recipe.training_settings(TrainingSettings()).model_copy(
         update={"max_steps": args.steps, "max_time_s": None, "logging_steps": args.steps}
     )
     bf16 = use_bf16(settings)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        tasks = load_suite("builtin").instances(8, templates=recipe.templates)
+        tasks = builtin_suite().instances(8, templates=recipe.templates)
         if recipe.pretrained is not None:
             # The recipe's pretrained base (SmolLM2 for `smollm2`), converted once, cached.
             base = prepare_pretrained(PRETRAINED[recipe.pretrained], home=epiflow_home())

@@ -184,6 +184,7 @@ def export(
     """Write seeded instances as Harbor task directories (tests run offline; docs/harbor.md)."""
     from pathlib import Path
 
+    from sandbox.settings import SandboxSettings
     from suites.errors import SuiteError
     from suites.harbor.export import export_task
     from suites.registry import load_suite
@@ -194,7 +195,7 @@ def export(
     if not out:
         raise _fail("--out: name the folder to write the task directories into")
     try:
-        loaded = load_suite(suite, settings=SuitesSettings())
+        loaded = load_suite(suite, settings=SuitesSettings(), sandbox=SandboxSettings())
         names = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
         tasks = loaded.instances(instances, seed=seed, templates=names)
     except SuiteError as e:
@@ -257,13 +258,13 @@ async def _run_check(
     from agent.errors import PolicySpecError
     from agent.loop import run_episode
     from agent.policies import make_policy
-    from agent.settings import LoopSettings
+    from agent.settings import LoopSettings, PolicySettings
     from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus
     from sandbox import SandboxSpec, open_sandbox
     from suites.check import InstanceResult, failed_steps, summarize
 
     try:
-        policy = make_policy(policy_spec)
+        policy = make_policy(policy_spec, settings=PolicySettings())
     except PolicySpecError as e:
         raise _fail(str(e)) from e
     spec = SandboxSpec()

@@ -64,6 +64,7 @@ def grpo_tasks(
     engine: Engine,
     store: ObjectStore,
     dataset_id: uuid.UUID,
+    settings: Settings,
     *,
     templates: Sequence[str] | None = None,
 ) -> list[TaskInstance]:
@@ -79,7 +80,7 @@ def grpo_tasks(
     if info.kind != DatasetKind.GRPO:
         raise TrainerError(f"grpo trains on grpo snapshots, not {info.kind.value}")
     frame = read_snapshot(store, info)
-    resolve = suite_task_resolver()
+    resolve = suite_task_resolver(settings.suites, settings.sandbox)
     tasks: list[TaskInstance] = []
     for row in frame.select("suite", "template", "instance_seed", "task_id").iter_rows():
         suite, template, seed, task_id = row
@@ -158,7 +159,7 @@ def train_grpo_model(
     from collection.grpo_rollouts import run_grpo_rollouts
     from training.trainers.episode_grpo import run_episode_grpo
 
-    tasks = grpo_tasks(engine, store, dataset_id, templates=templates)
+    tasks = grpo_tasks(engine, store, dataset_id, settings, templates=templates)
     base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
     check_protocol_template(base_dir, base_checkpoint_id)
     run_id = start_training_run(
@@ -174,7 +175,6 @@ def train_grpo_model(
         output_dir=work_dir / "model",
         settings=training,
         on_metrics=on_metrics,
-        rewards=settings.rewards,
     )
     task_ids = [t.task_id for t in tasks]
     try:

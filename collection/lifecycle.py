@@ -73,7 +73,7 @@ Planner = Callable[[CollectRequest, Settings, Shard | None], Plan]
 
 def plan_request(request: CollectRequest, settings: Settings, shard: Shard | None) -> Plan:
     """The default `Planner`: `collection.plan.plan_collection` with the suites' settings."""
-    return plan_collection(request, settings.suites, shard=shard)
+    return plan_collection(request, settings.suites, sandbox=settings.sandbox, shard=shard)
 
 
 def tasks_planner(tasks: Sequence[TaskInstance]) -> Planner:

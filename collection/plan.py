@@ -18,6 +18,7 @@ from agent.trajectory import episode_id_for
 from collection.errors import CollectError, RequestError
 from collection.request import CollectRequest
 from sandbox.faults import FaultProfile
+from sandbox.settings import SandboxSettings
 from suites.errors import SuiteError
 from suites.registry import load_suite
 from suites.settings import SuitesSettings
@@ -68,9 +69,14 @@ class Plan:
 
 
 def plan_collection(
-    request: CollectRequest, suites: SuitesSettings, *, shard: Shard | None = None
+    request: CollectRequest,
+    suites: SuitesSettings,
+    *,
+    sandbox: SandboxSettings,
+    shard: Shard | None = None,
 ) -> Plan:
-    """Resolve `request` (which must carry a run key) into its plan for `shard`.
+    """Resolve `request` (which must carry a run key) into its plan for `shard`, the suite
+    found with `suites` (a user suite's generators run in jails of `sandbox`).
 
     Raises:
         RequestError: the suite or a template does not exist.
@@ -80,7 +86,7 @@ def plan_collection(
         raise CollectError("the request has no run key", setting="--run-key")
     shard = shard or Shard()
     try:
-        suite = load_suite(request.suite, settings=suites)
+        suite = load_suite(request.suite, settings=suites, sandbox=sandbox)
         pick = suite.heldout_instances if request.heldout else suite.instances
         tasks = pick(request.tasks, seed=request.seed, templates=request.templates)
     except SuiteError as e:

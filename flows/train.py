@@ -353,7 +353,6 @@ async def train_task(
                     work_dir=work,
                     settings=training,
                     base_checkpoint_id=base,
-                    rewards=settings.rewards,
                     prefect_flow_run_id=flow_run_id,
                     on_metrics=monitor.on_metrics,
                 ),
@@ -487,7 +486,7 @@ async def train(
         if value is not None
     }
     training = (
-        get_recipe(recipe).training_settings() if recipe else TrainingSettings()
+        get_recipe(recipe).training_settings(TrainingSettings()) if recipe else TrainingSettings()
     ).model_copy(update=overrides)
     # Removed on any exit; a killed training's folder (model copies) is swept by the next.
     with scratch_dir("epiflow-train-") as work:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
         SandboxError,
         SandboxUnavailable,
     )
-    from sandbox.factory import open_sandbox
+    from sandbox.factory import open_sandbox, sandbox_opener
     from sandbox.faults import FaultProfile
     from sandbox.interface import Sandbox
     from sandbox.nsjail_sandbox import NsjailSandbox
@@ -33,6 +33,7 @@ _MODULE_OF = {
     "SandboxError": "sandbox.errors",
     "SandboxUnavailable": "sandbox.errors",
     "open_sandbox": "sandbox.factory",
+    "sandbox_opener": "sandbox.factory",
     "FaultProfile": "sandbox.faults",
     "Sandbox": "sandbox.interface",
     "WarmPool": "sandbox.pool",
@@ -70,4 +71,5 @@ __all__ = [
     "files_from_dir",
     "open_sandbox",
     "pooled_opener",
+    "sandbox_opener",
 ]

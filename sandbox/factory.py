@@ -1,9 +1,10 @@
-"""`open_sandbox`: a fresh jail for one episode, started, populated, clock running."""
+"""`open_sandbox`: a fresh jail for one episode, started, populated, clock running;
+`sandbox_opener`: it bound to the entry point's settings, as the episode loop takes it."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from sandbox.faults import FaultProfile
@@ -91,18 +92,15 @@ async def open_sandbox(
     files: Mapping[str, str | bytes] | None = None,
     faults: FaultProfile | None = None,
     fault_seed: int = 0,
-    settings: SandboxSettings | None = None,
+    settings: SandboxSettings,
 ) -> NsjailSandbox:
-    """A started sandbox on a fresh jail, `files` written under /workspace.
+    """A started sandbox on a fresh jail, `files` written under /workspace, configured by
+    the entry point's `settings`.
 
     Raises:
         SandboxUnavailable: nsjail is missing or cannot start a jail here.
         TransferError: a file path would leave the workspace, or the files are too large.
     """
-    # Read from the environment when not passed, for the callers that still pass none
-    # (tests/test_settings_at_entry_points.py lists them); every other passes its entry
-    # point's settings.
-    settings = settings if settings is not None else SandboxSettings()
     if spec.image is not None:  # the workdir tmpfs starts as a copy of the image's workdir
         from sandbox.image_jail import workdir_seed
 
@@ -115,3 +113,9 @@ async def open_sandbox(
     return await activate(
         jail, spec, host, settings, files=files, faults=faults, fault_seed=fault_seed
     )
+
+
+def sandbox_opener(settings: SandboxSettings) -> Callable[..., Awaitable[NsjailSandbox]]:
+    """`open_sandbox` with the entry point's `settings`: the opener `agent.loop.run_episode`
+    takes (`(spec, *, files=…, faults=…, fault_seed=…) -> NsjailSandbox`)."""
+    return functools.partial(open_sandbox, settings=settings)

@@ -81,14 +81,15 @@ def available_suites(settings: SuitesSettings) -> list[SuiteEntry]:
 
 
 def load_suite(
-    name: str, *, settings: SuitesSettings | None = None, sandbox: SandboxSettings | None = None
+    name: str, *, settings: SuitesSettings, sandbox: SandboxSettings | None = None
 ) -> Suite:
-    """The suite called `name`; `sandbox` configures the jails of user generator scripts.
+    """The suite called `name`, found with the entry point's `settings`; `sandbox`
+    configures the jails of user generator scripts.
 
-    Settings not passed are read from the environment here, the one place below an entry
-    point that still does: `training/pipeline.py` and `training/rewards.py` load suites
-    without them (`tests/test_settings_at_entry_points.py` lists it until they pass them
-    and both parameters become required).
+    `sandbox` not passed is read from the environment here, the one place below an entry
+    point that still does: `environment/selection.py` and `environment/trainer_env.py`
+    load suites without it (`tests/test_settings_at_entry_points.py` lists it until they
+    pass it and the parameter becomes required).
 
     Raises:
         SuiteNotFound: no built-in or user suite has that name.
@@ -96,8 +97,6 @@ def load_suite(
         SuiteFormatError: the user suite's `suite.yaml` is malformed (file, line, field).
         HarborDatasetError: a Harbor dataset holds malformed or unsupported tasks.
     """
-    if settings is None:
-        settings = SuitesSettings()
     entries = [e for e in available_suites(settings) if e.name == name]
     if not entries:
         known = ", ".join(sorted({e.name for e in available_suites(settings)}))

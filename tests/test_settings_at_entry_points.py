@@ -24,24 +24,11 @@ LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 """Functions that read the settings from the environment for an entry point."""
 
 PENDING = {
-    "agent/policies/__init__.py builds PolicySettings": (
-        "make_policy's default: tests pass no settings"
-    ),
-    "sandbox/factory.py builds SandboxSettings": (
-        "open_sandbox's default: training/rewards.py:157 hands sandbox.open_sandbox to the "
-        "loop without settings, and agent/loop.py's default opener calls it without; "
-        "both need a settings-bound opener"
-    ),
-    "suites/registry.py builds SuitesSettings": (
-        "load_suite's default: training/pipeline.py:331, training/rewards.py:106 pass none"
-    ),
     "suites/registry.py builds SandboxSettings": (
-        "load_suite's default for user generators: collection/plan.py passes none "
-        "(collection/lifecycle.py:67 hands it only settings.suites), nor does training/"
+        "load_suite's default for user generators: environment/selection.py (resolve_task) "
+        "and environment/trainer_env.py (dataset_rows) pass none; they need the sandbox "
+        "settings as a parameter (environment/hub.py and cli/env.py have them)"
     ),
-    "training/recipes.py builds TrainingSettings": "Recipe.training_settings's default",
-    "training/rewards.py builds LoopSettings": "ROLLOUT_LOOP, at import",
-    "training/trainers/__init__.py builds RewardSettings": "run_training's default",
 }
 """Constructions below an entry point in files this change could not edit (another change
 was editing them), with where they are and what must pass settings first. Remove an entry

@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from sandbox.tool_specs import BUILTIN_TOOLS, ToolSpec
-from scoring.settings import RewardSettings
 from storage.objects import ObjectStore
 from training.base_model import build_base_model
 from training.builders import DatasetKind
@@ -151,7 +150,6 @@ def train_checkpoint(
     base_checkpoint_id: uuid.UUID | None = None,
     base_model_dir: Path | None = None,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
-    rewards: RewardSettings | None = None,
     tools: Sequence[ToolSpec] | None = None,
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
@@ -164,8 +162,7 @@ def train_checkpoint(
     interrupted: no `training_run` row stays `running`. The snapshot's prompt style must be
     the settings' (`prompt_style`): the model is deployed with the style it is trained
     with. `on_metrics(step, max_steps, logs)` gets every TRL log event
-    (`training.callbacks`). `rewards` are the episode rewards GRPO's default reward
-    optimises (`training.rewards.SandboxReward`): the entry point's `Settings.rewards`.
+    (`training.callbacks`). GRPO needs `reward_fn` (`run_training`).
 
     Raises:
         TrainerError: bad algorithm/kind combination, or the trainer failed.
@@ -183,7 +180,6 @@ def train_checkpoint(
         base_checkpoint_id=base_checkpoint_id,
         base_model_dir=base_model_dir,
         reward_fn=reward_fn,
-        rewards=rewards,
         prefect_flow_run_id=prefect_flow_run_id,
         on_metrics=on_metrics,
     )
@@ -201,7 +197,6 @@ def train_model(
     base_checkpoint_id: uuid.UUID | None = None,
     base_model_dir: Path | None = None,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
-    rewards: RewardSettings | None = None,
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
 ) -> TrainedModel:
@@ -251,7 +246,6 @@ def train_model(
             output_dir=work_dir / "model",
             settings=settings,
             reward_fn=reward_fn,
-            rewards=rewards,
             on_metrics=on_metrics,
         )
     except BaseException as e:  # cancelled or interrupted runs are closed too
@@ -321,14 +315,14 @@ def ensure_base_model(
 ) -> uuid.UUID:
     """The newest registered base model, or a new tiny one built from the protocol corpus of
     the built-in suite (no download, ever)."""
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.base_model import protocol_corpus
     from training.registry import newest_base_model
 
     found = newest_base_model(engine)
     if found is not None:
         return found
-    tasks = load_suite("builtin").instances(2)
+    tasks = builtin_suite().instances(2)
     return prepare_base_model(
         engine, store, work_dir=work, corpus=protocol_corpus(tasks), settings=settings
     )

@@ -105,20 +105,19 @@ class Recipe(BaseModel):
     """GRPO from the SFT checkpoint after the SFT stage, evaluated on the same held-out
     instances (None: no RL stage)."""
 
-    def training_settings(self, base: TrainingSettings | None = None) -> TrainingSettings:
-        """The recipe's settings and precision over the defaults of `base` (default:
-        `TrainingSettings()`, which reads the environment); fields set explicitly in `base`
+    def training_settings(self, base: TrainingSettings) -> TrainingSettings:
+        """The recipe's settings and precision over the defaults of `base` (the entry point's
+        `TrainingSettings`, read from the environment there); fields set explicitly in `base`
         are kept (an explicit `bf16` keeps the recipe's precision out too).
 
         Raises:
             TrainerError: an override is not a valid setting.
         """
-        start = base if base is not None else TrainingSettings()
         declared = {"precision": self.precision, **self.settings}
-        explicit = start.model_fields_set | ({"precision"} if start.bf16 is not None else set())
+        explicit = base.model_fields_set | ({"precision"} if base.bf16 is not None else set())
         overrides = {k: v for k, v in declared.items() if k not in explicit}
         try:
-            return TrainingSettings.model_validate({**start.model_dump(), **overrides})
+            return TrainingSettings.model_validate({**base.model_dump(), **overrides})
         except ValueError as e:
             raise TrainerError(f"recipe {self.name!r}: invalid settings: {e}") from e
 

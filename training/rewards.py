@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import ProtocolError
 from agent.policies.base import Policy, PolicyRequest, PolicyResponse
@@ -37,6 +37,10 @@ from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
 from training.errors import RewardEnvironmentError
 
+if TYPE_CHECKING:
+    from sandbox.settings import SandboxSettings
+    from suites.settings import SuitesSettings
+
 __all__ = [
     "ProtocolReward",
     "RewardFunction",
@@ -44,6 +48,7 @@ __all__ = [
     "TaskResolver",
     "completion_text",
     "format_reward",
+    "rollout_loop",
     "suite_task_resolver",
 ]
 
@@ -94,8 +99,9 @@ class ProtocolReward:
         return [format_reward(_parse(completion_text(c), self.tools)) for c in completions]
 
 
-def suite_task_resolver() -> TaskResolver:
-    """Regenerate tasks from the installed suites (built-in and user suites), cached per suite."""
+def suite_task_resolver(suites: SuitesSettings, sandbox: SandboxSettings) -> TaskResolver:
+    """Regenerate tasks from the installed suites (built-in and user suites, found with
+    `suites`; user generators run in jails of `sandbox`), cached per suite."""
     from suites.registry import load_suite
     from suites.suite import Suite
 
@@ -103,7 +109,7 @@ def suite_task_resolver() -> TaskResolver:
 
     def resolve(suite: str, template: str, seed: int, task_id: str) -> TaskInstance:
         if suite not in cache:
-            cache[suite] = load_suite(suite)
+            cache[suite] = load_suite(suite, settings=suites, sandbox=sandbox)
         task = cache[suite].generate(template, seed)
         if task.task_id != task_id:
             raise ValueError(
@@ -118,8 +124,11 @@ def suite_task_resolver() -> TaskResolver:
 SandboxOpener = Callable[..., Awaitable[Any]]
 """`open_sandbox(spec, *, files=…) -> Sandbox` (the sandbox package's signature)."""
 
-ROLLOUT_LOOP = LoopSettings(max_steps=1, max_consecutive_parse_failures=1)
-"""A GRPO rollout is one assistant turn; the verifier still scores it (`verify_after_limits`)."""
+
+def rollout_loop(loop: LoopSettings) -> LoopSettings:
+    """The loop of a GRPO rollout: the entry point's `loop`, for one assistant turn; the
+    verifier still scores it (`verify_after_limits`)."""
+    return loop.model_copy(update={"max_steps": 1, "max_consecutive_parse_failures": 1})
 
 
 class _RolloutTurn(Policy):
@@ -135,7 +144,11 @@ class _RolloutTurn(Policy):
 
 
 class SandboxReward:
-    """Run the turn as a one-turn episode in a real sandbox; its stored reward is the GRPO reward."""
+    """Run the turn as a one-turn episode in a real sandbox; its stored reward is the GRPO reward.
+
+    The entry point's settings: `rewards` (the episode rewards), `loop` (limits, as
+    `rollout_loop` narrows them), `sandbox` (the jails: default opener) and `suites` (the
+    default task resolver); `resolve_task` and `open_sandbox` replace the defaults."""
 
     __name__ = "sandbox_reward"
 
@@ -143,18 +156,24 @@ class SandboxReward:
         self,
         rewards: RewardSettings,
         *,
+        loop: LoopSettings,
+        sandbox: SandboxSettings,
+        suites: SuitesSettings,
         resolve_task: TaskResolver | None = None,
         spec: Any = None,
         open_sandbox: SandboxOpener | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
         concurrency: int = 4,
     ) -> None:
-        import sandbox
+        from sandbox import SandboxSpec, sandbox_opener
 
         self.rewards = rewards
-        self.resolve_task = resolve_task if resolve_task is not None else suite_task_resolver()
-        self.spec = spec if spec is not None else sandbox.SandboxSpec()
-        self.open_sandbox = open_sandbox if open_sandbox is not None else sandbox.open_sandbox
+        self.loop = rollout_loop(loop)
+        self.resolve_task = (
+            resolve_task if resolve_task is not None else suite_task_resolver(suites, sandbox)
+        )
+        self.spec = spec if spec is not None else SandboxSpec()
+        self.open_sandbox = open_sandbox if open_sandbox is not None else sandbox_opener(sandbox)
         self.tools = dict(tools if tools is not None else BUILTIN_TOOLS)
         self.concurrency = concurrency
 
@@ -173,7 +192,7 @@ class SandboxReward:
             _RolloutTurn(text),
             spec=self.spec,
             run_key="grpo-rollout",
-            settings=ROLLOUT_LOOP,
+            settings=self.loop,
             open_sandbox=self.open_sandbox,
             tools=self.tools,
         )

@@ -100,13 +100,13 @@ def _openai(spec: str, rest: str, settings: PolicySettings) -> OpenAIPolicy:
     return OpenAIPolicy(base_url, model, merged, spec=spec)
 
 
-def make_policy(spec: str, *, settings: PolicySettings | None = None) -> Policy:
-    """Build the policy a spec string names (see the module docstring).
+def make_policy(spec: str, *, settings: PolicySettings) -> Policy:
+    """Build the policy a spec string names (see the module docstring), the spec's query
+    overriding `settings` (built by the entry point).
 
     Raises:
         PolicySpecError: unknown scheme or name, malformed query, out-of-range value.
     """
-    settings = settings if settings is not None else PolicySettings()
     scheme, sep, rest = spec.partition(":")
     if not sep:
         raise PolicySpecError(

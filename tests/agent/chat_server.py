@@ -3,15 +3,18 @@
 Not a mock: the `openai:` policy talks to it over TCP with httpx, exactly as it talks to
 vLLM or llama.cpp. What it answers is scripted per request (`actions`), so tests can
 produce the failures a real endpoint produces (500s, 429s, garbage, stalls, huge bodies).
+
+A stall is a gate, not a clock: a `hold` action keeps its request open until the test
+calls `release()` (or the server stops), and `wait_held(n)` returns once `n` requests
+are held, so a test interrupts or times out a run at a known point without sleeping.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +29,20 @@ def reply(text: str, **extra: Any) -> Action:
     return {"kind": "ok", "text": text, **extra}
 
 
+def held(
+    action: Action | None = None, *, when: Callable[[dict[str, Any]], bool] | None = None
+) -> Action:
+    """A request held open until `ChatServer.release()`, then answered with `action` (by
+    default an empty completion; a client that timed out meanwhile never reads it).
+    `when(body)`: hold only the requests it accepts, answer the others at once."""
+    return {"kind": "hold", "then": action or reply(""), "when": when}
+
+
+def is_episode_turn(body: dict[str, Any]) -> bool:
+    """A request of an episode's turn, not the endpoint probe (`max_tokens` 1)."""
+    return body.get("max_tokens") != 1
+
+
 def oracle(tasks: Iterable[TaskInstance]) -> Action:
     """A `script` action answering each of `tasks` (found by its prompt) with its reference
     solution, turn by turn: a working model behind the endpoint."""
@@ -37,23 +54,48 @@ def oracle(tasks: Iterable[TaskInstance]) -> Action:
             render_tool_call(f"c{i + 1}", c.tool, c.args)
             for i, c in enumerate(task.reference_solution)
         ]
-        texts[task.prompt] = [*calls, render_final(task.reference_final)]
+        answers = [*calls, render_final(task.reference_final)]
+        if texts.setdefault(task.prompt, answers) != answers:
+            raise ValueError(f"two tasks share the prompt of {task.task_id}: pick others")
 
     def answer(body: dict[str, Any]) -> str:
         messages = body["messages"]
+        if not is_episode_turn(body):
+            return "ok"
         turn = sum(1 for m in messages if m["role"] == "assistant")
         return texts[messages[1]["content"]][turn]
 
     return {"kind": "script", "answer": answer}
 
 
+def oracle_until(tasks: Sequence[TaskInstance], answered: int) -> Action:
+    """`oracle(tasks)` answering the turns of the first `answered` tasks (in plan order) at
+    once and holding the later tasks' turns until `release()`: a run that stops mid-way at
+    a point the test knows (the earlier tasks' episodes done, every worker mid-episode with
+    its jail open), however fast the machine."""
+    late = {t.prompt for t in tasks[answered:]}
+
+    def is_late_turn(body: dict[str, Any]) -> bool:
+        return is_episode_turn(body) and body["messages"][1]["content"] in late
+
+    return held(oracle(tasks), when=is_late_turn)
+
+
+BY_PROMPT_TEMPLATES = [
+    "config_update", "csv_to_json", "dir_tree", "fix_script", "rename_files", "summary_stats",
+]  # fmt: skip
+"""Built-in templates whose instances of seeds 0-2 have prompts of their own (`oracle`
+answers by prompt and refuses a clash: csv_to_json's seed 3 repeats seed 0's)."""
+
+
 class ChatServer:
     """Serves `POST /v1/chat/completions`; each request pops the next action (the last one repeats).
 
-    Actions: `ok` (a completion of `text`), `sleep` (stall `seconds`, then answer), `status`
-    (that HTTP status), `garbage` (200 with an HTML page), `empty_choices`, `script`
-    (`answer(body) -> text` computes the completion from the request). An `ok` action's
-    `choice_fields` and `body_fields` are added to its choice and to the body.
+    Actions: `ok` (a completion of `text`), `hold` (`held`: stall until `release()`, then
+    answer with `then`), `status` (that HTTP status), `garbage` (200 with an HTML page),
+    `empty_choices`, `script` (`answer(body) -> text` computes the completion from the
+    request). An `ok` action's `choice_fields` and `body_fields` are added to its choice
+    and to the body.
     """
 
     def __init__(self, actions: list[Action] | None = None, *, port: int = 0) -> None:
@@ -61,6 +103,9 @@ class ChatServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._held = 0
+        self._held_changed = threading.Condition()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,11 +155,26 @@ class ChatServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host!s}:{port}/v1"
 
+    def wait_held(self, count: int = 1, *, timeout_s: float = 60.0) -> None:
+        """Return once `count` requests have been held by `hold` actions (the run is where
+        the test wants it). `timeout_s` only bounds a broken test; nothing is timed by it."""
+        with self._held_changed:
+            if not self._held_changed.wait_for(lambda: self._held >= count, timeout=timeout_s):
+                raise AssertionError(f"{self._held} of {count} requests held after {timeout_s} s")
+
+    def release(self) -> None:
+        """Answer every held request, and every later `hold` at once."""
+        self._gate.set()
+
     def _serve(self, handler: Any, action: Action, body: dict[str, Any]) -> None:
+        if action["kind"] == "hold" and (action["when"] is None or action["when"](body)):
+            with self._held_changed:
+                self._held += 1
+                self._held_changed.notify_all()
+            self._gate.wait()
+        if action["kind"] == "hold":
+            action = action["then"]
         kind = action["kind"]
-        if kind == "sleep":
-            time.sleep(action["seconds"])
-            kind = "ok"
         if kind == "status":
             handler._send(
                 action["status"],
@@ -169,6 +229,7 @@ class ChatServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()  # held handler threads finish (their clients are gone)
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)

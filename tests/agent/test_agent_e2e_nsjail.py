@@ -23,6 +23,8 @@ if not hasattr(sandbox, "open_sandbox"):
 
 
 def episode(task, policy, spec, settings=None, **kw):
+    kw.setdefault("open_sandbox", sandbox.sandbox_opener(sandbox.SandboxSettings()))
+
     async def go():
         try:
             return await run_episode(
@@ -38,7 +40,7 @@ def episode(task, policy, spec, settings=None, **kw):
 
 
 def test_oracle_succeeds_in_a_real_jail(task, spec) -> None:
-    traj = episode(task, make_policy("scripted:oracle"), spec)
+    traj = episode(task, make_policy("scripted:oracle", settings=PolicySettings()), spec)
     assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
     assert traj.verifier_score == 1.0
     assert traj.sandbox_spec_hash == spec.spec_hash()
@@ -51,13 +53,14 @@ def test_oracle_succeeds_in_a_real_jail(task, spec) -> None:
 
 
 def test_idle_scores_zero_in_a_real_jail(task, spec) -> None:
-    traj = episode(task, make_policy("scripted:idle"), spec)
+    traj = episode(task, make_policy("scripted:idle", settings=PolicySettings()), spec)
     assert (traj.failure_category, traj.verifier_score) == (FailureCategory.VERIFIER_FAILED, 0.0)
 
 
 def test_noisy_policy_in_a_real_jail(task, spec) -> None:
     policy = make_policy(
-        "scripted:noisy?malformed=0.3&unknown_tool=0.2&mistyped_arg=0.2&premature_final=0&repeated_command=0.2"
+        "scripted:noisy?malformed=0.3&unknown_tool=0.2&mistyped_arg=0.2&premature_final=0&repeated_command=0.2",
+        settings=PolicySettings(),
     )
     traj = episode(
         task,
@@ -121,7 +124,7 @@ def test_injected_faults_are_recorded_and_the_oracle_recovers(task, spec) -> Non
     seed = _seed_with_recoverable_faults(faults)
     traj = episode(
         task,
-        make_policy("scripted:oracle"),
+        make_policy("scripted:oracle", settings=PolicySettings()),
         spec,
         LoopSettings(max_steps=20),
         faults=faults,
@@ -139,9 +142,9 @@ def test_a_builtin_suite_task_with_the_suites_verifier(spec) -> None:
     suite = builtin.builtin_suite()
     name = next(iter(suite.templates))
     task = suite.generate(name, 3)
-    oracle = episode(task, make_policy("scripted:oracle"), spec)
+    oracle = episode(task, make_policy("scripted:oracle", settings=PolicySettings()), spec)
     assert oracle.status == EpisodeStatus.SUCCESS, oracle.failure_reason
-    idle = episode(task, make_policy("scripted:idle"), spec)
+    idle = episode(task, make_policy("scripted:idle", settings=PolicySettings()), spec)
     assert (idle.failure_category, idle.verifier_score) == (FailureCategory.VERIFIER_FAILED, 0.0)
     assert idle.verifier_reason
 
@@ -158,12 +161,12 @@ def test_the_verifier_writes_nested_files_and_a_garbage_one_is_an_env_error(task
             )
         }
     )
-    ok = episode(checked, make_policy("scripted:oracle"), spec)
+    ok = episode(checked, make_policy("scripted:oracle", settings=PolicySettings()), spec)
     assert (ok.status, ok.verifier_reason) == (EpisodeStatus.SUCCESS, "out.txt ok")
     garbage = task.model_copy(
         update={"verifier": VerifierSpec(argv=["python3", "-c", "print('no json')"])}
     )
-    broken = episode(garbage, make_policy("scripted:oracle"), spec)
+    broken = episode(garbage, make_policy("scripted:oracle", settings=PolicySettings()), spec)
     assert broken.failure_category == FailureCategory.ENV_ERROR and "not JSON" in (
         broken.failure_reason or ""
     )
@@ -175,7 +178,8 @@ def test_concurrent_episodes_share_one_policy(spec) -> None:
     tasks = [make_copy_task(seed) for seed in range(4)]
     # One stateless policy instance serves all episodes at once; perturbed turns never run.
     policy = make_policy(
-        "scripted:noisy?malformed=0.3&premature_final=0&skipped_step=0&repeated_command=0"
+        "scripted:noisy?malformed=0.3&premature_final=0&skipped_step=0&repeated_command=0",
+        settings=PolicySettings(),
     )
 
     async def go():
@@ -187,6 +191,7 @@ def test_concurrent_episodes_share_one_policy(spec) -> None:
                 run_key="concurrent",
                 settings=LoopSettings(max_steps=30),
                 rollout_index=i,
+                open_sandbox=sandbox.sandbox_opener(sandbox.SandboxSettings()),
             )
             for i, t in enumerate(tasks)
         )

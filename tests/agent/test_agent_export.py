@@ -26,9 +26,12 @@ from tests.agent.conftest import MemoryOpener, memory_verify
 
 
 def collect(
-    task, spec, policy_spec: str = "scripted:noisy?malformed=0.4&fabricated_claim=0.2", **kw
+    task,
+    spec,
+    policy_spec: str = "scripted:noisy?malformed=0.4&fabricated_claim=0.2",
+    policy_settings: PolicySettings | None = None,
 ) -> Trajectory:
-    policy = make_policy(policy_spec, **kw)
+    policy = make_policy(policy_spec, settings=policy_settings or PolicySettings())
     settings = LoopSettings(max_steps=30, max_consecutive_parse_failures=30)
     return asyncio.run(
         run_episode(
@@ -188,7 +191,7 @@ def test_native_episode_round_trips_through_openai_messages(task, spec) -> None:
             task,
             spec,
             f"openai:{server.base_url}#m?native_tools=true",
-            settings=PolicySettings(backoff_initial_s=0.01),
+            policy_settings=PolicySettings(backoff_initial_s=0.01),
         )
     imported = from_openai_messages(to_openai_messages(traj))
     assert [s.history_hash for s in imported.steps] == [s.history_hash for s in traj.steps]

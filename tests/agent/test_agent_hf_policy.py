@@ -20,6 +20,7 @@ from agent.policies.hf import HFGeneration, HFTokenStats
 from agent.prompt import PromptStyle
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, ParseKind, Trajectory
+from sandbox import SandboxSettings, sandbox_opener
 from sandbox.tool_specs import BUILTIN_TOOLS
 from tests.agent.conftest import MemoryOpener, memory_verify
 
@@ -129,7 +130,7 @@ def test_episode_with_the_tiny_model_records_parse_errors(
 
 
 def test_missing_checkpoint_is_a_policy_error(tmp_path: Path, task, spec) -> None:
-    policy = make_policy(f"hf:{tmp_path / 'nope'}")
+    policy = make_policy(f"hf:{tmp_path / 'nope'}", settings=PolicySettings())
     traj = asyncio.run(
         run_episode(
             task,
@@ -188,7 +189,11 @@ def test_generation_never_runs_past_the_model_context(
 
 def _episodes(policy, tasks, spec, *, steps: int, open_sandbox=None, verify=None):
     """Run one episode per task concurrently with `policy`, then close it."""
-    extra = {} if open_sandbox is None else {"open_sandbox": open_sandbox, "verify": verify}
+    extra = (
+        {"open_sandbox": sandbox_opener(SandboxSettings())}
+        if open_sandbox is None
+        else {"open_sandbox": open_sandbox, "verify": verify}
+    )
 
     async def go():
         try:

@@ -28,7 +28,9 @@ def run(task, policy, spec, settings, opener, **kw) -> Trajectory:
 
 def test_oracle_succeeds_and_every_record_point_is_filled(task, spec, loop_settings) -> None:
     opener = MemoryOpener()
-    traj = run(task, make_policy("scripted:oracle"), spec, loop_settings, opener)
+    traj = run(
+        task, make_policy("scripted:oracle", settings=PolicySettings()), spec, loop_settings, opener
+    )
     assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
     assert traj.failure_category == FailureCategory.SUCCESS
     assert traj.episode_id == episode_id_for("run-1", task.task_id, 0)
@@ -59,7 +61,13 @@ def test_oracle_succeeds_and_every_record_point_is_filled(task, spec, loop_setti
 
 
 def test_idle_policy_ends_with_a_failed_verifier(task, spec, loop_settings) -> None:
-    traj = run(task, make_policy("scripted:idle"), spec, loop_settings, MemoryOpener())
+    traj = run(
+        task,
+        make_policy("scripted:idle", settings=PolicySettings()),
+        spec,
+        loop_settings,
+        MemoryOpener(),
+    )
     assert (traj.status, traj.failure_category) == (
         EpisodeStatus.FAILED,
         FailureCategory.VERIFIER_FAILED,
@@ -119,7 +127,8 @@ def test_each_perturbation_lands_where_expected(task, spec) -> None:
     }
     for kind, parse_kind in expected.items():
         policy = make_policy(
-            f"scripted:noisy?{'&'.join(f'{k}=0' for k in expected if k != kind)}&repeated_command=0&{kind}=1"
+            f"scripted:noisy?{'&'.join(f'{k}=0' for k in expected if k != kind)}&repeated_command=0&{kind}=1",
+            settings=PolicySettings(),
         )
         traj = run(task, policy, spec, LoopSettings(max_steps=3), MemoryOpener())
         step = traj.steps[0]
@@ -128,7 +137,11 @@ def test_each_perturbation_lands_where_expected(task, spec) -> None:
         if kind in codes:
             assert step.parse_error_code == codes[kind]
     premature = run(
-        task, make_policy("scripted:noisy?premature_final=1"), spec, LoopSettings(), MemoryOpener()
+        task,
+        make_policy("scripted:noisy?premature_final=1", settings=PolicySettings()),
+        spec,
+        LoopSettings(),
+        MemoryOpener(),
     )
     assert premature.failure_category == FailureCategory.VERIFIER_FAILED
     skipped = run(
@@ -136,7 +149,8 @@ def test_each_perturbation_lands_where_expected(task, spec) -> None:
         make_policy(
             "scripted:noisy?skipped_step=1&"
             + "&".join(f"{k}=0" for k in codes)
-            + "&malformed=0&premature_final=0&repeated_command=0"
+            + "&malformed=0&premature_final=0&repeated_command=0",
+            settings=PolicySettings(),
         ),
         spec,
         LoopSettings(),
@@ -147,7 +161,9 @@ def test_each_perturbation_lands_where_expected(task, spec) -> None:
 
 def test_oracle_retries_a_call_hit_by_an_injected_fault(task, spec, loop_settings) -> None:
     opener = MemoryOpener(fault_on_call={1: "permission_denied"})
-    traj = run(task, make_policy("scripted:oracle"), spec, loop_settings, opener)
+    traj = run(
+        task, make_policy("scripted:oracle", settings=PolicySettings()), spec, loop_settings, opener
+    )
     assert traj.status == EpisodeStatus.SUCCESS
     assert (
         traj.steps[1].injected_fault is not None and traj.steps[1].error_type == "permission_denied"
@@ -207,7 +223,7 @@ def test_repetition_warns_then_ends_the_episode(task, spec) -> None:
 def test_soft_timeout_warning_reaches_the_observation(task, spec, loop_settings) -> None:
     traj = run(
         task,
-        make_policy("scripted:oracle"),
+        make_policy("scripted:oracle", settings=PolicySettings()),
         spec,
         loop_settings,
         MemoryOpener(soft_timeout_from_call=2),
@@ -219,7 +235,11 @@ def test_soft_timeout_warning_reaches_the_observation(task, spec, loop_settings)
 
 def test_sandbox_crash_is_an_env_error_with_steps_kept(task, spec, loop_settings) -> None:
     traj = run(
-        task, make_policy("scripted:oracle"), spec, loop_settings, MemoryOpener(crash_on_call=2)
+        task,
+        make_policy("scripted:oracle", settings=PolicySettings()),
+        spec,
+        loop_settings,
+        MemoryOpener(crash_on_call=2),
     )
     assert (traj.status, traj.failure_category) == (
         EpisodeStatus.ENV_ERROR,
@@ -232,7 +252,7 @@ def test_sandbox_crash_is_an_env_error_with_steps_kept(task, spec, loop_settings
 def test_hard_timeout_is_a_timeout(task, spec, loop_settings) -> None:
     traj = run(
         task,
-        make_policy("scripted:oracle"),
+        make_policy("scripted:oracle", settings=PolicySettings()),
         spec,
         loop_settings,
         MemoryOpener(hard_timeout_on_call=1),
@@ -244,7 +264,13 @@ def test_sandbox_unavailable_is_an_env_error(task, spec, loop_settings) -> None:
     async def unavailable(*args, **kwargs):
         raise SandboxUnavailable("no user namespaces")
 
-    traj = run(task, make_policy("scripted:oracle"), spec, loop_settings, unavailable)
+    traj = run(
+        task,
+        make_policy("scripted:oracle", settings=PolicySettings()),
+        spec,
+        loop_settings,
+        unavailable,
+    )
     assert traj.status == EpisodeStatus.ENV_ERROR and "no user namespaces" in (
         traj.failure_reason or ""
     )
@@ -286,7 +312,12 @@ def test_broken_verifier_is_an_env_error(task, spec, loop_settings) -> None:
         return VerifierOutcome(score=0.0, reason="verifier error: crashed", error=True)
 
     traj = run(
-        task, make_policy("scripted:oracle"), spec, loop_settings, MemoryOpener(), verify=broken
+        task,
+        make_policy("scripted:oracle", settings=PolicySettings()),
+        spec,
+        loop_settings,
+        MemoryOpener(),
+        verify=broken,
     )
     assert traj.failure_category == FailureCategory.ENV_ERROR and "crashed" in (
         traj.failure_reason or ""
@@ -321,7 +352,11 @@ def test_policy_timeout_is_a_policy_error(task, spec) -> None:
 
 def test_trajectory_json_round_trip(task, spec, loop_settings) -> None:
     traj = run(
-        task, make_policy("scripted:noisy?malformed=0.5"), spec, loop_settings, MemoryOpener()
+        task,
+        make_policy("scripted:noisy?malformed=0.5", settings=PolicySettings()),
+        spec,
+        loop_settings,
+        MemoryOpener(),
     )
     loaded = Trajectory.model_validate_json(traj.model_dump_json())
     assert loaded.model_dump() == traj.model_dump()

@@ -16,7 +16,7 @@ from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind
 from sandbox.tool_specs import BUILTIN_TOOLS
-from tests.agent.chat_server import Action, ChatServer, reply
+from tests.agent.chat_server import Action, ChatServer, held, reply
 from tests.agent.conftest import MemoryOpener, memory_verify
 
 FAST = PolicySettings(
@@ -117,7 +117,7 @@ def test_garbage_and_empty_choices(task, action, message) -> None:
 
 def test_a_stalled_endpoint_times_out(task) -> None:
     settings = FAST.model_copy(update={"request_timeout_s": 0.2, "max_retries": 1})
-    with ChatServer([{"kind": "sleep", "seconds": 1.0}]) as server, pytest.raises(PolicyTimeout):
+    with ChatServer([held()]) as server, pytest.raises(PolicyTimeout):
         respond(OpenAIPolicy(server.base_url, "m", settings), task)
 
 
@@ -194,11 +194,15 @@ def test_the_compact_prompt_is_sent_when_the_spec_asks(task, spec) -> None:
     # training config, the spec says the style.
     compact = render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.COMPACT)
     with ChatServer([reply(t) for t in oracle_texts(task)]) as server:
-        policy = make_policy(f"openai:{server.base_url}#m?prompt_style=compact")
+        policy = make_policy(
+            f"openai:{server.base_url}#m?prompt_style=compact", settings=PolicySettings()
+        )
         traj = run_with_policy(policy, task, spec)
     assert traj.status == EpisodeStatus.SUCCESS, traj.failure_reason
     assert all(r["messages"][0]["content"] == compact for r in server.requests)
-    full = make_policy("openai:http://127.0.0.1:1/v1#m").system_prompt(BUILTIN_TOOLS.values())
+    full = make_policy("openai:http://127.0.0.1:1/v1#m", settings=PolicySettings()).system_prompt(
+        BUILTIN_TOOLS.values()
+    )
     assert full == render_system_prompt(BUILTIN_TOOLS.values(), PromptStyle.FULL)
 
 
@@ -221,7 +225,7 @@ def test_endpoint_failure_mid_episode_keeps_the_steps(task, spec, failure) -> No
 def test_stalled_endpoint_mid_episode_is_an_endpoint_error(task, spec) -> None:
     texts = oracle_texts(task)
     settings = FAST.model_copy(update={"request_timeout_s": 0.2, "max_retries": 0})
-    with ChatServer([reply(texts[0]), {"kind": "sleep", "seconds": 1.0}]) as server:
+    with ChatServer([reply(texts[0]), held()]) as server:
         traj = run_with(server, task, spec, policy_settings=settings)
     assert traj.failure_category == FailureCategory.ENDPOINT_ERROR and "EndpointTimeout" in (
         traj.failure_reason or ""
@@ -306,7 +310,7 @@ def test_probe_names_the_url_when_nothing_listens() -> None:
     [
         ({"kind": "garbage"}, "answered a 1-token completion with a body that is not JSON"),
         ({"kind": "status", "status": 404}, "answered HTTP 404"),
-        ({"kind": "sleep", "seconds": 2.0}, "gave no completion within 0.3 s"),
+        (held(), "gave no completion within 0.3 s"),
     ],
 )
 def test_probe_fails_on_a_misbehaving_endpoint(action, message) -> None:

@@ -23,14 +23,15 @@ from sandbox.tool_specs import BUILTIN_TOOLS
 
 
 def test_spec_strings_build_the_right_policy() -> None:
-    assert isinstance(make_policy("scripted:oracle"), OraclePolicy)
-    assert isinstance(make_policy("scripted:idle"), IdlePolicy)
-    noisy = make_policy("scripted:noisy?malformed=0.5&skipped_step=0")
+    assert isinstance(make_policy("scripted:oracle", settings=PolicySettings()), OraclePolicy)
+    assert isinstance(make_policy("scripted:idle", settings=PolicySettings()), IdlePolicy)
+    noisy = make_policy("scripted:noisy?malformed=0.5&skipped_step=0", settings=PolicySettings())
     assert isinstance(noisy, NoisyPolicy)
     assert noisy.rates.malformed == 0.5 and noisy.rates.skipped_step == 0.0
     assert noisy.rates.unknown_tool == NoisyRates().unknown_tool
     endpoint = make_policy(
-        "openai:http://127.0.0.1:8000/v1#qwen?temperature=0.7&native_tools=true&max_retries=1"
+        "openai:http://127.0.0.1:8000/v1#qwen?temperature=0.7&native_tools=true&max_retries=1",
+        settings=PolicySettings(),
     )
     assert isinstance(endpoint, OpenAIPolicy)
     assert (endpoint.base_url, endpoint.model) == ("http://127.0.0.1:8000/v1", "qwen")
@@ -39,9 +40,9 @@ def test_spec_strings_build_the_right_policy() -> None:
         and endpoint.settings.native_tools
         and endpoint.settings.max_retries == 1
     )
-    local = make_policy("hf:/models/tiny")
+    local = make_policy("hf:/models/tiny", settings=PolicySettings())
     assert isinstance(local, HFPolicy) and str(local.path) == "/models/tiny"
-    assert make_policy("scripted:oracle").spec == "scripted:oracle"
+    assert make_policy("scripted:oracle", settings=PolicySettings()).spec == "scripted:oracle"
 
 
 def test_settings_flow_into_policies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,20 +71,20 @@ def test_settings_flow_into_policies(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_bad_spec_strings(spec: str, message: str) -> None:
     with pytest.raises(PolicySpecError, match=message):
-        make_policy(spec)
+        make_policy(spec, settings=PolicySettings())
 
 
 def test_oracle_and_idle_speak_valid_protocol(task) -> None:
     request = PolicyRequest(task=task, messages=[], tools=list(BUILTIN_TOOLS.values()))
-    oracle = asyncio.run(make_policy("scripted:oracle").respond(request))
+    oracle = asyncio.run(make_policy("scripted:oracle", settings=PolicySettings()).respond(request))
     parsed = parse_message(oracle.text, BUILTIN_TOOLS)
     assert parsed.call is not None and parsed.call.tool == task.reference_solution[0].tool
-    idle = asyncio.run(make_policy("scripted:idle").respond(request))
+    idle = asyncio.run(make_policy("scripted:idle", settings=PolicySettings()).respond(request))
     assert parse_message(idle.text, BUILTIN_TOOLS).kind == ParseKind.FINAL
 
 
 def test_noisy_draws_are_seeded(task) -> None:
-    policy = make_policy("scripted:noisy?malformed=0.5&unknown_tool=0.5")
+    policy = make_policy("scripted:noisy?malformed=0.5&unknown_tool=0.5", settings=PolicySettings())
 
     def texts(seed: int) -> list[str]:
         return [

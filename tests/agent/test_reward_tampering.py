@@ -55,6 +55,7 @@ from agent.trajectory import (
     FailureCategory,
     Trajectory,
 )
+from sandbox import SandboxSettings, sandbox_opener
 from sandbox.interface import Sandbox
 from sandbox.spec import SandboxSpec
 from scoring.rewards import apply_rewards
@@ -198,6 +199,7 @@ def run(
             run_key="tamper",
             settings=settings or LoopSettings(max_steps=len(texts) + 2),
             verify=verify,
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
 
     traj = asyncio.run(go())
@@ -498,6 +500,7 @@ def test_a_workdir_too_large_to_hand_to_the_verifier_is_the_agents_failure(
 def test_a_module_that_hangs_the_verifiers_test_run_is_the_agents_failure(host: HostState) -> None:
     task = builtin("fix_script")
     module = next(p for p in task.files if not p.startswith("test_"))
+    # The hang under test (its timeout is the behaviour checked), not a wait of the test.
     hang = "import time\nwhile True:\n    time.sleep(1)\n" + task.files[module]
     texts = [
         render_tool_call("c1", "write_file", {"path": module, "content": hang}),

@@ -174,6 +174,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
     while time.monotonic() < deadline:
         if predicate():
             return True
+        # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
         time.sleep(interval)
     return bool(predicate())
 

@@ -171,6 +171,7 @@ def test_interrupt_stops_saves_and_resumes(
             code = victim.wait(timeout=120)
         except subprocess.TimeoutExpired:
             victim.send_signal(signal.SIGUSR1)  # the CLI dumps its threads' stacks
+            # Only on failure (the test already failed): lets the stack dump reach the log.
             time.sleep(2)
             pytest.fail(f"still running 120 s after {signum.name}:\n{log.read_text()[-12000:]}")
         took = time.monotonic() - sent

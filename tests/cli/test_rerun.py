@@ -192,7 +192,10 @@ def test_an_endpoint_outage_exits_3_and_stops_early(env: dict[str, str], tmp_pat
     assert sql(url, "SELECT COUNT(*) FROM episode WHERE final_reward IS NOT NULL") == 0
 
     planned = CollectRequest(tasks=1, templates=TEMPLATES.split(","), run_key="down")
-    tasks = [p.task for p in plan_collection(planned, load_settings().suites).episodes]
+    settings = load_settings()
+    tasks = [
+        p.task for p in plan_collection(planned, settings.suites, sandbox=settings.sandbox).episodes
+    ]
     with ChatServer([reply("pong"), oracle(tasks)], port=port):
         again = collect(fast, tmp_path, "down", "--concurrency", "1", "--policy", policy)
     assert again.returncode == 0, again.stderr[-3000:]

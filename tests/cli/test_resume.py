@@ -22,6 +22,8 @@ from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
+from suites.builtin import builtin_suite
+from tests.agent.chat_server import BY_PROMPT_TEMPLATES, ChatServer, oracle_until
 from tests.cli.local import (
     EPIFLOW,
     cgroups,
@@ -29,6 +31,12 @@ from tests.cli.local import (
     processes_mentioning,
     wait_until,
 )
+
+TEMPLATES = BY_PROMPT_TEMPLATES
+TASKS = 3
+ANSWERED = 9
+"""Tasks (in plan order) whose turns the model answers; later tasks' turns are held until the
+victim is killed, so it dies mid-run with jails open, however fast the machine."""
 
 
 @pytest.mark.slow
@@ -40,13 +48,20 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, prefect_api_url: str) -> No
     # A cgroup parent of its own: under pytest-xdist the other worker's jails come and go
     # under the shared one while this test checks that the killed run left none behind.
     try:
-        with private_cgroup_parent() as cgroup_parent:
-            _scenario(tmp_path, state_dir, prefect_api_url, cgroup_parent)
+        with private_cgroup_parent() as cgroup_parent, _model() as model:
+            _scenario(tmp_path, state_dir, prefect_api_url, cgroup_parent, model)
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str, cgroup_parent: str) -> None:
+def _model() -> ChatServer:
+    tasks = builtin_suite().instances(TASKS, templates=TEMPLATES)
+    return ChatServer([oracle_until(tasks, ANSWERED)])
+
+
+def _scenario(
+    tmp_path: Path, state_dir: Path, prefect_api_url: str, cgroup_parent: str, model: ChatServer
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
     env.update(
         EPIFLOW_DATABASE_URL=f"sqlite:///{tmp_path / 'resume.db'}",
@@ -54,24 +69,14 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str, cgroup_pare
         EPIFLOW_PREFECT_API_URL=prefect_api_url,
         EPIFLOW_SANDBOX_STATE_DIR=str(state_dir),
         EPIFLOW_SANDBOX_CGROUP_PARENT=cgroup_parent,
+        # A turn held by the test is the test's gate, not a slow endpoint.
+        EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S="900",
     )
-    # Injected latency (1-2 s on 30% of calls) keeps jails busy long enough to kill mid-run.
-    faults = json.dumps({"latency_p": 0.3})
     args = [
-        EPIFLOW,
-        "collect",
-        "--tasks",
-        "2",
-        "--rollouts",
-        "2",
-        "--concurrency",
-        "4",
-        "--faults",
-        faults,
-        "--run-key",
-        "crash",
-        "--json",
-    ]
+        EPIFLOW, "collect", "--templates", ",".join(TEMPLATES), "--tasks", str(TASKS),
+        "--rollouts", "2", "--concurrency", "4", "--policy", f"openai:{model.base_url}#m",
+        "--run-key", "crash", "--json",
+    ]  # fmt: skip
     assert (
         subprocess.run(
             [EPIFLOW, "db", "upgrade"], env=env, cwd=tmp_path, capture_output=True
@@ -97,15 +102,15 @@ def _scenario(tmp_path: Path, state_dir: Path, prefect_api_url: str, cgroup_pare
             assert landed and victim.poll() is None, (
                 "collector ended or stalled early:\n" + log.read_text()[-3000:]
             )
-            assert wait_until(lambda: bool(processes_mentioning(str(state_dir))), timeout=30), (
-                "no jail was running"
-            )
+            model.wait_held(4, timeout_s=300)  # every worker is mid-episode, its jail open
+            assert processes_mentioning(str(state_dir)), "no jail was running"
         finally:
             victim.send_signal(signal.SIGKILL)
             victim.wait(timeout=30)
     before = stored()
-    planned = 13 * 2 * 2
+    planned = len(TEMPLATES) * TASKS * 2
     assert 16 <= before < planned
+    model.release()  # the re-run's turns are answered
 
     # The killed collector's jails notice their closed pipe and go away by themselves.
     assert wait_until(lambda: not processes_mentioning(str(state_dir)), timeout=30), (

@@ -8,50 +8,64 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
+from suites.builtin import builtin_suite
+from tests.agent.chat_server import ChatServer, held, is_episode_turn, oracle
 from tests.cli.local import (
     EPIFLOW,
     cli_env,
     epiflow,
     last_line,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
 
-ARGS = [
-    "collect",
-    "--templates",
-    "csv_to_json,dir_tree,log_errors",
-    "--tasks",
-    "2",
-    "--rollouts",
-    "2",
-    "--concurrency",
-    "1",
-    # Every tool call waits a second: the first run is still collecting when the second
-    # one starts, however fast the machine.
-    "--faults",
-    '{"latency_p": 1.0, "latency_ms": [1000, 1000]}',
-    "--run-key",
-    "twice",
-    "--json",
-]
+TEMPLATES = ["csv_to_json", "dir_tree", "config_update"]
+"""Templates whose instances' prompts differ by seed (the model server answers by prompt)."""
 PLANNED = 12
+
+
+def collect_args(server: ChatServer) -> list[str]:
+    """The collection, its policy a model behind `server`: the test holds its turns until
+    the second run was refused, so the first is still collecting then, however fast the
+    machine (no latency used as a clock)."""
+    return [
+        "collect", "--templates", ",".join(TEMPLATES), "--tasks", "2", "--rollouts", "2",
+        "--concurrency", "1", "--policy", f"openai:{server.base_url}#m",
+        "--run-key", "twice", "--json",
+    ]  # fmt: skip
 
 
 def test_second_run_of_a_running_key_is_refused(
     db_url: str, tmp_path: Path, prefect_home: Path, state_dir: Path
 ) -> None:
-    env = cli_env(tmp_path, prefect_home, state_dir, EPIFLOW_DATABASE_URL=db_url)
+    env = cli_env(
+        tmp_path,
+        prefect_home,
+        state_dir,
+        EPIFLOW_DATABASE_URL=db_url,
+        # A turn held by the test is the test's gate, not a slow endpoint.
+        EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S="900",
+    )
     assert epiflow(env, "db", "upgrade", cwd=tmp_path).returncode == 0
     engine = make_engine(DatabaseSettings(url=db_url))
+    tasks = builtin_suite().instances(2, templates=TEMPLATES)
+    with ChatServer([held(oracle(tasks), when=is_episode_turn)]) as model:
+        _first_refuses_the_second(model, env, tmp_path, engine)
+    engine.dispose()
+
+
+def _first_refuses_the_second(
+    model: ChatServer, env: dict[str, str], tmp_path: Path, engine: Engine
+) -> None:
+    args = collect_args(model)
 
     def run_status() -> str | None:
         with engine.connect() as conn:
@@ -61,7 +75,7 @@ def test_second_run_of_a_running_key_is_refused(
         return None if found is None else str(found)
 
     first = subprocess.Popen(
-        [EPIFLOW, *ARGS],
+        [EPIFLOW, *args],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -69,14 +83,13 @@ def test_second_run_of_a_running_key_is_refused(
         text=True,
     )
     try:
-        # `running` is written after the first took the key's lock.
-        deadline = time.monotonic() + 300
-        while run_status() != "running":
-            assert first.poll() is None, first.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the first run never started"
-            time.sleep(0.2)
+        # `running` is written after the first took the key's lock; its first turn is then
+        # held by the model server until the second run was refused.
+        started = wait_until(lambda: run_status() == "running" or first.poll() is not None, 300)
+        assert started and first.poll() is None, first.communicate()[1][-3000:]
+        model.wait_held(1, timeout_s=300)
 
-        second = epiflow(env, *ARGS, cwd=tmp_path)
+        second = epiflow(env, *args, cwd=tmp_path)
         assert second.returncode == 2, second.stderr[-3000:]
         assert "Traceback" not in second.stderr, second.stderr[-3000:]
         line = last_line(second.stderr)
@@ -85,6 +98,7 @@ def test_second_run_of_a_running_key_is_refused(
         assert second.stdout == ""
         assert run_status() == "running"  # the refused run did not touch the first's row
 
+        model.release()
         out, err = first.communicate(timeout=900)
     finally:
         if first.poll() is None:
@@ -103,11 +117,10 @@ def test_second_run_of_a_running_key_is_refused(
     assert run_status() == "completed"
 
     # The key is free again: a re-run finds nothing missing.
-    again = epiflow(env, *ARGS, cwd=tmp_path)
+    again = epiflow(env, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads(again.stdout)
     assert rerun["executed"] == 0 and rerun["episodes"] == PLANNED
-    engine.dispose()
 
 
 def test_manual_runs_get_a_fresh_key_each_printed_first(

@@ -26,7 +26,7 @@ from config.settings import Settings, load_settings
 from models import run_id_for
 from storage.objects import LocalObjectStore
 from storage.run_reads import rerun_needed
-from tests.agent.chat_server import Action, ChatServer, oracle
+from tests.agent.chat_server import Action, ChatServer, held, oracle
 from tests.services.postgres import free_port
 
 TEMPLATES = ["csv_to_json", "dir_tree", "log_errors"]
@@ -56,7 +56,9 @@ def request_for(port: int) -> CollectRequest:
 
 def oracle_for(request: CollectRequest, settings: Settings) -> Action:
     """Answers every planned task with its reference solution, turn by turn."""
-    return oracle(p.task for p in plan_collection(request, settings.suites).episodes)
+    return oracle(
+        p.task for p in plan_collection(request, settings.suites, sandbox=settings.sandbox).episodes
+    )
 
 
 def collect(request: CollectRequest, engine: Engine, store: LocalObjectStore, settings: Settings):
@@ -73,7 +75,7 @@ def statuses(engine: Engine) -> dict[str, int]:
 FAILURES: dict[str, list[Action] | None] = {
     "http_500": [{"kind": "status", "status": 500}],
     "html_body": [{"kind": "garbage"}],
-    "hang": [{"kind": "sleep", "seconds": 3.0}],
+    "hang": [held()],  # never answered while the run lasts: its requests time out
     "nothing_listening": None,
 }
 
@@ -131,7 +133,8 @@ def test_a_rerun_redoes_exactly_the_spoiled_and_unstarted_episodes(
     assert second.success_rate == 1.0
     # Only the three redone episodes asked the endpoint (one request per turn).
     assert {r["messages"][1]["content"] for r in server.requests} == {
-        p.task.prompt for p in plan_collection(request, patient.suites).episodes
+        p.task.prompt
+        for p in plan_collection(request, patient.suites, sandbox=patient.sandbox).episodes
     }
     with migrated_engine.connect() as conn:
         models = set(conn.execute(text("SELECT DISTINCT response_model FROM step")).scalars())

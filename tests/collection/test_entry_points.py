@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from agent.settings import PolicySettings
 from collection.request import CollectRequest
 from config.settings import load_qc_config
 from storage import migrate
@@ -146,13 +147,13 @@ def test_an_evaluation_holds_the_lock_and_ends_its_run(
     from agent.policies import make_policy
     from collection.evaluation import evaluation_settings, run_evaluation
     from config.settings import load_settings
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
 
     settings = evaluation_settings(load_settings(), max_steps=2)
-    tasks = load_suite("builtin").heldout_instances(1, templates=TEMPLATES)
+    tasks = builtin_suite().heldout_instances(1, templates=TEMPLATES)
     with LockProbe(database, "eval-probe") as probe:
         engine = make_engine(database)
-        policy = make_policy(f"openai:{probe.base_url}#lock-probe")
+        policy = make_policy(f"openai:{probe.base_url}#lock-probe", settings=PolicySettings())
 
         async def evaluate() -> list[Any]:
             try:
@@ -230,14 +231,14 @@ def test_rl_rollouts_hold_the_lock(database: DatabaseSettings, tmp_path: Path) -
     its work: the rollout run key's lock is held for the whole training, then freed."""
     from collection.grpo_rollouts import rollout_run_key, run_grpo_rollouts
     from config.settings import load_settings
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
 
     engine = make_engine(database)
     key = rollout_run_key("lock")
     try:
         held = run_grpo_rollouts(
             "lock",
-            load_suite("builtin").instances(1, templates=["dir_tree"]),
+            builtin_suite().instances(1, templates=["dir_tree"]),
             load_settings(),
             lambda source: _lock_is_held(database, key),
             base_model_dir=tmp_path / "unused-model",

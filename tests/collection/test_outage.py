@@ -77,6 +77,7 @@ def test_outage_mid_run(
             with migrated_engine.connect() as conn:
                 if conn.execute(text("SELECT COUNT(*) FROM episode")).scalar_one() >= 3:
                     break
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(0.02)
         proxy.stop()
 

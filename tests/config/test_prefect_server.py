@@ -90,6 +90,7 @@ def dead_process_lease(directory: Path) -> Path:
         [
             sys.executable,
             "-c",
+            # A process that lives until the test ends it: a workload, not a wait.
             "import sys, time; print(open('/proc/self/stat').read()); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,

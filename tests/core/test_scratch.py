@@ -21,6 +21,7 @@ from core.scratch import scratch_dir
 with scratch_dir("epiflow-train-", Path(sys.argv[1])) as d:
     (d / "model.bin").write_bytes(b"x" * 1024)
     print(d, flush=True)
+    # The child lives until the test kills it: a workload, not a wait.
     time.sleep(600)
 """
 

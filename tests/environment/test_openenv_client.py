@@ -26,7 +26,7 @@ from sqlalchemy import text
 
 from config.settings import load_settings
 from scoring.rewards import final_reward
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.environment.test_server import Served, _serve
 
 
@@ -48,7 +48,7 @@ def _generic_client() -> Any:
         sys.modules.update(saved)
 
 
-TEMPLATES = sorted(load_suite("builtin").templates)
+TEMPLATES = sorted(builtin_suite().templates)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def served_all(tmp_path: Path) -> Iterator[Served]:
 
 def test_the_stock_client_drives_every_builtin_template(served_all: Served) -> None:
     client_class = _generic_client()
-    suite = load_suite("builtin")
+    suite = builtin_suite()
     expected = final_reward(1.0, load_settings().rewards)
 
     async def one(template: str) -> float | None:

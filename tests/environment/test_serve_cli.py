@@ -91,6 +91,7 @@ def _sigterm(tmp_path: Path, state: Path) -> None:
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the server did not come up"
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(0.2)
 
         async def session() -> None:

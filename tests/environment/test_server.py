@@ -24,7 +24,7 @@ from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.services.postgres import free_port
 
 TEMPLATE = "csv_to_json"
@@ -105,7 +105,7 @@ def test_describe_endpoints(served: Served) -> None:
 
 
 def test_reset_steps_done_with_the_oracle_calls(served: Served) -> None:
-    task = load_suite("builtin").generate(TEMPLATE, 3)
+    task = builtin_suite().generate(TEMPLATE, 3)
 
     async def main() -> dict[str, Any]:
         async with connect(served.ws) as ws:

@@ -18,7 +18,7 @@ from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tasks.types import TaskInstance
 
 TEMPLATE = "csv_to_json"
@@ -52,7 +52,7 @@ def test_tools_are_what_trl_offers_the_model() -> None:
 
 
 def _reference(instance_seed: int = 0) -> TaskInstance:
-    return load_suite("builtin").generate(TEMPLATE, instance_seed)
+    return builtin_suite().generate(TEMPLATE, instance_seed)
 
 
 def test_a_rollout_is_stored_and_its_reward_is_the_stored_one(engine: Engine) -> None:

@@ -16,7 +16,7 @@ from environment.trainer_env import EpiflowEnv, dataset_rows
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import episode
 from training.base_model import build_base_model, protocol_corpus
 from training.settings import TrainingSettings
@@ -56,9 +56,7 @@ def test_grpo_trains_with_epiflow_as_its_environment(
         rollouts_per_task=2,
         max_completion_length=12,
     )
-    corpus = protocol_corpus(
-        load_suite("builtin").instances(1), [episode(task=i) for i in range(3)]
-    )
+    corpus = protocol_corpus(builtin_suite().instances(1), [episode(task=i) for i in range(3)])
     model = build_base_model(tmp_path / "model", corpus, settings=small)
     settings = load_settings()
     engine = make_engine(settings.database)

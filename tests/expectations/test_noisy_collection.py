@@ -20,6 +20,7 @@ from agent.settings import LoopSettings, NoisyRates
 from agent.trajectory import EpisodeStatus, Trajectory
 from config.settings import load_qc_config
 from expectations.gate import run_gate
+from sandbox import SandboxSettings, sandbox_opener
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 from suites.builtin import builtin_suite
@@ -35,6 +36,8 @@ FORMAT_DISCARDS = {
 
 
 def collect(jobs: list[tuple[TaskInstance, Any, int]], **kw: Any) -> list[Trajectory]:
+    kw.setdefault("open_sandbox", sandbox_opener(SandboxSettings()))
+
     async def go() -> list[Trajectory]:
         spec, settings = SandboxSpec(), LoopSettings()
         out = []

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from agent.settings import PolicySettings
 from storage.objects import LocalObjectStore
 from training.settings import TrainingSettings
 
@@ -38,7 +39,7 @@ def _tiny_checkpoints(
 ) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
     """A base checkpoint (the tiny model, built locally) and two challengers trained from
     it (the same weights: their evaluations are forced, see the module docstring)."""
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from tests.training.factory import episode
     from training.base_model import build_base_model, protocol_corpus
     from training.pretrained import register_pretrained
@@ -47,9 +48,7 @@ def _tiny_checkpoints(
     settings = TrainingSettings(
         vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=2
     )
-    corpus = protocol_corpus(
-        load_suite("builtin").instances(1), [episode(task=i) for i in range(3)]
-    )
+    corpus = protocol_corpus(builtin_suite().instances(1), [episode(task=i) for i in range(3)])
     model_dir = build_base_model(work / "model", corpus, settings=settings)
     base = register_pretrained(engine, store, model_dir, settings=settings)
     config = load_training_config(engine, store, base)
@@ -72,13 +71,13 @@ def _forced_evaluation(checkpoint_id: uuid.UUID, policy: str) -> None:
     from agent.policies import make_policy
     from collection.evaluation import evaluation_settings, run_evaluation
     from config.settings import load_settings
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
 
-    tasks = load_suite("builtin").heldout_instances(INSTANCES, templates=TEMPLATES)
+    tasks = builtin_suite().heldout_instances(INSTANCES, templates=TEMPLATES)
     settings = evaluation_settings(load_settings(), max_steps=12)  # the oracle's whole plan
     episodes = asyncio.run(
         run_evaluation(
-            make_policy(policy), tasks, run_key=f"eval-{checkpoint_id}", suite="builtin",
+            make_policy(policy, settings=PolicySettings()), tasks, run_key=f"eval-{checkpoint_id}", suite="builtin",
             settings=settings,
         )
     )  # fmt: skip

@@ -52,6 +52,7 @@ def served(
             deployments = _post(f"{server.api_url}/deployments/filter", {})
             assert isinstance(deployments, list)
             found = {str(d["name"]): d for d in deployments}
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(1)
         yield server, found
     finally:

@@ -87,6 +87,7 @@ class Api:
             except httpx.TransportError as e:
                 problem = repr(e)
             assert time.monotonic() < deadline, f"{method} {path}: {problem}"
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(1)
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
@@ -102,6 +103,7 @@ class Api:
             if run["state_type"] in TERMINAL:
                 return dict(run)
             assert time.monotonic() < deadline, f"flow run {flow_run_id} still {run['state_type']}"
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(1)
 
     def flow_runs(self, flow_name: str) -> list[dict[str, Any]]:
@@ -193,6 +195,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
             assert serving.poll() is None, "epiflow serve exited"
             assert time.monotonic() < deadline, f"deployments missing: {DEPLOYMENTS - set(found)}"
             found = {d["name"]: d for d in api.post("/deployments/filter", {})}
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(1)
         runs = _drive(api, found)
         yield Story(server, api, tmp / "ui.db", found, runs)
@@ -241,6 +244,7 @@ def _drive(api: Api, deployments: dict[str, dict[str, Any]]) -> dict[str, dict[s
     assert ended["state_type"] == "COMPLETED", (ended["state"], api.logs(collect["id"])[-30:])
     while not api.flow_runs("train"):
         assert time.monotonic() < deadline, "the gate started no train run"
+        # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
         time.sleep(1)
     [train] = api.flow_runs("train")
     train = api.wait_for(train["id"], deadline)

@@ -47,6 +47,7 @@ def test_fork_bomb(jails: Jails) -> None:
             count = await shell(box, py(
                 "import os\nn = 0\n"
                 "try:\n    while True:\n        pid = os.fork()\n"
+                # In-jail workload (children that stay alive while the test looks), not a wait of the test.
                 "        if pid == 0:\n            import time; time.sleep(30)\n        n += 1\n"
                 "except OSError as e:\n    print(n, e.errno)"
             ))  # fmt: skip
@@ -63,6 +64,7 @@ def test_thread_bomb(jails: Jails) -> None:
             r = await shell(box, py(
                 "import threading, time\nn = 0\n"
                 "try:\n    while True:\n"
+                # In-jail workload (children that stay alive while the test looks), not a wait of the test.
                 "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
                 "except RuntimeError:\n    print(n)"
             ))  # fmt: skip
@@ -83,6 +85,7 @@ def test_memory_bomb_across_processes(jails: Jails) -> None:
             r = await shell(box, py(
                 "import os, time\nkids = []\n"
                 "for _ in range(4):\n    pid = os.fork()\n"
+                # In-jail workload (children that stay alive while the test looks), not a wait of the test.
                 "    if pid == 0:\n        x = b'x' * (200 << 20); time.sleep(3); os._exit(0)\n"
                 "    kids.append(pid)\n"
                 "print(sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))"
@@ -178,6 +181,7 @@ def test_daemonised_child_does_not_survive_the_call(jails: Jails) -> None:
             assert r.ok and r.stdout == b"spawned\n"
             daemon = await shell(box, py(
                 "import os\nif os.fork() == 0:\n    os.setsid()\n"
+                # In-jail workload (children that stay alive while the test looks), not a wait of the test.
                 "    if os.fork() == 0:\n        os.closerange(0, 3)\n        import time; time.sleep(1000)\n"
                 "    os._exit(0)\n"
                 "print('parent done')"
@@ -324,6 +328,7 @@ def test_setuid_binaries_grant_nothing(jails: Jails) -> None:
 def test_ptrace_namespaces_and_mount_are_denied(jails: Jails) -> None:
     script = (
         "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        # In-jail workload (children that stay alive while the test looks), not a wait of the test.
         "pid = os.fork()\nif pid == 0:\n    time.sleep(5); os._exit(0)\n"
         "def call(name, *args):\n    r = getattr(libc, name)(*args)\n    return r, ctypes.get_errno()\n"
         "print('ptrace', *call('ptrace', 16, pid, 0, 0))\n"  # PTRACE_ATTACH
@@ -442,6 +447,7 @@ def test_spec_without_cgroups_still_contains_a_fork_bomb(jails: Jails) -> None:
             assert box.limit_mode == "rlimit"
             r = await shell(box, py(
                 "import os\nn = 0\ntry:\n    while True:\n        pid = os.fork()\n"
+                # In-jail workload (children that stay alive while the test looks), not a wait of the test.
                 "        if pid == 0:\n            import time; time.sleep(30)\n        n += 1\n"
                 "except OSError as e:\n    print(n, e.errno)"
             ))  # fmt: skip

@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 
-from sandbox import SandboxSettings, SandboxSpec
+from sandbox import NsjailSandbox, SandboxSettings, SandboxSpec
 from sandbox.host import prepare_host
 from tests.sandbox.conftest import SMALL, Jails, processes_in_namespace
 from tests.sandbox.test_abuse import assert_healthy, shell
@@ -116,18 +116,28 @@ def test_verifier_modules_are_imported_while_the_jail_is_idle(jails: Jails) -> N
         "import sys\nprint(sorted(m for m in ('csv', 'json', 'subprocess') if m in sys.modules))"
     )
 
+    async def imported_once(box: NsjailSandbox, last: str) -> list[str]:
+        """The probed modules the executor holds once it imported `last` (the idle imports
+        run in list order; polled: no sleep stands for them)."""
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            r = await box.run_python(probe)
+            found: list[str] = json.loads(r.stdout.decode().replace("'", '"'))
+            if last in found:
+                return found
+            assert asyncio.get_running_loop().time() < deadline, f"{last} never preloaded"
+            await asyncio.sleep(0.05)  # poll interval of the loop above, not a clock
+
     async def body() -> None:
         async with await jails.open() as box:
-            await asyncio.sleep(1.0)  # idle: the executor imports the preload list
-            r = await box.run_python(probe)
-            assert json.loads(r.stdout.decode().replace("'", '"')) == ["csv", "json", "subprocess"]
-        bare = SandboxSettings(verifier_preload=())
-        await prepare_host(bare)
-        jails.settings = bare
+            # json and csv precede subprocess in the default list; the probe imports none.
+            assert await imported_once(box, "subprocess") == ["csv", "json", "subprocess"]
+        only_csv = SandboxSettings(verifier_preload=("csv",))
+        await prepare_host(only_csv)
+        jails.settings = only_csv
         async with await jails.open() as box:
-            await asyncio.sleep(1.0)
-            r = await box.run_python(probe)
-            assert r.stdout == b"[]\n"
+            # Idle imports done (csv is the last): nothing outside the list was imported.
+            assert await imported_once(box, "csv") == ["csv"]
 
     asyncio.run(body())
 

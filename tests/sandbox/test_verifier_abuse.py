@@ -133,6 +133,7 @@ seen = set()
 for _ in range(40):
     with open("answer.txt") as f:
         seen.add(f.read().strip())
+    # In-jail payload: samples the file over a window; the deterministic check is `others`.
     time.sleep(0.01)
 others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
 print(json.dumps({"score": 0.0, "reason": json.dumps({"seen": sorted(seen), "others": others})}))

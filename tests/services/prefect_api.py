@@ -32,6 +32,7 @@ class Api:
             except httpx.TransportError as e:
                 problem = repr(e)
             assert time.monotonic() < deadline, f"{method} {path}: {problem}"
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(1)
 
     def post(self, path: str, body: Any) -> Any:
@@ -87,4 +88,5 @@ def wait_for(
         if time.monotonic() >= deadline:
             label = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout:g} s waiting for {label}")
+        # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
         time.sleep(every)

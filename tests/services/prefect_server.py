@@ -70,6 +70,7 @@ class PrefectServer:
                     if response.status == 200:
                         return
             except OSError:
+                # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
                 time.sleep(0.5)
         raise RuntimeError("prefect server did not become healthy")
 

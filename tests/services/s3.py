@@ -49,6 +49,7 @@ class S3Server:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return
             except OSError:
+                # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
                 time.sleep(0.1)
         raise RuntimeError("moto_server did not start within 30 s")
 

@@ -427,5 +427,6 @@ def _vacuum_until_all_visible(engine: Engine, *, attempts: int = 60) -> None:
             ).scalar_one()
             if unmarked == 0:
                 return
+            # Between VACUUM attempts (bounded by `attempts`), not a clock.
             time.sleep(0.5)
     raise RuntimeError(f"pages of {VACUUMED} still not all-visible after {attempts} VACUUMs")

@@ -26,6 +26,7 @@ from storage.run_lock import acquire_run_key
 from storage.settings import DatabaseSettings
 lock = acquire_run_key(DatabaseSettings(url=SecretStr(sys.argv[1])), sys.argv[2])
 print("held", flush=True)
+# The holder lives until the test kills it: a workload, not a wait.
 time.sleep(600)
 """
 
@@ -74,4 +75,5 @@ def test_lock_dies_with_a_killed_holder(db_url: str) -> None:
             break
         except RunKeyBusy:
             assert time.monotonic() < deadline, "the killed holder's lock was not released"
+            # Poll interval of a poll-until (the loop ends on its condition or deadline): not a clock.
             time.sleep(0.1)

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select
 
+from agent.settings import PolicySettings
+from sandbox import SandboxSettings, sandbox_opener
 from suites.harbor.dockerfile import parse_dockerfile
 from suites.harbor.errors import HarborTaskError, UnsupportedEnvironment
 from suites.harbor.suite import HarborDatasetError, load_harbor_suite
@@ -211,10 +213,11 @@ def _episode(task, policy_spec: str):
     return asyncio.run(
         run_episode(
             task,
-            make_policy(policy_spec),
+            make_policy(policy_spec, settings=PolicySettings()),
             spec=SandboxSpec(),
             run_key=f"harbor-test/{policy_spec}",
             settings=LoopSettings(),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
 

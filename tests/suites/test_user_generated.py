@@ -311,6 +311,7 @@ def test_generator_runs_in_a_jail_per_seed(tmp_path):
             "import sys\nprint('about to fail', file=sys.stderr)\nsys.exit(3)\n",
             "failed with exit code 3: about to fail",
         ),
+        # The hang under test (its timeout is the behaviour checked), not a wait of the test.
         ("import time\ntime.sleep(30)\n", "timed out after 5s"),
         ('print(\'{"params": {"word": 1}}\')\n', "missing ['where']"),
         (

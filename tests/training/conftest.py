@@ -17,7 +17,7 @@ from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import episode
 from training.base_model import build_base_model, protocol_corpus
 from training.settings import TrainingSettings
@@ -39,7 +39,7 @@ def tiny_settings() -> TrainingSettings:
 
 @pytest.fixture(scope="session")
 def tiny_corpus() -> list[str]:
-    tasks = load_suite("builtin").instances(1)
+    tasks = builtin_suite().instances(1)
     return protocol_corpus(tasks, [episode(task=i) for i in range(3)])
 
 

@@ -12,7 +12,7 @@ from agent.policies.hf import HFPolicy
 from agent.render import render_tool_call
 from agent.settings import PolicySettings
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import episode
 from training.base_model import EOS_TOKEN, build_base_model, build_tokenizer, protocol_corpus
 from training.conversations import episode_messages, prompt_messages
@@ -53,7 +53,7 @@ def test_system_prompt_and_task_fit_max_length(tiny_base_model, tiny_settings):
 
 
 def test_corpus_covers_protocol_text():
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     corpus = protocol_corpus([task])
     assert any("<tool_call" in t for t in corpus)
     assert any("<final>" in t for t in corpus)
@@ -74,7 +74,7 @@ def test_hf_policy_loads_and_generates(tiny_base_model):
     policy = HFPolicy(tiny_base_model, PolicySettings(max_tokens=8))
     traj = episode()
     request = PolicyRequest(
-        task=load_suite("builtin").instances(1, templates=["csv_to_json"])[0],
+        task=builtin_suite().instances(1, templates=["csv_to_json"])[0],
         messages=prompt_messages(traj),
         tools=list(BUILTIN_TOOLS.values()),
     )
@@ -105,7 +105,7 @@ def test_words_tokenizer_gives_a_value_one_id_wherever_it_stands_and_reloads_as_
     """The `words` split: `Lisbon` after a comma (CSV) and after a quote (JSON) is one id,
     `guests` after a space and after `">` too; a qwen3 checkpoint reloads it unchanged."""
     settings = _compact_words_settings()
-    tasks = load_suite("builtin").instances(3, templates=["csv_to_json", "dir_tree"])
+    tasks = builtin_suite().instances(3, templates=["csv_to_json", "dir_tree"])
     corpus = protocol_corpus(tasks, prompt_style="compact")
     model_dir = build_base_model(tmp_path / "words", corpus, settings=settings)
     trained = build_tokenizer(corpus, settings=settings)

@@ -37,6 +37,7 @@ run_id = start_training_run(
     engine, dataset_id=uuid.UUID(sys.argv[2]), algo="sft", base_model="tiny", config={}
 )
 print(run_id, flush=True)
+# The trainer lives until the test kills it: a workload, not a wait.
 time.sleep(600)
 """
 

@@ -29,7 +29,7 @@ from scoring.settings import RewardSettings
 from storage.grpo_rollouts import grpo_rollouts_of_run
 from storage.objects import LocalObjectStore
 from storage.run_reads import run_counts, run_status, run_trajectories
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tasks.types import TaskInstance
 from tests.training.factory import call_step, episode, final_step
 from tests.training.trainer_policy import TrainerModelPolicy
@@ -291,7 +291,7 @@ def test_grpo_over_episodes_in_real_jails(
         "_generate_and_score_completions",
         capture.wrap(GRPOTrainer._generate_and_score_completions),
     )
-    tasks = load_suite("builtin").instances(1, templates=["dir_tree", "checksums", "largest_files"])
+    tasks = builtin_suite().instances(1, templates=["dir_tree", "checksums", "largest_files"])
     settings = dataclasses.replace(
         load_settings(),
         loop=LoopSettings(max_steps=3, max_consecutive_parse_failures=2),
@@ -430,7 +430,7 @@ def test_the_default_rollout_policy_is_the_token_exact_hf_policy(
     `HFPolicy.from_loaded` over the trainer's model (sampled, the group's turns batched):
     every stored step carries its prompt ids, sampled ids and one logprob per sampled id,
     and each turn's prompt extends the previous turn's (the stream TRL trains on)."""
-    tasks = load_suite("builtin").instances(1, templates=["dir_tree"])
+    tasks = builtin_suite().instances(1, templates=["dir_tree"])
     settings = dataclasses.replace(
         load_settings(),
         loop=LoopSettings(max_steps=2, max_consecutive_parse_failures=2),
@@ -494,7 +494,7 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         batch_size=2, rollouts_per_task=2, max_completion_length=8,
         prompt_style=PromptStyle.COMPACT, logging_steps=1,
     )  # fmt: skip
-    real = load_suite("builtin").instances(1, templates=["dir_tree", "checksums"])
+    real = builtin_suite().instances(1, templates=["dir_tree", "checksums"])
     collected = []
     for i, task in enumerate(real):
         t = episode(task=i, template=task.template)

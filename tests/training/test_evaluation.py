@@ -7,11 +7,11 @@ import asyncio
 from agent.loop import run_episode
 from agent.policies import make_policy
 from agent.render import render_tool_call
-from agent.settings import LoopSettings
+from agent.settings import LoopSettings, PolicySettings
 from agent.trajectory import EpisodeStatus, ParseKind, Step, history_hash
-from sandbox import SandboxSpec
+from sandbox import SandboxSettings, SandboxSpec, sandbox_opener
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import call_step, episode, final_step, garbage_step
 from training.conversations import episode_messages
 from training.evaluation import compare_metrics, evaluation_metrics, turn_kind
@@ -53,14 +53,15 @@ def test_metrics_of_hand_built_episodes():
 
 def test_training_renders_exactly_the_history_the_loop_sent():
     """Seed 000 §4.5: each step's recorded history hash equals the hash of training's messages."""
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     traj = asyncio.run(
         run_episode(
             task,
-            make_policy("scripted:oracle"),
+            make_policy("scripted:oracle", settings=PolicySettings()),
             spec=SandboxSpec(),
             run_key="render-check",
             settings=LoopSettings(),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
     assert traj.status == EpisodeStatus.SUCCESS and traj.n_steps >= 2
@@ -88,7 +89,7 @@ def _step(index: int, tool: str, args: dict[str, object], *, ok: bool = True) ->
 
 def test_turns_are_compared_with_the_reference_solution():
     """Each turn against the reference call the oracle would make at that point."""
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     read, write = task.reference_solution
     right = episode(
         task=0,
@@ -151,7 +152,7 @@ def test_a_compact_checkpoint_sees_in_the_loop_exactly_what_training_renders(tmp
         tokenizer_split="words",
         prompt_style="compact",
     )
-    task = load_suite("builtin").instances(1, templates=["dir_tree"])[0]
+    task = builtin_suite().instances(1, templates=["dir_tree"])[0]
     model_dir = build_base_model(
         tmp_path / "m", protocol_corpus([task], prompt_style="compact"), settings=settings
     )
@@ -163,6 +164,7 @@ def test_a_compact_checkpoint_sees_in_the_loop_exactly_what_training_renders(tmp
             spec=SandboxSpec(),
             run_key="compact-check",
             settings=LoopSettings(max_steps=1, max_consecutive_parse_failures=1),
+            open_sandbox=sandbox_opener(SandboxSettings()),
         )
     )
     assert traj.n_steps == 1

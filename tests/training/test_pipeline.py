@@ -21,7 +21,7 @@ from models import Checkpoint, QcResult, QcRun, TrainingRun, run_id_for
 from sandbox.tool_specs import BUILTIN_TOOLS
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tasks.types import TaskInstance
 from tests.training.factory import call_step, episode, final_step
 from training.errors import TrainerError
@@ -124,7 +124,7 @@ def test_train_register_fetch_and_evaluate_in_sandboxes(
 
     # the checkpoint, fetched from the store, is an hf: policy in real nsjail sandboxes
     model_dir = fetch_checkpoint(engine, store, outcome.checkpoint_id, tmp_path / "fetched")
-    tasks = load_suite("builtin").heldout_instances(1, templates=["csv_to_json", "dir_tree"])
+    tasks = builtin_suite().heldout_instances(1, templates=["csv_to_json", "dir_tree"])
     metrics, trajectories = _evaluate(engine, store, model_dir, tasks, run_key="eval")
     assert metrics.n_episodes == 2 and len(trajectories) == 2
     assert all(t.policy == f"hf:{model_dir}" for t in trajectories)

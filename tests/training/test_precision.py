@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from training.base_model import build_base_model, protocol_corpus
 from training.errors import TrainerError
 from training.precision import bf16_native, checkpoint_dtype, precision_report, use_bf16
@@ -126,7 +126,7 @@ def _greedy_answers(model_dir: Path, chats: list[list[dict[str, str]]], *, bf16:
 @pytest.mark.slow
 def test_fp32_and_bf16_autocast_give_the_same_greedy_answers(tmp_path: Path) -> None:
     settings = RECIPES["loop"].training_settings(TrainingSettings(**_SHAPE))
-    tasks = load_suite("builtin").instances(4, templates=RECIPES["loop"].templates)
+    tasks = builtin_suite().instances(4, templates=RECIPES["loop"].templates)
     corpus = protocol_corpus(tasks, prompt_style=settings.prompt_style)
     base = build_base_model(tmp_path / "base", corpus, settings=settings)
     tokenizer = load_tokenizer(base)

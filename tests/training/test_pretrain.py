@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from training.base_model import build_base_model, build_tokenizer, protocol_corpus
 from training.errors import BaseModelError
 from training.pipeline import prepare_base_model
@@ -36,7 +36,7 @@ def _settings(**update: object) -> TrainingSettings:
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    tasks = load_suite("builtin").instances(4, templates=["csv_to_json", "dir_tree"])
+    tasks = builtin_suite().instances(4, templates=["csv_to_json", "dir_tree"])
     return protocol_corpus(tasks, prompt_style="compact")
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from agent.policies import make_policy
 from agent.prompt import PromptStyle, render_system_prompt
+from agent.settings import PolicySettings
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from training.errors import TrainerError
 from training.pretrained import PRETRAINED
 from training.recipes import RECIPES
@@ -21,7 +22,7 @@ def test_every_recipe_validates_and_budgets_in_steps(name: str) -> None:
     recipe = RECIPES[name]
     settings = recipe.training_settings(TrainingSettings())
     assert settings.max_steps > 0 and settings.max_time_s is None
-    suite = load_suite("builtin")
+    suite = builtin_suite()
     assert recipe.templates and set(recipe.templates) <= set(suite.templates)
     heldout = suite.heldout_instances(recipe.heldout, templates=recipe.templates)
     training_seeds = {
@@ -39,7 +40,9 @@ def test_the_smollm2_recipe_evaluates_what_it_trains() -> None:
     assert len(recipe.templates) >= 6 and recipe.eval_policy == "openai"
     style = recipe.training_settings(TrainingSettings()).prompt_style
     # bench/loop.py's spec for the served checkpoint carries the style it was trained on.
-    policy = make_policy(f"openai:http://127.0.0.1:1/v1#m?prompt_style={style.value}")
+    policy = make_policy(
+        f"openai:http://127.0.0.1:1/v1#m?prompt_style={style.value}", settings=PolicySettings()
+    )
     assert policy.system_prompt(BUILTIN_TOOLS.values()) == render_system_prompt(
         BUILTIN_TOOLS.values(), style
     )
@@ -72,7 +75,7 @@ def test_rl_settings_take_the_step_and_group_flags_and_keep_explicit_settings(
     monkeypatch.setenv("EPIFLOW_TRAINING_BETA", "0.08")
     explicit = TrainingSettings().model_fields_set
     rl = recipe.rl_settings(
-        recipe.training_settings(), explicit=explicit, steps=2, groups_per_step=3
+        recipe.training_settings(TrainingSettings()), explicit=explicit, steps=2, groups_per_step=3
     )
     assert (rl.max_steps, rl.batch_size, rl.beta) == (2, 3 * rl.rollouts_per_task, 0.08)
 

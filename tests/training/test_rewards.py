@@ -12,20 +12,44 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from agent.render import render_final, render_tool_call
-from agent.settings import SuccessSettings
+from agent.settings import LoopSettings, SuccessSettings
 from agent.trajectory import Trajectory
 from models import Episode
+from sandbox.settings import SandboxSettings
 from scoring.rewards import final_reward
 from scoring.settings import RewardSettings
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
+from suites.settings import SuitesSettings
 from tasks.types import TaskInstance
-from training.rewards import ProtocolReward, SandboxReward, completion_text, suite_task_resolver
+from training.rewards import (
+    ProtocolReward,
+    SandboxReward,
+    completion_text,
+    rollout_loop,
+    suite_task_resolver,
+)
 
 
 def _as_chat(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
+
+
+def _sandbox_reward(rewards: RewardSettings) -> SandboxReward:
+    """GRPO's sandbox reward with this test's settings (the test is the entry point)."""
+    return SandboxReward(
+        rewards, loop=LoopSettings(), sandbox=SandboxSettings(), suites=SuitesSettings()
+    )
+
+
+def test_a_rollout_is_one_turn_of_the_entry_points_loop():
+    loop = LoopSettings(policy_timeout_s=7.0, max_steps=30)
+    rollout = rollout_loop(loop)
+    assert (rollout.max_steps, rollout.max_consecutive_parse_failures) == (1, 1)
+    assert rollout.policy_timeout_s == 7.0 and rollout.verify_after_limits
+    assert loop.max_steps == 30  # the entry point's own settings are not changed
+    assert _sandbox_reward(RewardSettings()).loop == rollout_loop(LoopSettings())
 
 
 def test_protocol_reward_grades_format():
@@ -45,8 +69,8 @@ def test_completion_text_accepts_strings_and_chats():
 
 
 def test_resolver_refuses_a_changed_task():
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
-    resolve = suite_task_resolver()
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
+    resolve = suite_task_resolver(SuitesSettings(), SandboxSettings())
     assert resolve(task.suite, task.template, task.seed, task.task_id) == task
     with pytest.raises(ValueError, match="suite changed"):
         resolve(task.suite, task.template, task.seed, task.task_id + "x")
@@ -72,9 +96,9 @@ def _rollouts(task: TaskInstance) -> tuple[list[str], dict[str, list[Any]]]:
 
 def test_sandbox_reward_runs_the_turn_and_the_verifier_in_nsjail():
     rewards = RewardSettings()
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     texts, columns = _rollouts(task)
-    scores = SandboxReward(rewards)([None] * 4, [_as_chat(t) for t in texts], **columns)
+    scores = _sandbox_reward(rewards)([None] * 4, [_as_chat(t) for t in texts], **columns)
     # Solved: the success reward plus the step's shaping (parsed, a new path written).
     assert scores[0] == pytest.approx(
         rewards.success_reward + rewards.format_ok_reward + rewards.new_path_reward
@@ -91,9 +115,9 @@ def test_the_reward_grpo_optimises_is_the_reward_stored_with_the_episode(
     stored with it is `scoring.rewards.final_reward` (the one formula) of its verifier
     score, and the GRPO reward is that plus the stored step shaping — nothing else."""
     rewards = RewardSettings(failure_reward=-0.4, success=SuccessSettings(threshold=0.9))
-    task = load_suite("builtin").instances(1, templates=["csv_to_json"])[0]
+    task = builtin_suite().instances(1, templates=["csv_to_json"])[0]
     texts, columns = _rollouts(task)
-    grpo = SandboxReward(rewards)
+    grpo = _sandbox_reward(rewards)
     optimised = grpo([None] * 4, [_as_chat(t) for t in texts], **columns)
 
     async def rollout_episodes() -> list[Trajectory]:

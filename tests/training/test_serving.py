@@ -106,11 +106,11 @@ def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
     from agent.prompt import PromptStyle, render_system_prompt
     from collection.evaluation import evaluation_settings, run_evaluation
     from sandbox.tool_specs import BUILTIN_TOOLS
-    from suites.registry import load_suite
+    from suites.builtin import builtin_suite
     from training.evaluation import evaluation_metrics
     from training.trainers.common import load_tokenizer
 
-    tasks = load_suite("builtin").heldout_instances(1, templates=["dir_tree"])
+    tasks = builtin_suite().heldout_instances(1, templates=["dir_tree"])
     policy_settings = PolicySettings(request_timeout_s=300)
     with serve_checkpoint(
         tiny_base_model, log_path=tmp_path / "serve.log", policy=policy_settings, torch_threads=1

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent.policies.base import PolicyRequest
 from agent.prompt import PromptStyle, render_system_prompt
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import call_step, episode, final_step
 from tests.training.trainer_policy import TrainerModelPolicy
 from training.rollout_tokens import token_rollout
@@ -25,7 +25,7 @@ def test_turns_extend_the_previous_prompt_and_are_recorded(tiny_base_model: Path
         prompt_style=PromptStyle.COMPACT,
         max_new_tokens=8,
     )
-    task = load_suite("builtin").instances(1, templates=["dir_tree"])[0]
+    task = builtin_suite().instances(1, templates=["dir_tree"])[0]
     tools = list(BUILTIN_TOOLS.values())
     system = policy.system_prompt(tools)
     assert system == render_system_prompt(tools, PromptStyle.COMPACT)

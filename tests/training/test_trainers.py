@@ -17,7 +17,7 @@ from agent.policies.base import PolicyRequest
 from agent.policies.hf import HFPolicy
 from agent.settings import PolicySettings
 from sandbox.tool_specs import BUILTIN_TOOLS
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.training.factory import call_step, episode, final_step, garbage_step
 from training.builders import DatasetKind, SourceEpisode, build_rows
 from training.conversations import prompt_messages
@@ -60,7 +60,7 @@ def _generates(model_dir: Path) -> None:
     """The checkpoint answers a real request through the hf: policy."""
     policy = HFPolicy(model_dir, PolicySettings(max_tokens=4))
     request = PolicyRequest(
-        task=load_suite("builtin").instances(1, templates=["csv_to_json"])[0],
+        task=builtin_suite().instances(1, templates=["csv_to_json"])[0],
         messages=prompt_messages(episode()),
         tools=list(BUILTIN_TOOLS.values()),
     )
@@ -218,6 +218,14 @@ def test_unknown_algorithm_and_wrong_columns_are_refused(tiny_base_model, tiny_s
         run_training(
             "dpo",
             dataset=_frame(DatasetKind.SFT),
+            base_model_dir=tiny_base_model,
+            output_dir=tmp_path,
+            settings=tiny_settings,
+        )
+    with pytest.raises(TrainerError, match="reward_fn"):  # the entry point builds GRPO's reward
+        run_training(
+            "grpo",
+            dataset=_frame(DatasetKind.GRPO).head(2),
             base_model_dir=tiny_base_model,
             output_dir=tmp_path,
             settings=tiny_settings,

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from scoring.settings import RewardSettings
 from training.errors import TrainerError
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
@@ -36,22 +35,22 @@ def run_training(
     output_dir: Path,
     settings: TrainingSettings,
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
-    rewards: RewardSettings | None = None,
     ref_model_dir: Path | None = None,
     on_metrics: MetricsHook | None = None,
 ) -> TrainResult:
     """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
 
     The trained model and its tokenizer (chat template included) are saved to
-    `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward
-    (default: `training.rewards.SandboxReward` with `rewards`, the episode rewards of the
-    collection — `RewardSettings()` when not given: real sandboxes and verifiers);
+    `output_dir`, an HF directory the `hf:` policy loads. `reward_fn` is GRPO's reward,
+    required for GRPO and built by the entry point (`training.rewards.SandboxReward` with its
+    settings: real sandboxes and verifiers);
     `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
     `on_metrics(step, max_steps, logs)` is called on every TRL log event (loss, learning
     rate, grad norm, tokens/s, …); nothing is printed on stdout.
 
     Raises:
-        TrainerError: unknown algorithm, unusable dataset, or a failure inside the trainer.
+        TrainerError: unknown algorithm, unusable dataset, GRPO without `reward_fn`, or a
+            failure inside the trainer.
     """
     try:
         chosen = Algo(algo)
@@ -60,14 +59,7 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(
-        base_model_dir,
-        output_dir,
-        settings,
-        on_metrics,
-        ref_model_dir,
-        rewards if rewards is not None else RewardSettings(),
-    )
+    job = TrainJob(base_model_dir, output_dir, settings, on_metrics, ref_model_dir)
     result = _run(chosen, rows, job, reward_fn)
     write_training_config(output_dir, settings=settings, algo=chosen.value)
     return result
@@ -103,11 +95,9 @@ def _run(
     from training.trainers.grpo import run_grpo
 
     if reward_fn is None:
-        from training.rewards import SandboxReward
-
-        reward_fns: list[RewardFunction] = [SandboxReward(job.rewards)]
-    elif callable(reward_fn):
-        reward_fns = [reward_fn]
-    else:
-        reward_fns = list(reward_fn)
+        raise TrainerError(
+            "grpo needs reward_fn: the entry point builds it (training.rewards.SandboxReward "
+            "with its reward, loop, sandbox and suites settings, or ProtocolReward)"
+        )
+    reward_fns: list[RewardFunction] = [reward_fn] if callable(reward_fn) else list(reward_fn)
     return run_grpo(rows, job, reward_fns)

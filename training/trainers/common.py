@@ -15,7 +15,7 @@ import importlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from pydantic import BaseModel, Field
 
-from scoring.settings import RewardSettings
 from training.errors import TrainerError
 from training.precision import use_bf16
 from training.settings import TrainingSettings
@@ -318,8 +317,6 @@ class TrainJob:
     """Called on every TRL log event."""
     ref_model_dir: Path | None = None
     """Frozen reference of DPO, KTO and GRPO (None: the base model)."""
-    rewards: RewardSettings = field(default_factory=RewardSettings)
-    """The episode rewards GRPO's default `SandboxReward` optimises (the collection's)."""
 
 
 def train_with(
