@@ -18,7 +18,7 @@ from models import CollectionRun, TrainingRun, run_id_for
 from sandbox.tool_specs import BUILTIN_TOOLS
 from storage.episodes import persist_episodes
 from storage.objects import LocalObjectStore
-from suites.registry import load_suite
+from suites.builtin import builtin_suite
 from tests.cli.local import EPIFLOW, epiflow, one_error_line
 from tests.training.factory import episode
 from tests.training.test_chat_templates import DROPS_SYSTEM
@@ -63,7 +63,7 @@ def test_a_base_that_cannot_render_the_protocol_is_refused_in_one_line(
     prefect_api_url: str,
     tmp_path: Path,
 ) -> None:
-    tasks = load_suite("builtin").instances(1, templates=["dir_tree"])
+    tasks = builtin_suite().instances(1, templates=["dir_tree"])
     collected = []
     for i, task in enumerate(tasks):
         t = episode(task=i, template=task.template)
