@@ -62,7 +62,9 @@ TOOLKIT_ENV = {
 }
 """The verifier jail's extra environment (besides `PATH`)."""
 
-SHIMS_PATH = "/opt/epiflow/shims:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHIMS_PATH = "/opt/epiflow/shims:/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The shims first; then `$HOME/.local/bin`, where a verify-time `pip install` puts its
+scripts (the image's site-packages are read-only, so pip installs for the user)."""
 
 _COLLECT = f"""\
 import json, os

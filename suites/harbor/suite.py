@@ -24,7 +24,7 @@ from suites.errors import SuiteError
 from suites.harbor.dockerfile import parse_dockerfile
 from suites.harbor.errors import HarborTaskError
 from suites.harbor.task import HarborTask, is_task_dir, load_task
-from suites.harbor.toolkit import ensure_toolkit, verifier_requirements
+from suites.harbor.toolkit import ensure_toolkit, verifier_requirements, with_verifier_packages
 from suites.suite import Suite
 from suites.template import TaskDraft, TaskTemplate, call
 from tasks.environment import TaskEnvironment
@@ -173,11 +173,11 @@ class HarborSuite(Suite):
             if name in self._environments:
                 return self._environments[name]
             task, plan = self.tasks[name], self.plans[name]
+            test_sh = (task.tests_dir / "test.sh").read_text(errors="replace")
+            plan = with_verifier_packages(plan, test_sh)
             built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
             python = "3.13" if plan.release == "trixie" else "3.11"
-            requirements = verifier_requirements(
-                (task.tests_dir / "test.sh").read_text(errors="replace")
-            )
+            requirements = verifier_requirements(test_sh)
             toolkit = ensure_toolkit(self.images_dir, requirements, python)
             spec_limits, notes = limits(task)
             substitutions = [*built.substitutions, *notes]
