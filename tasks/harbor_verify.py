@@ -13,8 +13,8 @@ default: `tasks/harbor_reward.py`; every key is stored); it must lie in [0, 1]. 
 results. A script that exits non-zero without writing a reward (`set -e` before a failing
 pytest) scores 0, and so does a workdir the agent filled past the export's caps (files,
 bytes) while the image's own workdir fits them. Infrastructure errors (`error=True`, the
-episode becomes `env_error`): something needed the network (`/logs/.epiflow-offline`), a
-timeout, no reward after exit 0, a malformed or out-of-range reward, a verifier jail that
+episode becomes `env_error`): something needed the network or a Python the image lacks
+(`/logs/.epiflow-offline`), a timeout, no reward after exit 0, a malformed or out-of-range reward, a verifier jail that
 cannot start, an image whose own workdir is past the caps.
 """
 
@@ -24,6 +24,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -158,6 +159,27 @@ def _error(reason: str, details: dict[str, Any], started: float, **raw: Any) -> 
     )
 
 
+_NO_PYTHON = re.compile(r"No interpreter found for Python ([0-9][0-9.]*)", re.IGNORECASE)
+
+
+def offline_reason(marker: str) -> str:
+    """The infrastructure error of what the shims recorded as needing the network: a Python
+    the image lacks is named as such (epiflow never downloads one), the rest as network."""
+    lines = marker.strip().splitlines()
+    for line in lines:
+        missing = _NO_PYTHON.search(line)
+        if missing:
+            return (
+                f"the verifier needs Python {missing.group(1).rstrip('.')}, which the image does "
+                f"not have and epiflow does not download: {line}"
+            )
+    needed = "; ".join(lines[:3])
+    return (
+        f"the verifier needs the network, which epiflow's jails never have: {needed} "
+        "(docs/harbor.md lists what runs offline)"
+    )
+
+
 def ctrf_tests(text: str) -> list[dict[str, Any]]:
     """Per-test results of a CTRF report: name, status, duration_ms, message (may be empty)."""
     try:
@@ -274,12 +296,7 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
         info["ctrf"] = collected["ctrf"]
         info["tests"] = ctrf_tests(collected["ctrf"])
     if "offline" in collected:
-        needed = "; ".join(collected["offline"].strip().splitlines()[:3])
-        return _error(
-            f"the verifier needs the network, which epiflow's jails never have: {needed} "
-            "(docs/harbor.md lists what runs offline)",
-            details, started, **raw,
-        )  # fmt: skip
+        return _error(offline_reason(collected["offline"]), details, started, **raw)
     if run.timed_out:
         return _error(
             f"tests/test.sh timed out after {env.verifier_timeout_s:g} s", details, started, **raw

@@ -22,6 +22,7 @@ from suites.harbor.toolkit import (
     verifier_requirements,
     verifier_uses_pip,
 )
+from tasks.harbor_verify import offline_reason
 from tests.suites.test_harbor_tasks import IMAGES, _episode, _task, builds_images, needs_builder
 
 TB_STYLE = """\
@@ -36,6 +37,12 @@ python3 -c "import iniconfig, pytest; assert pytest.__version__ == '8.4.1'"
 uvx -p 3.13 --with pytest==8.4.1 pytest --version
 echo 1 > /logs/verifier/reward.txt
 """
+
+
+def test_a_python_the_image_lacks_is_named_apart_from_the_network() -> None:
+    marker = "uvx -p 3.12 pytest: error: No interpreter found for Python 3.12 in search path\n"
+    assert offline_reason(marker).startswith("the verifier needs Python 3.12, which the image")
+    assert offline_reason("curl https://example.com\n").startswith("the verifier needs the network")
 
 
 def test_what_a_verifier_installs_is_read_from_its_script() -> None:
@@ -100,4 +107,6 @@ def test_uvx_of_a_python_the_image_lacks_is_an_env_error_naming_it(offline_episo
 
     _, traj = offline_episodes["other-python"]
     assert traj.status == EpisodeStatus.ENV_ERROR, (traj.status, traj.verifier_reason)
-    assert "3.12" in (traj.failure_reason or ""), traj.failure_reason
+    assert "the verifier needs Python 3.12, which the image does not have" in (
+        traj.failure_reason or ""
+    ), traj.failure_reason
