@@ -14,8 +14,8 @@ results. A script that exits non-zero without writing a reward (`set -e` before 
 pytest) scores 0, and so does a workdir the agent filled past the export's caps (files,
 bytes) while the image's own workdir fits them. Infrastructure errors (`error=True`, the
 episode becomes `env_error`): something needed the network or a Python the image lacks
-(`/logs/.epiflow-offline`), a timeout, no reward after exit 0, a malformed or out-of-range reward, a verifier jail that
-cannot start, an image whose own workdir is past the caps.
+(`/logs/.epiflow-offline`), a timeout, no reward after exit 0, a malformed or out-of-range
+reward, a verifier jail that cannot start, an image whose own workdir is past the caps.
 """
 
 from __future__ import annotations
