@@ -83,14 +83,18 @@ def pip_config(lines: str) -> dict[str, str]:
 
 
 def _read_pip_config(python: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """pip's effective settings; without a pip to ask (a uv-made venv), the `PIP_*` variables."""
     try:
         done = subprocess.run(
             [python, "-m", "pip", "config", "list"],
             capture_output=True, text=True, timeout=60, check=False, env=dict(environ),
         )  # fmt: skip
+        if done.returncode == 0:
+            return pip_config(done.stdout)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return pip_config(done.stdout) if done.returncode == 0 else {}
+        pass
+    variables = {f"PIP_{key.upper().replace('-', '_')}": key for key in PIP_KEYS}
+    return {key: environ[name] for name, key in variables.items() if environ.get(name)}
 
 
 def host_apt_proxies() -> tuple[str, ...]:

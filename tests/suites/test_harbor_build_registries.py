@@ -104,6 +104,16 @@ def test_a_step_gets_the_hosts_pip_settings_ca_and_proxy_with_paths_bound(
     ]
 
 
+def test_without_a_pip_to_ask_the_pip_variables_are_carried(tmp_path: Path) -> None:
+    environ = {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_TRUSTED_HOST": "mirror"}
+    carried = host_registries(environ, python=str(tmp_path / "no-python"), apt_options=())
+    assert carried.env == {
+        "PIP_INDEX_URL": "https://mirror.example/simple",
+        "PIP_TRUSTED_HOST": "mirror",
+    }
+    assert carried.binds == () and carried.apt_conf == ""
+
+
 @needs_builder
 @builds_images
 def test_run_pip_install_in_a_build_uses_the_hosts_find_links(monkeypatch) -> None:
