@@ -173,8 +173,8 @@ def verifier_provisioning(test_sh: str) -> tuple[str, ...]:
 def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
     """`plan` with the verifier's Debian packages (`verifier_provisioning`) installed by a
     last `RUN` step (recorded as a substitution: the agent's image has them too); `plan`
-    itself when there are none."""
-    packages = verifier_provisioning(test_sh)
+    itself when there are none beyond the base's own."""
+    packages = [p for p in verifier_provisioning(test_sh) if p not in plan.packages]
     if not packages:
         return plan
     names = " ".join(packages)

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.images import ImagePlan, RunStep
 from suites.harbor.toolkit import (
     verifier_apt_packages,
     verifier_provisioning,
     verifier_requirements,
     verifier_uses_pip,
+    with_verifier_packages,
 )
 from tasks.harbor_verify import offline_reason
 from tests.suites.test_harbor_tasks import IMAGES, _episode, _task, builds_images, needs_builder
@@ -51,6 +53,11 @@ def test_what_a_verifier_installs_is_read_from_its_script() -> None:
     assert verifier_uses_pip(TB_STYLE) and not verifier_uses_pip("uv pip install x==1")
     assert verifier_provisioning(TB_STYLE) == ("jq", "python3-pip")
     assert verifier_requirements(TB_STYLE) == ("iniconfig==2.1.0", "pytest==8.4.1")
+    with_pip = ImagePlan(release="trixie", packages=("python3-pip",), context="/nonexistent")
+    step = with_verifier_packages(with_pip, TB_STYLE).steps[-1]
+    assert isinstance(step, RunStep) and step.command.count("python3-pip") == 0
+    assert "install -y -qq --no-install-recommends jq " in step.command
+    assert with_verifier_packages(with_pip, "uvx pytest") is with_pip
 
 
 @pytest.fixture(scope="module")
