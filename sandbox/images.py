@@ -8,7 +8,8 @@ release by `suites/harbor/dockerfile.py`) becomes a directory tree:
    the plan's extra packages; one per (release, packages), shared by every task on it;
 2. the **image**: a copy of the base (`cp -a --reflink=auto`) with the plan's steps applied
    in order: `RUN` through `chroot` as root (a private mount namespace with `/proc`, the
-   host's resolver, the network: the registries are reachable at build time, never from a
+   host's resolver, the network and the host's package-registry settings from
+   `sandbox/host_registries.py`: the registries are reachable at build time, never from a
    jail), `COPY`/`ADD` from the build context on the host; then the mount targets every
    image jail needs (the workdir, `/tmp`, `/root`, `/tests`, `/logs`, `/opt/epiflow`, the
    executor's file) and the jail user (uid 1000) in its `/etc/passwd`.
@@ -38,6 +39,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import EpiflowError
+from sandbox.host_registries import (
+    HOST_DIR,
+    HostRegistries,
+    host_apt_proxies,
+    host_registries,
+)
 from sandbox.host_setup import JAIL_GID, JAIL_UID
 
 BUILDER_VERSION = "1"
@@ -224,7 +231,8 @@ def ensure_base(plan: ImagePlan, images_dir: Path, *, timeout_s: float = 900) ->
             _run(
                 [
                     "mmdebstrap", "--variant=minbase", "--mode=root", f"--include={packages}",
-                    '--aptopt=Acquire::Retries "3"', plan.release, str(staging / "root"), DEBIAN_MIRROR,
+                    '--aptopt=Acquire::Retries "3"', *[f"--aptopt={o}" for o in host_apt_proxies()],
+                    plan.release, str(staging / "root"), DEBIAN_MIRROR,
                 ],
                 what=f"mmdebstrap {plan.release}",
                 timeout_s=timeout_s,
@@ -241,8 +249,33 @@ def ensure_base(plan: ImagePlan, images_dir: Path, *, timeout_s: float = 900) ->
 _RUN_WRAPPER = (
     'set -e; R="$1"; shift; mount -t proc proc "$R/proc"; '
     'cp -L /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true; '
+    "{mounts}"
     'exec chroot "$R" /usr/bin/env -i "$@"'
 )
+
+
+def _host_mounts(registries: HostRegistries, apt_conf: Path | None) -> str:
+    """Shell lines (in the step's private mount namespace) binding the host's registry files
+    read-only under `HOST_DIR` in the chroot (`sandbox/host_registries.py`)."""
+    binds = list(registries.binds)
+    if apt_conf is not None:
+        binds.append((str(apt_conf), f"{HOST_DIR}/apt.conf"))
+    if not binds:
+        return ""
+    top = _sh_quote(HOST_DIR)
+    lines = [f'mkdir -p "$R"{top}; mount -t tmpfs -o mode=0755,size=1m epiflow-host "$R"{top}; ']
+    for source, target in binds:
+        inside = '"$R"' + _sh_quote(target)
+        make = (
+            f"mkdir -p {inside}"
+            if Path(source).is_dir()
+            else f'mkdir -p "$(dirname {inside})"; touch {inside}'
+        )
+        lines.append(
+            f"{make}; mount --bind {_sh_quote(source)} {inside}; "
+            f"mount -o remount,bind,ro {inside}; "
+        )
+    return "".join(lines)
 
 
 def ensure_image(plan: ImagePlan, images_dir: Path, *, timeout_s: float = 900) -> BuiltImage:
@@ -284,8 +317,15 @@ def ensure_image(plan: ImagePlan, images_dir: Path, *, timeout_s: float = 900) -
                 timeout_s=timeout_s,
                 log=log,
             )
+            registries = (
+                host_registries()
+                if any(isinstance(s, RunStep) for s in plan.steps)
+                else HostRegistries()
+            )
+            if registries.apt_conf:
+                (staging / "apt.conf").write_text(registries.apt_conf)
             for step in plan.steps:
-                _apply(step, plan, root, log=log, timeout_s=timeout_s)
+                _apply(step, plan, root, log=log, timeout_s=timeout_s, registries=registries)
             _finish(plan, root)
             (staging / "image.json").write_text(
                 json.dumps(
@@ -309,7 +349,15 @@ def _inside(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
 
-def _apply(step: Step, plan: ImagePlan, root: Path, *, log: Path, timeout_s: float) -> None:
+def _apply(
+    step: Step,
+    plan: ImagePlan,
+    root: Path,
+    *,
+    log: Path,
+    timeout_s: float,
+    registries: HostRegistries,
+) -> None:
     where = f"{plan.source}:{step.line}"
     if isinstance(step, MkdirStep):
         _inside(root, step.path).mkdir(parents=True, exist_ok=True)
@@ -333,19 +381,28 @@ def _apply(step: Step, plan: ImagePlan, root: Path, *, log: Path, timeout_s: flo
             "DEBIAN_FRONTEND": "noninteractive",
             "PIP_BREAK_SYSTEM_PACKAGES": "1",
             "PIP_ROOT_USER_ACTION": "ignore",
+            **registries.env,
             **step.env,
         }
         _inside(root, step.workdir).mkdir(parents=True, exist_ok=True)
         command = f"cd {_sh_quote(step.workdir)} && {step.command}"
-        _run(
-            [
-                "unshare", "--mount", "--fork", "--propagation", "private", "sh", "-c", _RUN_WRAPPER,
-                "sh", str(root), *[f"{k}={v}" for k, v in env.items()], "/bin/sh", "-c", command,
-            ],
-            what=f"{where}: RUN",
-            timeout_s=timeout_s,
-            log=log,
-        )  # fmt: skip
+        apt_conf = log.parent / "apt.conf"
+        wrapper = _RUN_WRAPPER.format(
+            mounts=_host_mounts(registries, apt_conf if registries.apt_conf else None)
+        )
+        try:
+            _run(
+                [
+                    "unshare", "--mount", "--fork", "--propagation", "private", "sh", "-c", wrapper,
+                    "sh", str(root), *[f"{k}={v}" for k, v in env.items()], "/bin/sh", "-c", command,
+                ],
+                what=f"{where}: RUN",
+                timeout_s=timeout_s,
+                log=log,
+            )  # fmt: skip
+        finally:
+            with contextlib.suppress(OSError):
+                _inside(root, HOST_DIR).rmdir()
         resolv = root / "etc" / "resolv.conf"
         if resolv.is_file() and not resolv.is_symlink():
             resolv.unlink()

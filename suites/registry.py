@@ -122,7 +122,11 @@ def _load_harbor(source: Path, name: str, settings: SuitesSettings) -> Suite:
 
     images = settings.harbor_image_dir or epiflow_home() / "images"
     return load_harbor_suite(
-        source, name=name, images_dir=images, skip_invalid=settings.harbor_skip_invalid
+        source,
+        name=name,
+        images_dir=images,
+        skip_invalid=settings.harbor_skip_invalid,
+        reward_rule=settings.reward_rule_for(name),
     )
 
 

@@ -27,6 +27,31 @@ class SuitesSettings(BaseSettings):
     """Load a Harbor dataset whose folder holds malformed or unsupported tasks with the
     valid ones only (`EPIFLOW_SUITES_HARBOR_SKIP_INVALID=1`); off: such a dataset is refused
     and every bad task listed."""
+    harbor_reward_rule: str = "mean"
+    """How a Harbor verifier's named rewards (`reward.json` without a `reward` or `score`
+    key, e.g. `{"correctness": 1, "performance": 0.5}`) combine into the episode's score:
+    `mean`, `min`, `max`, `product` or `key:NAME` (`EPIFLOW_SUITES_HARBOR_REWARD_RULE`)."""
+    harbor_reward_rules: dict[str, str] = Field(default_factory=dict)
+    """Per-dataset rules, suite name → rule, overriding `harbor_reward_rule`
+    (`EPIFLOW_SUITES_HARBOR_REWARD_RULES='{"terminal-bench": "min"}'`)."""
+
+    @field_validator("harbor_reward_rule")
+    @classmethod
+    def _known_rule(cls, value: str) -> str:
+        from tasks.harbor_reward import check_rule
+
+        return check_rule(value)
+
+    @field_validator("harbor_reward_rules")
+    @classmethod
+    def _known_rules(cls, value: dict[str, str]) -> dict[str, str]:
+        from tasks.harbor_reward import check_rule
+
+        return {suite: check_rule(rule) for suite, rule in value.items()}
+
+    def reward_rule_for(self, suite: str) -> str:
+        """The reward rule of the Harbor dataset named `suite`."""
+        return self.harbor_reward_rules.get(suite, self.harbor_reward_rule)
 
     @field_validator("path", mode="before")
     @classmethod

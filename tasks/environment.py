@@ -33,6 +33,9 @@ class TaskEnvironment(BaseModel):
     """Host folder of the offline verifier toolkit (uv, pinned wheels, shims) at `/opt/epiflow`."""
     verifier_timeout_s: float = 600.0
     """Timeout of `tests/test.sh`."""
+    reward_rule: str = "mean"
+    """How named rewards without a `reward` key combine into the score (`mean`, `min`, `max`,
+    `product`, `key:NAME`: `tasks/harbor_reward.py`); the suite's setting."""
     substitutions: tuple[str, ...] = ()
     """Everything mapped or ignored to build and run the task here, one line each."""
     metadata: dict[str, Any] = Field(default_factory=dict)

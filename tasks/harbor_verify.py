@@ -8,14 +8,14 @@ task's `tests/` bound read-only at `/tests` (the agent's jail never had it), a w
 its shims first on `PATH`). `bash /tests/test.sh` runs there, as written, from the workdir.
 
 The reward comes from `/logs/verifier/reward.txt` (a number) or `reward.json` (an object of
-numbers: `reward`, else `score`, else its only key; every key is stored); it must lie in
-[0, 1]. `ctrf.json`, when written, is stored (the episode's artifact) with its per-test
+named numbers: `reward`, else `score`, else the suite's reward rule over them, the mean by
+default: `tasks/harbor_reward.py`; every key is stored); it must lie in [0, 1]. `ctrf.json`, when written, is stored (the episode's artifact) with its per-test
 results. A script that exits non-zero without writing a reward (`set -e` before a failing
 pytest) scores 0, and so does a workdir the agent filled past the export's caps (files,
 bytes) while the image's own workdir fits them. Infrastructure errors (`error=True`, the
-episode becomes `env_error`): something needed the network (`/logs/.epiflow-offline`), a
-timeout, no reward after exit 0, a malformed or out-of-range reward, a verifier jail that
-cannot start, an image whose own workdir is past the caps.
+episode becomes `env_error`): something needed the network or a Python the image lacks
+(`/logs/.epiflow-offline`), a timeout, no reward after exit 0, a malformed or out-of-range
+reward, a verifier jail that cannot start, an image whose own workdir is past the caps.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -37,6 +38,7 @@ from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.transfer import ExportReport
 from tasks.environment import TaskEnvironment
+from tasks.harbor_reward import reward_from
 from tasks.types import TaskInstance
 from tasks.verify import MAX_RAW_CHARS, VerifierOutcome
 
@@ -61,7 +63,9 @@ TOOLKIT_ENV = {
 }
 """The verifier jail's extra environment (besides `PATH`)."""
 
-SHIMS_PATH = "/opt/epiflow/shims:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHIMS_PATH = "/opt/epiflow/shims:/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The shims first; then `$HOME/.local/bin`, where a verify-time `pip install` puts its
+scripts (the image's site-packages are read-only, so pip installs for the user)."""
 
 _COLLECT = f"""\
 import json, os
@@ -155,46 +159,25 @@ def _error(reason: str, details: dict[str, Any], started: float, **raw: Any) -> 
     )
 
 
-def reward_from(collected: dict[str, str]) -> tuple[float | None, dict[str, Any], str]:
-    """(score or None, every reward key, which file) from the collected files.
-
-    Raises:
-        ValueError: a reward file that is not a number / an object of numbers.
-    """
-    if "reward_txt" in collected:
-        text = collected["reward_txt"].strip()
-        try:
-            value = float(text)
-        except ValueError as e:
-            raise ValueError(f"reward.txt is not a number: {text[:80]!r}") from e
-        keys: dict[str, Any] = {"reward": value}
-        if "reward_json" in collected:
-            keys.update(_reward_json(collected["reward_json"]))
-        return value, keys, "reward.txt"
-    if "reward_json" in collected:
-        keys = _reward_json(collected["reward_json"])
-        numbers = {
-            k: v for k, v in keys.items() if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        for key in ("reward", "score"):
-            if key in numbers:
-                return float(numbers[key]), keys, "reward.json"
-        if len(numbers) == 1:
-            return float(next(iter(numbers.values()))), keys, "reward.json"
-        raise ValueError(
-            f"reward.json has no `reward` or `score` key and {len(numbers)} numbers: {sorted(keys)}"
-        )
-    return None, {}, ""
+_NO_PYTHON = re.compile(r"No interpreter found for Python ([0-9][0-9.]*)", re.IGNORECASE)
 
 
-def _reward_json(text: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"reward.json is not JSON: {text[:80]!r}") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"reward.json must be an object, got {type(data).__name__}")
-    return data
+def offline_reason(marker: str) -> str:
+    """The infrastructure error of what the shims recorded as needing the network: a Python
+    the image lacks is named as such (epiflow never downloads one), the rest as network."""
+    lines = marker.strip().splitlines()
+    for line in lines:
+        missing = _NO_PYTHON.search(line)
+        if missing:
+            return (
+                f"the verifier needs Python {missing.group(1).rstrip('.')}, which the image does "
+                f"not have and epiflow does not download: {line}"
+            )
+    needed = "; ".join(lines[:3])
+    return (
+        f"the verifier needs the network, which epiflow's jails never have: {needed} "
+        "(docs/harbor.md lists what runs offline)"
+    )
 
 
 def ctrf_tests(text: str) -> list[dict[str, Any]]:
@@ -313,22 +296,18 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
         info["ctrf"] = collected["ctrf"]
         info["tests"] = ctrf_tests(collected["ctrf"])
     if "offline" in collected:
-        needed = "; ".join(collected["offline"].strip().splitlines()[:3])
-        return _error(
-            f"the verifier needs the network, which epiflow's jails never have: {needed} "
-            "(docs/harbor.md lists what runs offline)",
-            details, started, **raw,
-        )  # fmt: skip
+        return _error(offline_reason(collected["offline"]), details, started, **raw)
     if run.timed_out:
         return _error(
             f"tests/test.sh timed out after {env.verifier_timeout_s:g} s", details, started, **raw
         )
     try:
-        score, keys, source = reward_from(collected)
+        score, keys, source = reward_from(collected, env.reward_rule)
     except ValueError as e:
         return _error(str(e), details, started, **raw)
     info["reward"] = keys
     info["reward_source"] = source
+    info["reward_rule"] = env.reward_rule
     duration_ms = (time.perf_counter() - started) * 1000.0
     if score is None:
         if run.exit_code not in (0, None):

@@ -24,10 +24,11 @@ from suites.errors import SuiteError
 from suites.harbor.dockerfile import parse_dockerfile
 from suites.harbor.errors import HarborTaskError
 from suites.harbor.task import HarborTask, is_task_dir, load_task
-from suites.harbor.toolkit import ensure_toolkit, verifier_requirements
+from suites.harbor.toolkit import ensure_toolkit, verifier_requirements, with_verifier_packages
 from suites.suite import Suite
 from suites.template import TaskDraft, TaskTemplate, call
 from tasks.environment import TaskEnvironment
+from tasks.harbor_reward import DEFAULT_RULE
 from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
 
 TMPFS_MIB = 256
@@ -121,9 +122,12 @@ class HarborSuite(Suite):
         images_dir: Path,
         source: Path,
         invalid: list[HarborTaskError] | None = None,
+        reward_rule: str = DEFAULT_RULE,
     ) -> None:
         self.tasks = {t.name: t for t in tasks}
         self.images_dir = images_dir
+        self.reward_rule = reward_rule
+        """How named rewards combine into the score (`tasks/harbor_reward.py`)."""
         self.invalid = invalid or []
         """Tasks left out (malformed or unsupported), when loaded with skip-invalid."""
         self.plans = {
@@ -169,11 +173,11 @@ class HarborSuite(Suite):
             if name in self._environments:
                 return self._environments[name]
             task, plan = self.tasks[name], self.plans[name]
+            test_sh = (task.tests_dir / "test.sh").read_text(errors="replace")
+            plan = with_verifier_packages(plan, test_sh)
             built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
             python = "3.13" if plan.release == "trixie" else "3.11"
-            requirements = verifier_requirements(
-                (task.tests_dir / "test.sh").read_text(errors="replace")
-            )
+            requirements = verifier_requirements(test_sh)
             toolkit = ensure_toolkit(self.images_dir, requirements, python)
             spec_limits, notes = limits(task)
             substitutions = [*built.substitutions, *notes]
@@ -187,6 +191,7 @@ class HarborSuite(Suite):
                 tests_dir=str(task.tests_dir.resolve()),
                 toolkit_dir=str(toolkit),
                 verifier_timeout_s=task.verifier_timeout_s,
+                reward_rule=self.reward_rule,
                 substitutions=tuple(substitutions),
                 metadata={
                     "task": task.name, "version": task.version, "content_hash": task.content_hash,
@@ -204,7 +209,12 @@ class HarborSuite(Suite):
 
 
 def load_harbor_suite(
-    folder: Path, *, name: str, images_dir: Path, skip_invalid: bool = False
+    folder: Path,
+    *,
+    name: str,
+    images_dir: Path,
+    skip_invalid: bool = False,
+    reward_rule: str = DEFAULT_RULE,
 ) -> HarborSuite:
     """The Harbor dataset at `folder` (a task directory or a folder of them).
 
@@ -223,4 +233,6 @@ def load_harbor_suite(
             errors.append(e)
     if errors and (not skip_invalid or not tasks):
         raise HarborDatasetError(folder, errors)
-    return HarborSuite(name, tasks, images_dir=images_dir, source=folder, invalid=errors)
+    return HarborSuite(
+        name, tasks, images_dir=images_dir, source=folder, invalid=errors, reward_rule=reward_rule
+    )

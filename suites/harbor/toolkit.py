@@ -12,6 +12,9 @@ A verifier jail has no network, so the toolkit (bound read-only at `/opt/epiflow
   `pip install`/`uv pip install`, plus their dependencies, downloaded from PyPI once for
   the image's Python; uv and pip are pointed at it offline (`UV_OFFLINE`, `UV_FIND_LINKS`,
   `PIP_NO_INDEX`, `PIP_FIND_LINKS`) and never download a Python;
+- the image: the Debian packages `test.sh` installs (`apt-get install -y jq`), and
+  `python3-pip` when it runs pip, installed by a last build step
+  (`with_verifier_packages`);
 - `shims/`: `apt-get`/`apt` (`update` succeeds; `install` succeeds for packages already in
   the image and for `curl`/`wget`/`ca-certificates`, which the shims stand for), `curl`/`wget`
   (the uv installer URL serves `uv-install.sh`, which links uv into `$HOME/.local/bin`
@@ -35,7 +38,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from sandbox.images import ImageBuildError, _locked
+from sandbox.images import ImageBuildError, ImagePlan, RunStep, _locked
 
 TOOLKIT_VERSION = "1"
 
@@ -130,6 +133,63 @@ def verifier_requirements(test_sh: str) -> tuple[str, ...]:
                 continue
             found.add(word.strip("'\""))
     return tuple(sorted(r for r in found if re.match(r"^[A-Za-z0-9]", r)))
+
+
+_APT_CALL = re.compile(r"\bapt(?:-get)?\b([^\n;&|]*)")
+_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.\-]+(?::[a-z0-9]+)?$")
+SHIMMED_PACKAGES = frozenset({"curl", "wget", "ca-certificates", "gnupg", "git-man"})
+"""Packages the shims stand for (never installed for the verifier)."""
+
+
+def verifier_apt_packages(test_sh: str) -> tuple[str, ...]:
+    """The Debian packages a `test.sh` installs with `apt-get`/`apt install` (sorted, unique;
+    versions dropped, the shimmed ones and `$variables` left out)."""
+    found: set[str] = set()
+    for match in _APT_CALL.finditer(test_sh):
+        words = [w.strip("'\"") for w in match.group(1).split() if not w.startswith("-")]
+        if not words or words[0] != "install":
+            continue
+        for word in words[1:]:
+            name = word.split("=", 1)[0]
+            if _PACKAGE.match(name) and name not in SHIMMED_PACKAGES:
+                found.add(name)
+    return tuple(sorted(found))
+
+
+def verifier_uses_pip(test_sh: str) -> bool:
+    """Whether `test.sh` runs pip itself (`pip install`, not `uv pip install`)."""
+    return any(not m.group(0).startswith("uv") for m in _PIP.finditer(test_sh))
+
+
+def verifier_provisioning(test_sh: str) -> tuple[str, ...]:
+    """The Debian packages to install into the image ahead for `test.sh`: the ones it
+    `apt-get install`s, and `python3-pip` when it runs pip (the pip shim needs it)."""
+    packages = set(verifier_apt_packages(test_sh))
+    if verifier_uses_pip(test_sh):
+        packages.add("python3-pip")
+    return tuple(sorted(packages))
+
+
+def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
+    """`plan` with the verifier's Debian packages (`verifier_provisioning`) installed by a
+    last `RUN` step (recorded as a substitution: the agent's image has them too); `plan`
+    itself when there are none beyond the base's own."""
+    packages = [p for p in verifier_provisioning(test_sh) if p not in plan.packages]
+    if not packages:
+        return plan
+    names = " ".join(packages)
+    step = RunStep(
+        line=0,
+        command=(
+            f"apt-get update -qq && apt-get install -y -qq --no-install-recommends {names} "
+            "&& rm -rf /var/lib/apt/lists/*"
+        ),
+        workdir="/",
+    )
+    note = f"tests/test.sh's packages installed ahead for the offline verifier: {names}"
+    return plan.model_copy(
+        update={"steps": (*plan.steps, step), "substitutions": (*plan.substitutions, note)}
+    )
 
 
 def _uv_binaries() -> tuple[Path, Path] | None:
