@@ -28,7 +28,8 @@ from suites.harbor.errors import HarborTaskError, UnsupportedEnvironment
 from suites.harbor.suite import HarborDatasetError, load_harbor_suite
 from suites.harbor.task import load_task
 from suites.harbor.toolkit import verifier_requirements
-from tasks.harbor_verify import ctrf_tests, reward_from
+from tasks.harbor_reward import reward_from
+from tasks.harbor_verify import ctrf_tests
 
 INTEROP = Path(__file__).resolve().parents[2].parent / "shared" / "interop" / "harbor-tasks"
 IMAGES = Path(tempfile.gettempdir()) / "epiflow-test-images"
