@@ -118,7 +118,7 @@ def main() -> None:
     )
     from config.settings import load_settings
     from environment.hub import HubConfig
-    from environment.server import make_app, make_server
+    from environment.server import serve
     from storage import migrate
     from storage.db import make_engine
 
@@ -129,11 +129,20 @@ def main() -> None:
     config = HubConfig(
         run_key="bench", templates=[TEMPLATE], max_sessions=args.sessions, idle_timeout_s=600
     )
-    server = make_server(make_app(config, settings, engine=engine), host="127.0.0.1", port=0)
-    thread = threading.Thread(target=server.run, daemon=True)
+    servers: list[Any] = []
+    thread = threading.Thread(
+        target=asyncio.run,
+        args=(
+            serve(config, settings, host="127.0.0.1", port=0, engine=engine, ready=servers.append),
+        ),
+        daemon=True,
+    )
     thread.start()
-    while not server.started:
+    while not (servers and servers[0].started):
+        if not thread.is_alive():
+            raise SystemExit("the server did not start")
         time.sleep(0.05)
+    server = servers[0]
     port = server.servers[0].sockets[0].getsockname()[1]
     url = f"ws://127.0.0.1:{port}/ws"
 

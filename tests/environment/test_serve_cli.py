@@ -1,5 +1,6 @@
-"""`epiflow env serve` as a user runs it: a real process, a real client, SIGTERM. The
-open session's episode is stored, the run ended, and no jail is left."""
+"""`epiflow env serve` as a user runs it: real processes, a real client, SIGTERM. The
+open session's episode is stored, the run ended, and no jail is left; a run key another
+live server holds is refused in one line, touching nothing."""
 
 from __future__ import annotations
 
@@ -55,43 +56,58 @@ def test_sigterm_stores_the_open_session_and_leaves_no_jail(tmp_path: Path) -> N
         _sigterm(tmp_path, state)
 
 
-def _sigterm(tmp_path: Path, state: Path) -> None:
-    env = _env(tmp_path, state)
-    upgrade = subprocess.run(
-        [EPIFLOW, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert upgrade.returncode == 0, upgrade.stderr
-    port = free_port()
+def _start(env: dict[str, str], port: int, *args: str) -> subprocess.Popen[str]:
+    """`epiflow env serve --port PORT ARGS…`, once it answers /health."""
     server = subprocess.Popen(
-        [
-            EPIFLOW,
-            "env",
-            "serve",
-            "--port",
-            str(port),
-            "--templates",
-            "csv_to_json",
-            "--run-key",
-            "sigterm",
-            "--max-sessions",
-            "2",
-        ],
+        [EPIFLOW, "env", "serve", "--port", str(port), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 240
+    while True:
+        if server.poll() is not None:
+            raise AssertionError(server.communicate())
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError(("the server did not come up", server.communicate()))
+        time.sleep(0.2)
+
+
+def _stop(server: subprocess.Popen[str]) -> str:
+    """SIGTERM `server`; its stderr once it exited (killed if it would not)."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert server.poll() is None, server.communicate()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        _, stderr = server.communicate(timeout=120)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    return stderr
+
+
+def _upgrade(env: dict[str, str]) -> None:
+    upgrade = subprocess.run(
+        [EPIFLOW, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert upgrade.returncode == 0, upgrade.stderr
+
+
+def _sigterm(tmp_path: Path, state: Path) -> None:
+    env = _env(tmp_path, state)
+    _upgrade(env)
+    port = free_port()
+    server = _start(
+        env, port, "--templates", "csv_to_json", "--run-key", "sigterm", "--max-sessions", "2"
+    )
+    try:
 
         async def session() -> None:
             async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
@@ -110,7 +126,7 @@ def _sigterm(tmp_path: Path, state: Path) -> None:
     finally:
         if server.poll() is None:
             server.kill()
-            server.wait()
+            server.communicate()
     assert server.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
     assert processes_mentioning(str(state)) == []
@@ -125,3 +141,37 @@ def _sigterm(tmp_path: Path, state: Path) -> None:
         engine.dispose()
     assert status == "policy_error" and steps == 1, (status, reason)
     assert run == "completed"
+
+
+def test_a_run_key_held_by_another_server_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A second `epiflow env serve` on a run key a live server holds: one line naming the
+    key and the holder (the first server's pid), exit 2, no traceback, no jail of its own
+    started, the first server and its run untouched."""
+    with sandbox_state_dir() as state, sandbox_state_dir() as refused_state:
+        env = _env(tmp_path, state)
+        _upgrade(env)
+        port = free_port()
+        first = _start(env, port, "--templates", "csv_to_json", "--run-key", "busy")
+        try:
+            refused = subprocess.run(
+                [EPIFLOW, "env", "serve", "--port", str(free_port()), "--run-key", "busy"],
+                env=_env(tmp_path, refused_state),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            line = one_error_line(refused)
+            assert "run key 'busy' is being collected right now" in line, line
+            assert f"pid {first.pid} " in line and "--run-key" in line, line
+            assert list(refused_state.iterdir()) == []  # no jail was started
+            assert httpx.get(f"http://127.0.0.1:{port}/metadata").json()["run_key"] == "busy"
+            engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
+            try:
+                with engine.connect() as conn:
+                    runs = conn.execute(text("SELECT run_key, status FROM collection_run")).all()
+            finally:
+                engine.dispose()
+            assert [tuple(r) for r in runs] == [("busy", "running")]
+        finally:
+            stderr = _stop(first)
+    assert first.returncode == 0 and "Traceback" not in stderr, stderr
