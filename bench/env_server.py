@@ -1,21 +1,40 @@
 """Benchmark: `epiflow env serve`'s sessions under load. Prints JSON.
 
-    python bench/env_server.py --json [--sessions 64] [--steps 20]
+    python bench/env_server.py --json [--sessions 64] [--steps 20] [--single 3]
 
-Serves the built-in `csv_to_json` template (uvicorn in this process, a migrated SQLite
-database and a local object store in a temp dir), then opens `--sessions` WebSocket
-sessions at once; each resets, sends `--steps - 1` native tool calls (`execute_shell
-echo N`) and a final answer, so every session is a stored episode. Reports:
+Runs the real `epiflow env serve` (its own process, as a user runs it: a trainer is
+another process) on the built-in `csv_to_json` template, with a migrated SQLite database
+and a local object store in a temp dir. Each session resets, sends `--steps - 1` native
+tool calls (`execute_shell echo N`) and a final answer, so every session is a stored
+episode. Two phases on the same server, then the same tool calls made directly:
 
-- `errors`: error answers and client exceptions (target 0);
+1. `--single` sessions one after the other (after one warm-up session): the per-step
+   work of the server with nothing to queue behind;
+2. `--sessions` sessions at once (the issue's figure);
+3. the direct calls (`Sandbox.call_tool` in this process, no server): one warm sandbox
+   alone, and `--sessions` sandboxes at once (the jails' own queueing on these cores).
+
+Reports:
+
+- `errors`, `error_codes`: error answers and client exceptions (target 0);
 - `jails_left`: jail processes of the server's sandbox state dir after it stopped
   (target 0);
-- `step_p50_ms`, `step_p99_ms`: a tool step as the client sees it (send → answer);
-- `direct_p50_ms`: the same tool call made directly through a warm sandbox
-  (`Sandbox.call_tool`), measured in the same run; `added_ms_p50` = step p50 − direct
-  p50 (issue 43's target: ≤ 5 ms);
-- `sessions_per_s`: sessions completed (reset → done, stored) per second of wall time;
-- `load_start`, `load_end`: the 1-minute load average (the machine is shared).
+- `step_p50_ms`, `step_p99_ms`: a tool step at `--sessions` at once, as the client sees
+  it (send → answer); `added_ms_p50` = that p50 − `direct_p50_ms` (one sandbox alone):
+  issue 43's figure (target ≤ 5 ms);
+- `step_p50_ms_1_session`, `added_ms_p50_1_session`: the same with one session at a
+  time: the server's own per-step work (JSON, pydantic, the loop's recording, rewards);
+- `direct_p50_ms_concurrent`, `added_ms_p50_vs_concurrent_direct`: the direct call with
+  `--sessions` sandboxes calling at once, and the step p50 minus it: what the server adds
+  at that load once the jails' own queueing is taken out;
+- `server_cpu_ms_per_step_1_session`, `server_cpu_ms_per_step`: CPU time of the server
+  process (all its threads; not the jails) per tool step in each phase, resets,
+  verifier runs and storage included. At N sessions on one event loop a step waits
+  behind the others' work, so this times N bounds the queueing the server causes;
+- `sessions_per_s`, `wall_s`: sessions completed (reset → done, stored) per second of the
+  concurrent phase;
+- `cpus`, `load_start`, `load_end`: cores and the 1-minute load average (the machine is
+  shared).
 
 Not a test: the numbers move with the machine and its load.
 """
@@ -27,17 +46,21 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 TEMPLATE = "csv_to_json"
+EPIFLOW = str(Path(sys.executable).parent / "epiflow")
 
 
 def _call(index: int) -> dict[str, Any]:
@@ -62,17 +85,42 @@ def _jails(state: Path) -> int:
     return count
 
 
-async def _direct_p50(calls: int) -> float:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _direct(sessions: int, calls: int) -> list[float]:
+    """Tool-call times of `sessions` warm sandboxes calling at once, `calls` each."""
     from sandbox import SandboxSettings, SandboxSpec, open_sandbox
 
-    async with await open_sandbox(SandboxSpec(), settings=SandboxSettings()) as box:
-        await box.call_tool("execute_shell", {"command": "echo 0"})
-        times = []
-        for index in range(calls):
-            started = time.perf_counter()
-            await box.call_tool("execute_shell", {"command": f"echo {index}"})
-            times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+    settings = SandboxSettings()
+    times: list[float] = []
+    all_open = asyncio.Barrier(sessions)
+
+    async def one() -> None:
+        try:
+            async with await open_sandbox(SandboxSpec(), settings=settings) as box:
+                await box.call_tool("execute_shell", {"command": "echo 0"})
+                await all_open.wait()
+                for index in range(calls):
+                    started = time.perf_counter()
+                    await box.call_tool("execute_shell", {"command": f"echo {index}"})
+                    times.append((time.perf_counter() - started) * 1000)
+        except BaseException:
+            await all_open.abort()  # the others stop waiting for this one
+            raise
+
+    await asyncio.gather(*(one() for _ in range(sessions)))
+    return times
 
 
 async def _session(url: str, steps: int, latencies: list[float], errors: list[str]) -> None:
@@ -86,7 +134,7 @@ async def _session(url: str, steps: int, latencies: list[float], errors: list[st
         return answer
 
     try:
-        async with connect(url, max_size=None) as ws:
+        async with connect(url, max_size=None, open_timeout=600) as ws:
             await ask(ws, {"type": "reset", "data": {"template": TEMPLATE}})
             for index in range(steps - 1):
                 started = time.perf_counter()
@@ -97,11 +145,36 @@ async def _session(url: str, steps: int, latencies: list[float], errors: list[st
         errors.append(f"{type(e).__name__}: {e}")
 
 
+def _start_server(env: dict[str, str], port: int, sessions: int) -> subprocess.Popen[str]:
+    import httpx
+
+    server = subprocess.Popen(
+        [
+            EPIFLOW, "env", "serve", "--port", str(port), "--templates", TEMPLATE,
+            "--run-key", "bench", "--max-sessions", str(sessions), "--idle-timeout", "600",
+        ],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server did not start: {server.communicate()[1][-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    server.kill()
+    raise SystemExit("the server did not answer /health within 600 s")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--single", type=int, default=3, help="one-at-a-time sessions")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="epiflow-env-bench-"))
@@ -109,62 +182,83 @@ def main() -> None:
     state.mkdir()
     work.chmod(0o755)
     state.chmod(0o755)
-    os.environ.update(
-        EPIFLOW_HOME=str(work / "home"),
-        EPIFLOW_DATABASE_URL=f"sqlite:///{work / 'bench.db'}",
-        EPIFLOW_OBJECTS_URL=str(work / "objects"),
-        EPIFLOW_SANDBOX_STATE_DIR=str(state),
-        EPIFLOW_SANDBOX_POOL_MAX_SIZE=str(args.sessions),
-    )
+    settings_env = {
+        "EPIFLOW_HOME": str(work / "home"),
+        "EPIFLOW_DATABASE_URL": f"sqlite:///{work / 'bench.db'}",
+        "EPIFLOW_OBJECTS_URL": str(work / "objects"),
+        "EPIFLOW_SANDBOX_STATE_DIR": str(state),
+        "EPIFLOW_SANDBOX_POOL_MAX_SIZE": str(args.sessions),
+    }
+    os.environ.update(settings_env)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PYTHONPATH"] = str(ROOT)
+
     from config.settings import load_settings
-    from environment.hub import HubConfig
-    from environment.server import make_app, make_server
     from storage import migrate
     from storage.db import make_engine
 
     load_start = os.getloadavg()[0]
-    settings = load_settings()
-    engine = make_engine(settings.database)
+    engine = make_engine(load_settings().database)
     migrate.upgrade(engine)
-    config = HubConfig(
-        run_key="bench", templates=[TEMPLATE], max_sessions=args.sessions, idle_timeout_s=600
-    )
-    server = make_server(make_app(config, settings, engine=engine), host="127.0.0.1", port=0)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    engine.dispose()
+    port = _free_port()
     url = f"ws://127.0.0.1:{port}/ws"
+    server = _start_server(env, port, args.sessions)
 
+    single: list[float] = []
     latencies: list[float] = []
     errors: list[str] = []
 
-    async def drive() -> float:
+    async def one_at_a_time() -> float:
+        await _session(url, args.steps, [], errors)  # warm-up: first-use imports, pool
+        cpu = _cpu_s(server.pid)
+        for _ in range(args.single):
+            await _session(url, args.steps, single, errors)
+        return _cpu_s(server.pid) - cpu
+
+    async def at_once() -> tuple[float, float]:
+        cpu = _cpu_s(server.pid)
         started = time.perf_counter()
         await asyncio.gather(
             *(_session(url, args.steps, latencies, errors) for _ in range(args.sessions))
         )
-        return time.perf_counter() - started
+        return time.perf_counter() - started, _cpu_s(server.pid) - cpu
 
-    wall = asyncio.run(drive())
-    direct = asyncio.run(_direct_p50(200))
-    server.should_exit = True
-    thread.join()
-    engine.dispose()
+    try:
+        cpu_single = asyncio.run(one_at_a_time())
+        wall, cpu_concurrent = asyncio.run(at_once())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, stderr = server.communicate(timeout=600)
+    if server.returncode != 0:
+        errors.append(f"server exit {server.returncode}: {stderr[-300:]}")
+    jails_left = _jails(state)
+
+    calls = args.steps - 1
+    direct = statistics.median(asyncio.run(_direct(1, 200)))
+    direct_concurrent = statistics.median(asyncio.run(_direct(args.sessions, calls)))
     step_p50 = _percentile(latencies, 0.5)
+    single_p50 = _percentile(single, 0.5)
     report = {
         "sessions": args.sessions,
         "steps": args.steps,
         "errors": len(errors),
         "error_codes": sorted(set(errors))[:10],
-        "jails_left": _jails(state),
+        "jails_left": jails_left,
         "step_p50_ms": step_p50,
         "step_p99_ms": _percentile(latencies, 0.99),
         "direct_p50_ms": round(direct, 3),
         "added_ms_p50": round(step_p50 - direct, 3),
+        "step_p50_ms_1_session": single_p50,
+        "step_p99_ms_1_session": _percentile(single, 0.99),
+        "added_ms_p50_1_session": round(single_p50 - direct, 3),
+        "direct_p50_ms_concurrent": round(direct_concurrent, 3),
+        "added_ms_p50_vs_concurrent_direct": round(step_p50 - direct_concurrent, 3),
+        "server_cpu_ms_per_step_1_session": round(1000 * cpu_single / max(1, len(single)), 3),
+        "server_cpu_ms_per_step": round(1000 * cpu_concurrent / max(1, len(latencies)), 3),
         "sessions_per_s": round(args.sessions / wall, 3),
         "wall_s": round(wall, 3),
+        "cpus": os.cpu_count(),
         "load_start": round(load_start, 2),
         "load_end": round(os.getloadavg()[0], 2),
     }

@@ -13,7 +13,7 @@ import os
 import signal
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -60,10 +60,15 @@ def serve(
     ] = None,
 ) -> None:
     """Serve OpenEnv's protocol (WS /ws, /health, /schema, /metadata); every session is a
-    stored episode of one collection run."""
+    stored episode of one collection run.
+
+    The run opens before the port is bound: a run key held by another live process is one
+    line naming the key and its holder, exit code 2, and no jail started."""
+    import asyncio
+
     from config.settings import load_settings
     from environment.hub import HubConfig
-    from environment.server import check_bind, make_app, make_server
+    from environment.server import check_bind, serve
 
     token = token or os.environ.get(TOKEN_ENV) or None
     check_bind(host, token=token, allow_remote=allow_remote)
@@ -76,21 +81,28 @@ def serve(
         max_sessions=max_sessions or max(1, settings.sandbox.pool_max_size),
         idle_timeout_s=idle_timeout,
     )
-    typer.echo(
-        f"epiflow env: run {key}, ws://{host}:{port}/ws, at most {config.max_sessions} sessions",
-        err=True,
-    )
-    server = make_server(make_app(config, settings, token=token), host=host, port=port)
-    # uvicorn stops gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler
-    # it found: a no-op here, so a graceful stop (sessions stored, no jail) exits 0.
-    stops = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # uvicorn stops gracefully on SIGTERM/SIGINT while it serves, then re-raises the
+    # signal to the handler it found: this one, so a graceful stop (sessions stored, no
+    # jail) exits 0. A signal while the run opens stops the server as soon as it starts.
+    stop_asked: list[int] = []
+    stops = {
+        sig: signal.signal(sig, lambda signum, _: stop_asked.append(signum))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+
+    def ready(server: Any) -> None:
+        server.should_exit = bool(stop_asked)
+        typer.echo(
+            f"epiflow env: run {key}, ws://{host}:{port}/ws, at most {config.max_sessions} "
+            "sessions",
+            err=True,
+        )
+
     try:
-        server.run()
+        asyncio.run(serve(config, settings, host=host, port=port, token=token, ready=ready))
     finally:
         for sig, handler in stops.items():
             signal.signal(sig, handler)
-    if not server.started:
-        raise typer.Exit(code=1)
     typer.echo(f"epiflow env: run {key} stopped; its episodes are stored", err=True)
 
 

@@ -29,9 +29,12 @@ epiflow episode lives in a jail across steps, which a request-per-step API canno
 
 The server binds loopback unless told otherwise (`check_bind`); with a token every
 request but `/health` needs `Authorization: Bearer <token>`, and one without it gets 401
-before anything else happens (no session, no jail). SIGTERM (uvicorn's graceful stop)
-closes the connections, then the hub: every session's episode stored, the run ended,
-every jail gone.
+before anything else happens (no session, no jail). `serve` opens the hub first and
+only then binds the port, so what stops a run from opening (its run key held by another
+live process, a database behind the code, an unusable store) is raised before anything
+is served or any jail started. SIGTERM (uvicorn's graceful stop) closes the
+connections, then the hub: every session's episode stored, the run ended, every jail
+gone.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ import contextlib
 import hmac
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
@@ -50,6 +53,7 @@ from sqlalchemy import Engine
 from starlette.types import Message
 from starlette.websockets import WebSocketDisconnect
 
+from collection.request import CollectResult
 from config.settings import Settings
 from environment.actions import Action, parse_action
 from environment.errors import (
@@ -71,7 +75,10 @@ from environment.wire import (
 )
 from storage.objects import ObjectStore
 
-__all__ = ["check_bind", "make_app"]
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["check_bind", "make_app", "make_server", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,23 +124,41 @@ def _authorized(header: str | None, token: str | None) -> bool:
     return header is not None and hmac.compare_digest(header.encode(), expected.encode())
 
 
-def make_app(
+async def serve(
     config: HubConfig,
     settings: Settings,
     *,
+    host: str,
+    port: int,
     token: str | None = None,
     engine: Engine | None = None,
     store: ObjectStore | None = None,
-) -> FastAPI:
-    """The server's app: its lifespan opens the hub (the collection run) and closes it."""
+    ready: Callable[[uvicorn.Server], None] | None = None,
+) -> CollectResult | None:
+    """Serve `config`'s sessions on `host:port` until SIGTERM/SIGINT (or the uvicorn
+    server's `should_exit`); the run's result.
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_hub(config, settings, engine=engine, store=store) as hub:
-            app.state.hub = hub
-            yield
+    The hub (the collection run: its lock, database, store) opens before the port is
+    bound; `ready` gets the uvicorn server once it does (before it binds). On the way out
+    the hub closes: every session's episode stored, the run ended, every jail gone.
 
-    app = FastAPI(title="epiflow environment", lifespan=lifespan)
+    Raises:
+        RequestError: the suite or a template does not exist.
+        StorageError: the database or object store cannot be used, or the run key is
+            being collected right now by another live process (`RunKeyBusy`, naming it).
+    """
+    async with open_hub(config, settings, engine=engine, store=store) as hub:
+        server = make_server(make_app(hub, token=token), host=host, port=port)
+        if ready is not None:
+            ready(server)
+        await server.serve()
+    return hub.result
+
+
+def make_app(hub: SessionHub, *, token: str | None = None) -> FastAPI:
+    """The server's app over an open `hub` (its opener closes it)."""
+    config = hub.config
+    app = FastAPI(title="epiflow environment")
 
     @app.middleware("http")
     async def require_token(request: Request, call_next: Any) -> Response:
@@ -149,8 +174,7 @@ def make_app(
         return {"status": "healthy"}
 
     @app.get("/metadata")
-    async def metadata(request: Request) -> dict[str, Any]:
-        hub: SessionHub = request.app.state.hub
+    async def metadata() -> dict[str, Any]:
         return {
             "name": "epiflow",
             "description": "epiflow tasks in nsjail sandboxes; every session a stored episode",
@@ -181,7 +205,7 @@ def make_app(
             )
             return
         await websocket.accept()
-        await _Connection(websocket, websocket.app.state.hub).serve()
+        await _Connection(websocket, hub).serve()
 
     return app
 
@@ -287,8 +311,8 @@ class _Connection:
         return {"type": "observation", "data": await stepping}
 
 
-def make_server(app: FastAPI, *, host: str, port: int) -> Any:
-    """The uvicorn server of `app` (its `run()` serves until SIGTERM or `should_exit`)."""
+def make_server(app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
+    """The uvicorn server of `app` (its `serve()` runs until SIGTERM or `should_exit`)."""
     import uvicorn
 
     return uvicorn.Server(
@@ -298,7 +322,7 @@ def make_server(app: FastAPI, *, host: str, port: int) -> Any:
             port=port,
             ws_max_size=WS_FRAME_LIMIT,
             ws_ping_interval=None,
-            lifespan="on",
+            lifespan="off",  # the hub is opened and closed by `serve`, around uvicorn
             log_level="warning",
         )
     )

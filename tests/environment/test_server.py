@@ -12,13 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import Engine, text
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from config.settings import load_settings
 from environment.hub import HubConfig
-from environment.server import make_app, make_server
+from environment.server import serve
 from environment.wire import MAX_MESSAGE_BYTES
 from storage import migrate
 from storage.db import make_engine
@@ -56,27 +57,40 @@ def _serve(tmp_path: Path, *, token: str | None, **config: Any) -> Iterator[Serv
     engine = make_engine(DatabaseSettings(url=f"sqlite:///{tmp_path / 'env.db'}"))
     migrate.upgrade(engine)
     config.setdefault("templates", [TEMPLATE])
-    app = make_app(
-        HubConfig(run_key="served", **config),
-        load_settings(),
-        token=token,
-        engine=engine,
-        store=LocalObjectStore(tmp_path / "objects"),
-    )
     port = free_port()
-    server = make_server(app, host="127.0.0.1", port=port)
-    thread = threading.Thread(target=server.run, daemon=True)
+    servers: list[uvicorn.Server] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(
+                serve(
+                    HubConfig(run_key="served", **config),
+                    load_settings(),
+                    host="127.0.0.1",
+                    port=port,
+                    token=token,
+                    engine=engine,
+                    store=LocalObjectStore(tmp_path / "objects"),
+                    ready=servers.append,
+                )
+            )
+        except BaseException as e:  # reported by the fixture, not lost in the thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    while not server.started:
+    while not (servers and servers[0].started):
         if not thread.is_alive():
-            raise RuntimeError("the server did not start")
+            raise RuntimeError("the server did not start") from (failed[0] if failed else None)
         threading.Event().wait(0.02)
     try:
         yield Served(engine, port)
     finally:
-        server.should_exit = True
+        servers[0].should_exit = True
         thread.join(timeout=60)
         assert not thread.is_alive()
+        assert not failed, failed
         engine.dispose()
 
 
