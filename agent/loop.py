@@ -334,6 +334,15 @@ async def run_episode(
         fault_profile=fault_profile,
         fault_seed=fault_seed if faults is not None else None,
     )
+    if task.environment is not None and task.environment.build_error:
+        _finish(
+            traj,
+            EpisodeStatus.ENV_ERROR,
+            FailureCategory.ENV_ERROR,
+            f"the task's image could not be built: {task.environment.build_error}",
+        )
+        traj.ended_at = utcnow()
+        return traj
     try:
         opener = open_sandbox if open_sandbox is not None else _default_opener()
         sandbox = await opener(spec, files=task.files, faults=faults, fault_seed=fault_seed)

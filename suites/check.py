@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.trajectory import Step
 from sandbox.interface import Sandbox
 from sandbox.types import ToolResult
+from suites.harbor.errors import RefusedTask
 from suites.suite import Suite
 from tasks.types import TaskInstance
 
@@ -149,6 +150,11 @@ class HarborTaskCheck(BaseModel):
     """Seconds the image's build took."""
     verify_s: float | None
     """Mean seconds of the verifier of the checked policy's episodes."""
+    env_errors: int = 0
+    """The checked policy's episodes of this task that were infrastructure outcomes
+    (`env_error`: the image did not build, the verifier broke), not the policy's."""
+    reason: str = ""
+    """The first such episode's reason (e.g. the build's failing line), else empty."""
 
 
 class CheckReport(BaseModel):
@@ -173,7 +179,9 @@ class CheckReport(BaseModel):
     load of the suite (a generator script that does not draw everything from its seed)."""
     harbor_tasks: list[HarborTaskCheck] = Field(default_factory=list)
     """Per Harbor task (a Harbor dataset only): the policy's score, the idle policy's score
-    (`scripted:idle` must score 0), build and verify times."""
+    (`scripted:idle` must score 0), build and verify times, its infrastructure outcomes."""
+    harbor_refused: list[RefusedTask] = Field(default_factory=list)
+    """The dataset's tasks refused at load (not run), one each with its category."""
 
     @property
     def below_full(self) -> int:

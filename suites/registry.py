@@ -94,7 +94,7 @@ def load_suite(
         SuiteNotFound: no built-in or user suite has that name.
         SuiteConflict: several folders declare that name (or a folder claims `builtin`).
         SuiteFormatError: the user suite's `suite.yaml` is malformed (file, line, field).
-        HarborDatasetError: a Harbor dataset holds malformed or unsupported tasks.
+        HarborDatasetError: strict mode, and a Harbor dataset holds tasks that cannot run.
     """
     if settings is None:
         settings = SuitesSettings()
@@ -122,9 +122,7 @@ def _load_harbor(source: Path, name: str, settings: SuitesSettings) -> Suite:
     from suites.harbor.suite import load_harbor_suite
 
     images = settings.harbor_image_dir or epiflow_home() / "images"
-    return load_harbor_suite(
-        source, name=name, images_dir=images, skip_invalid=settings.harbor_skip_invalid
-    )
+    return load_harbor_suite(source, name=name, images_dir=images, strict=settings.harbor_strict)
 
 
 def load_all_suites(
