@@ -9,6 +9,11 @@ limits, `tests/` and the offline verifier toolkit; its reference solution (the
 `scripted:oracle` policy) is `solution/solve.sh`, run through the agent's own
 `execute_shell` tool: the solution files written to `/tmp/solution` first, one step each,
 then `bash /tmp/solution/solve.sh` in the workdir.
+
+A dataset is a list of tasks, each with its own outcome: a task that cannot run here is
+refused at load (`RefusedTask`, one line with its category) and the others load; a task
+whose image does not build gets an environment with `build_error`, so its episodes are
+`env_error` while the others run. `strict` makes the dataset all or nothing.
 """
 
 from __future__ import annotations
