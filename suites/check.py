@@ -129,7 +129,8 @@ class TemplateCheck(BaseModel):
     """Distinct tasks among the instances (fewer than `instances`: seeds that gave the same
     task; expected only of static templates)."""
     below_full: int
-    """Instances that scored below 1.0."""
+    """Instances the verifier scored below 1.0 (an infrastructure outcome is not counted:
+    it was never scored, and it is `environment_errors`'s)."""
     failed: list[InstanceResult] = Field(default_factory=list)
     """The instances that did not succeed or scored below 1.0, for diagnosis."""
     verify_s: float | None = None
@@ -185,7 +186,7 @@ class CheckReport(BaseModel):
 
     @property
     def below_full(self) -> int:
-        """Instances that scored below 1.0 (the oracle must have none)."""
+        """Instances the verifier scored below 1.0 (the oracle must have none)."""
         return sum(t.below_full for t in self.templates)
 
 
@@ -215,7 +216,7 @@ def summarize(
                 instances=len(items),
                 mean_score=_mean([r.score for r in items]),
                 failures=sum(not r.success for r in items),
-                below_full=sum(r.score < 1.0 for r in items),
+                below_full=sum(r.score < 1.0 and not r.verifier_error for r in items),
                 distinct=len({r.content_digest or r.task_id for r in items}),
                 failed=failed,
                 verify_s=_mean(times)

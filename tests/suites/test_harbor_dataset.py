@@ -484,5 +484,8 @@ def test_check_runs_every_task_when_one_image_does_not_build(
         assert "could not be built" in broken["reason"] and ":3: RUN" in broken["reason"]
         assert [r["category"] for r in report["harbor_refused"]] == ["base-image"]
         assert report["environment_errors"] == 1
+        below = {t["template"]: t["below_full"] for t in report["templates"]}
+        assert below == {"breaks": 0, "hello-world": 0}  # not scored: the reference is not blamed
+        assert "reference solution or its verifier is wrong" not in result.output
     finally:
         shutil.rmtree(root, ignore_errors=True)
