@@ -39,7 +39,7 @@ _IGNORED = {
 }  # fmt: skip
 _DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 """What `$PATH` in an `ENV` expands to before any `ENV PATH` (the images' default)."""
-_HEREDOC = re.compile(r"(?<![<\d])<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+_HEREDOC = re.compile(r"(?:^|(?<=\s))<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _ARCHIVE = re.compile(r"\.(tar|tar\.gz|tgz|tar\.bz2|tbz2?|tar\.xz|txz|tar\.zst)$")
 _GLOB = re.compile(r"[*?\[]")
 BASE = RefusalCategory.BASE_IMAGE
@@ -81,12 +81,16 @@ def instructions(text: str) -> list[Instruction]:
             for match in _HEREDOC.finditer(joined):
                 strip_tabs, delimiter = match.group(1) == "-", match.group(3)
                 body: list[str] = []
-                while index < len(lines):
-                    raw = lines[index]
-                    index += 1
-                    if (raw.lstrip("\t") if strip_tabs else raw).rstrip() == delimiter:
+                end = index
+                while end < len(lines):
+                    raw = lines[end].lstrip("\t") if strip_tabs else lines[end]
+                    end += 1
+                    if raw.rstrip() == delimiter:
                         break
-                    body.append(raw.lstrip("\t") if strip_tabs else raw)
+                    body.append(raw)
+                else:  # never closed: not a heredoc (e.g. `x <<y` inside a quoted one-liner)
+                    break
+                index = end
                 heredocs.append((delimiter, "\n".join(body) + "\n", bool(match.group(2))))
         out.append(Instruction(start, joined, heredocs))
     if buffer:

@@ -200,6 +200,18 @@ def test_heredocs(tmp_path: Path) -> None:
     assert isinstance(after, RunStep) and (after.line, after.command) == (16, "echo after")
 
 
+def test_shifts_and_unclosed_heredocs_do_not_swallow_the_lines_below(tmp_path: Path) -> None:
+    plan = _plan(
+        tmp_path,
+        "FROM ubuntu:24.04\nRUN python3 -c 'x=1; print(x<<y)'\nRUN cat <<NEVER_CLOSED\nRUN echo z\n",
+    )
+    assert [(s.line, s.command) for s in plan.steps if isinstance(s, RunStep)] == [
+        (2, "python3 -c 'x=1; print(x<<y)'"),
+        (3, "cat <<NEVER_CLOSED"),
+        (4, "echo z"),
+    ]
+
+
 def test_onbuild_and_metadata_instructions_are_ignored_and_recorded(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 'FROM ubuntu:22.04\nONBUILD RUN true\nCMD ["bash"]\nEXPOSE 80\n')
     assert plan.steps == () and plan.release == "bookworm"
