@@ -325,6 +325,15 @@ async def run_episode(
         fault_profile=fault_profile,
         fault_seed=fault_seed if faults is not None else None,
     )
+    if task.environment is not None and task.environment.build_error:
+        _finish(
+            traj,
+            EpisodeStatus.ENV_ERROR,
+            FailureCategory.ENV_ERROR,
+            f"the task's image could not be built: {task.environment.build_error}",
+        )
+        traj.ended_at = utcnow()
+        return traj
     try:
         sandbox = await open_sandbox(spec, files=task.files, faults=faults, fault_seed=fault_seed)
     except SandboxError as e:

@@ -76,14 +76,6 @@ ENV_REASONS = (
 """`env_error_by_reason` buckets: a bench-side summary of the stored reason text (an
 episode records no structured kind of environment error); the full reason is in `per_task`."""
 
-REFUSAL_FALLBACK = (
-    ("multi-container", ("docker-compose",)),
-    ("network-build", ("URLs are not fetched", "RUN --network")),
-    ("base-image", ("FROM ", "multi-stage", "alpine", "digest-pinned")),
-)
-"""TEMPORARY (until the loader gives each refused task its category, issue 44 item 1): today's
-`HarborTaskError` messages → category; anything else is `malformed`."""
-
 
 @dataclass(frozen=True)
 class Refusal:
@@ -107,61 +99,26 @@ class LoadedDataset:
 
 def load_dataset(folder: Path, images_dir: Path) -> LoadedDataset:
     """Load `folder` as a user does (`EPIFLOW_SUITES_PATH=folder`, then the suite of that
-    name) and name each task that did not load, with its category.
-
-    ADAPTER: while the loader refuses a whole folder unless skip-invalid is on, and its
-    errors carry no category, this turns skip-invalid on (when the setting exists), reads
-    `suite.refused` (the loader's per-task refusals, once they exist) or else
-    `suite.invalid`, and falls back to `REFUSAL_FALLBACK` for a category.
-    """
+    name): the loader never raises for a task; each one it left out is a `RefusedTask` with
+    its documented category (`suites.harbor.errors`)."""
     from sandbox import SandboxSettings
-    from suites.harbor.suite import HarborDatasetError, task_dirs
+    from suites.harbor.suite import task_dirs
     from suites.registry import load_suite
     from suites.settings import SuitesSettings
 
-    fields: dict[str, object] = {
-        "path": [folder],
-        "include_examples": False,
-        "harbor_image_dir": images_dir,
-    }
-    if "harbor_skip_invalid" in SuitesSettings.model_fields:
-        fields["harbor_skip_invalid"] = True
-    settings = SuitesSettings.model_validate(fields)
+    settings = SuitesSettings(path=[folder], include_examples=False, harbor_image_dir=images_dir)
     dirs = [p.name for p in task_dirs(folder)]
     started = time.perf_counter()
-    suite: HarborSuite | None = None
-    try:
-        loaded = load_suite(folder.name, settings=settings, sandbox=SandboxSettings())
-    except HarborDatasetError as e:  # today's loader, when no task loads
-        problems: list[Any] = list(e.errors)
-    else:
-        if not isinstance(loaded, HarborSuite):
-            raise SystemExit(f"--dataset: {folder} is not a Harbor dataset (it holds suite.yaml)")
-        suite = loaded
-        refused = getattr(suite, "refused", None)  # the per-task loader's, once it lands
-        problems = list(refused if refused is not None else suite.invalid)
+    loaded = load_suite(folder.name, settings=settings, sandbox=SandboxSettings())
+    if not isinstance(loaded, HarborSuite):
+        raise SystemExit(f"--dataset: {folder} is not a Harbor dataset (it holds suite.yaml)")
     load_s = round(time.perf_counter() - started, 3)
-    refused = dict(_refusal(problem, folder) for problem in problems)
-    names = {t.path.name: t.name for t in suite.tasks.values()} if suite else {}
-    return LoadedDataset(suite, dirs, names, refused, load_s)
-
-
-def _refusal(problem: Any, folder: Path) -> tuple[str, Refusal]:
-    if hasattr(problem, "task"):  # the loader's per-task refusal, with its category
-        return Path(problem.task).name, Refusal(str(problem.category), str(problem.message))
-    message = str(problem)
-    category = getattr(problem, "category", None)
-    if category is None:
-        category = next(
-            (name for name, needles in REFUSAL_FALLBACK if any(n in message for n in needles)),
-            "malformed",
-        )
-    file = Path(problem.file)
-    try:
-        task = file.resolve().relative_to(folder.resolve()).parts[0]
-    except (ValueError, IndexError):
-        task = file.name
-    return task, Refusal(str(category), message.replace(f"{folder}/", ""))
+    refused = {
+        r.task.name: Refusal(str(r.category), r.message.replace(f"{folder}/", ""))
+        for r in loaded.refused
+    }
+    names = {t.path.name: t.name for t in loaded.tasks.values()}
+    return LoadedDataset(loaded, dirs, names, refused, load_s)
 
 
 def _env_reason(reason: str) -> str:

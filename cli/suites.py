@@ -6,7 +6,10 @@ that fails, bad policy spec, no sandbox) are printed on stderr and exit with cod
 exits 1 when a sandbox or verifier broke, when `--min-score` is not reached, when a
 template is not deterministic (generated again from a fresh load, a seed gives another
 task), and when the oracle (`scripted:oracle`) scores below 1.0 anywhere; each failed
-instance is listed with its failing tool calls (command, exit code, stderr).
+instance is listed with its failing tool calls (command, exit code, stderr). On a Harbor
+dataset, a task whose image does not build or whose verifier breaks is that task's
+`env_error` (listed per task; the other tasks run), and each task refused at load is one
+line with its category (`list` and `check`; they do not change the exit code).
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def list_suites(
             for info in s.info():
                 table.add_row(info.template, info.version, str(info.difficulty), info.summary)
             _out.print(table)
+            for refused in getattr(s, "refused", []):
+                _out.print(f"refused {refused}", markup=False, highlight=False)
         for problem in errors:
             _err.print(f"error: {problem}", markup=False, highlight=False)
     if errors:
@@ -111,7 +116,6 @@ def check(
     import asyncio
 
     from sandbox import SandboxSettings
-    from sandbox.images import ImageBuildError
     from suites.check import ORACLE_POLICY, nondeterministic_templates
     from suites.errors import SuiteError
     from suites.harbor.suite import HarborSuite
@@ -129,13 +133,12 @@ def check(
             if heldout
             else loaded.instances(instances, seed=seed, templates=names)
         )
-        fresh = load_suite(suite, settings=SuitesSettings(), sandbox=sandbox_settings)
-        unstable = nondeterministic_templates(tasks, fresh.generate)
+        unstable: list[str] = []
+        if not isinstance(loaded, HarborSuite):  # Harbor tasks are static: nothing to redraw
+            fresh = load_suite(suite, settings=SuitesSettings(), sandbox=sandbox_settings)
+            unstable = nondeterministic_templates(tasks, fresh.generate)
     except SuiteError as e:
         raise _fail(str(e)) from e
-    except ImageBuildError as e:  # infrastructure: building a Harbor task's image failed
-        _err.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(code=3) from e
     report = asyncio.run(_run_check(loaded, tasks, policy, concurrency, sandbox_settings, unstable))
     if isinstance(loaded, HarborSuite):
         report = _with_harbor_tasks(loaded, tasks, report, concurrency, sandbox_settings)
@@ -219,15 +222,18 @@ def _with_harbor_tasks(
     concurrency: int,
     sandbox_settings: SandboxSettings,
 ) -> CheckReport:
-    """`report` with one `HarborTaskCheck` per task: the idle policy runs on each task's first
-    instance (it must score 0), times from the instances' verifier details."""
+    """`report` with one `HarborTaskCheck` per task (the idle policy runs on each built
+    task's first instance: it must score 0; times and infrastructure outcomes from the
+    instances) and the tasks refused at load."""
     import asyncio
 
     from suites.check import HarborTaskCheck
 
     first = list({t.template: t for t in reversed(tasks)}.values())[::-1]
-    idle = asyncio.run(_run_check(suite, first, "scripted:idle", concurrency, sandbox_settings, []))
+    built = [t for t in first if t.environment is None or not t.environment.build_error]
+    idle = asyncio.run(_run_check(suite, built, "scripted:idle", concurrency, sandbox_settings, []))
     idle_by = {r.template: r for t in idle.templates for r in t.failed}
+    env_by = {t.template: t.environment for t in first}
     rows: list[HarborTaskCheck] = []
     for check in report.templates:
         idle_row = next((t for t in idle.templates if t.template == check.template), None)
@@ -235,14 +241,17 @@ def _with_harbor_tasks(
         idle_score = None if broken is not None and broken.verifier_error else (
             idle_row.mean_score if idle_row else None
         )  # fmt: skip
-        env = suite.environment(check.template)
+        env = env_by.get(check.template)
+        infra = [r for r in check.failed if r.verifier_error]
         rows.append(
             HarborTaskCheck(
                 task=check.template, score=check.mean_score, idle_score=idle_score,
-                build_s=env.build_s, verify_s=check.verify_s,
+                build_s=None if env is None or env.build_error else env.build_s,
+                verify_s=check.verify_s, env_errors=len(infra),
+                reason=infra[0].reason if infra else "",
             )
         )  # fmt: skip
-    return report.model_copy(update={"harbor_tasks": rows})
+    return report.model_copy(update={"harbor_tasks": rows, "harbor_refused": suite.refused})
 
 
 async def _run_check(
@@ -318,6 +327,7 @@ def _suite_json(suite: Suite) -> dict[str, Any]:
             info.model_dump(include={"template", "version", "difficulty", "summary"})
             for info in suite.info()
         ],
+        "refused": [r.model_dump(mode="json") for r in getattr(suite, "refused", [])],
     }
 
 
@@ -352,7 +362,7 @@ def _print_report(report: CheckReport) -> None:
     _out.print(f"overall mean_score: {report.mean_score:.3f}")
     if report.harbor_tasks:
         harbor = Table(title="Harbor tasks")
-        for column in ("task", "score", "idle score", "build s", "verify s"):
+        for column in ("task", "score", "idle score", "build s", "verify s", "env_error"):
             harbor.add_column(column)
         for h in report.harbor_tasks:
             harbor.add_row(
@@ -361,8 +371,11 @@ def _print_report(report: CheckReport) -> None:
                 "env error" if h.idle_score is None else f"{h.idle_score:.3f}",
                 "-" if h.build_s is None else f"{h.build_s:.1f}",
                 "-" if h.verify_s is None else f"{h.verify_s:.1f}",
+                f"{h.env_errors}: {h.reason[:60]}" if h.env_errors else "-",
             )
         _out.print(harbor)
+    for refused in report.harbor_refused:
+        _out.print(f"refused {refused}", markup=False, highlight=False)
     label = "reference step" if report.policy == ORACLE_POLICY else "step"
     for t in report.templates:
         for r in t.failed:

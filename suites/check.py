@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.trajectory import Step
 from sandbox.interface import Sandbox
 from sandbox.types import ToolResult
+from suites.harbor.errors import RefusedTask
 from suites.suite import Suite
 from tasks.types import TaskInstance
 
@@ -128,7 +129,8 @@ class TemplateCheck(BaseModel):
     """Distinct tasks among the instances (fewer than `instances`: seeds that gave the same
     task; expected only of static templates)."""
     below_full: int
-    """Instances that scored below 1.0."""
+    """Instances the verifier scored below 1.0 (an infrastructure outcome is not counted:
+    it was never scored, and it is `environment_errors`'s)."""
     failed: list[InstanceResult] = Field(default_factory=list)
     """The instances that did not succeed or scored below 1.0, for diagnosis."""
     verify_s: float | None = None
@@ -149,6 +151,11 @@ class HarborTaskCheck(BaseModel):
     """Seconds the image's build took."""
     verify_s: float | None
     """Mean seconds of the verifier of the checked policy's episodes."""
+    env_errors: int = 0
+    """The checked policy's episodes of this task that were infrastructure outcomes
+    (`env_error`: the image did not build, the verifier broke), not the policy's."""
+    reason: str = ""
+    """The first such episode's reason (e.g. the build's failing line), else empty."""
 
 
 class CheckReport(BaseModel):
@@ -173,11 +180,13 @@ class CheckReport(BaseModel):
     load of the suite (a generator script that does not draw everything from its seed)."""
     harbor_tasks: list[HarborTaskCheck] = Field(default_factory=list)
     """Per Harbor task (a Harbor dataset only): the policy's score, the idle policy's score
-    (`scripted:idle` must score 0), build and verify times."""
+    (`scripted:idle` must score 0), build and verify times, its infrastructure outcomes."""
+    harbor_refused: list[RefusedTask] = Field(default_factory=list)
+    """The dataset's tasks refused at load (not run), one each with its category."""
 
     @property
     def below_full(self) -> int:
-        """Instances that scored below 1.0 (the oracle must have none)."""
+        """Instances the verifier scored below 1.0 (the oracle must have none)."""
         return sum(t.below_full for t in self.templates)
 
 
@@ -207,7 +216,7 @@ def summarize(
                 instances=len(items),
                 mean_score=_mean([r.score for r in items]),
                 failures=sum(not r.success for r in items),
-                below_full=sum(r.score < 1.0 for r in items),
+                below_full=sum(r.score < 1.0 and not r.verifier_error for r in items),
                 distinct=len({r.content_digest or r.task_id for r in items}),
                 failed=failed,
                 verify_s=_mean(times)

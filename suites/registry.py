@@ -95,7 +95,7 @@ def load_suite(
         SuiteNotFound: no built-in or user suite has that name.
         SuiteConflict: several folders declare that name (or a folder claims `builtin`).
         SuiteFormatError: the user suite's `suite.yaml` is malformed (file, line, field).
-        HarborDatasetError: a Harbor dataset holds malformed or unsupported tasks.
+        HarborDatasetError: strict mode, and a Harbor dataset holds tasks that cannot run.
     """
     entries = [e for e in available_suites(settings) if e.name == name]
     if not entries:
@@ -125,7 +125,7 @@ def _load_harbor(source: Path, name: str, settings: SuitesSettings) -> Suite:
         source,
         name=name,
         images_dir=images,
-        skip_invalid=settings.harbor_skip_invalid,
+        strict=settings.harbor_strict,
         reward_rule=settings.reward_rule_for(name),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -23,10 +23,16 @@ class SuitesSettings(BaseSettings):
     """Where Harbor task images and the offline verifier toolkit are built and cached
     (`EPIFLOW_SUITES_HARBOR_IMAGE_DIR`); None: `$EPIFLOW_HOME/images`. Every folder above it
     must be searchable by others (jails mount from an unprivileged user namespace)."""
-    harbor_skip_invalid: bool = False
-    """Load a Harbor dataset whose folder holds malformed or unsupported tasks with the
-    valid ones only (`EPIFLOW_SUITES_HARBOR_SKIP_INVALID=1`); off: such a dataset is refused
-    and every bad task listed."""
+    harbor_strict: bool = False
+    """All or nothing (`EPIFLOW_SUITES_HARBOR_STRICT=1`): a Harbor dataset with any task
+    that cannot run here is refused as a whole, every such task listed. Off (the default):
+    the dataset runs the tasks that can run and lists each other one as refused, with its
+    category (docs/harbor.md)."""
+    harbor_skip_invalid: bool | None = None
+    """Deprecated (`EPIFLOW_SUITES_HARBOR_SKIP_INVALID`): `1` is the default now, `0` means
+    `EPIFLOW_SUITES_HARBOR_STRICT=1`; set together with a contradicting
+    `EPIFLOW_SUITES_HARBOR_STRICT` it is refused."""
+
     harbor_reward_rule: str = "mean"
     """How a Harbor verifier's named rewards (`reward.json` without a `reward` or `score`
     key, e.g. `{"correctness": 1, "performance": 0.5}`) combine into the episode's score:
@@ -52,6 +58,19 @@ class SuitesSettings(BaseSettings):
     def reward_rule_for(self, suite: str) -> str:
         """The reward rule of the Harbor dataset named `suite`."""
         return self.harbor_reward_rules.get(suite, self.harbor_reward_rule)
+
+    @model_validator(mode="after")
+    def _fold_skip_invalid(self) -> SuitesSettings:
+        if self.harbor_skip_invalid is None:
+            return self
+        strict = not self.harbor_skip_invalid
+        if "harbor_strict" in self.model_fields_set and self.harbor_strict != strict:
+            raise ValueError(
+                "EPIFLOW_SUITES_HARBOR_SKIP_INVALID (deprecated) contradicts "
+                "EPIFLOW_SUITES_HARBOR_STRICT: unset EPIFLOW_SUITES_HARBOR_SKIP_INVALID"
+            )
+        self.harbor_strict = strict
+        return self
 
     @field_validator("path", mode="before")
     @classmethod

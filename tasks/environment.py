@@ -42,6 +42,9 @@ class TaskEnvironment(BaseModel):
     """The task's metadata (difficulty label, category, tags, content hash, source folder)."""
     build_s: float = 0.0
     """Seconds the image's build took (when it was built, as `image.json` records it)."""
+    build_error: str | None = None
+    """Why the image (or the verifier's toolkit) could not be built; set, every episode of
+    the task ends as `env_error` with it before a jail opens. None: built."""
 
     def sandbox_spec(self, base: SandboxSpec) -> SandboxSpec:
         """`base` with the task's limits and image (validated like any spec)."""

@@ -9,6 +9,11 @@ limits, `tests/` and the offline verifier toolkit; its reference solution (the
 `scripted:oracle` policy) is `solution/solve.sh`, run through the agent's own
 `execute_shell` tool: the solution files written to `/tmp/solution` first, one step each,
 then `bash /tmp/solution/solve.sh` in the workdir.
+
+A dataset is a list of tasks, each with its own outcome: a task that cannot run here is
+refused at load (`RefusedTask`, one line with its category) and the others load; a task
+whose image does not build gets an environment with `build_error`, so its episodes are
+`env_error` while the others run. `strict` makes the dataset all or nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from core.errors import reason_line
 from sandbox.image_spec import ImageMount
-from sandbox.images import ensure_image
+from sandbox.images import ImageBuildError, ImagePlan, ensure_image
 from suites.errors import SuiteError
 from suites.harbor.dockerfile import parse_dockerfile
-from suites.harbor.errors import HarborTaskError
+from suites.harbor.errors import HarborTaskError, RefusedTask
 from suites.harbor.task import HarborTask, is_task_dir, load_task
 from suites.harbor.toolkit import ensure_toolkit, verifier_requirements, with_verifier_packages
 from suites.suite import Suite
@@ -36,15 +42,15 @@ SOLUTION_DIR = "/tmp/solution"
 
 
 class HarborDatasetError(SuiteError):
-    """A Harbor dataset holds tasks that cannot run; every one is listed, one line each."""
+    """Strict mode: a Harbor dataset holds tasks that cannot run; every one is listed."""
 
-    def __init__(self, folder: Path, errors: list[HarborTaskError]) -> None:
-        self.errors = errors
-        lines = "\n".join(f"  {e}" for e in errors)
+    def __init__(self, folder: Path, refused: list[RefusedTask]) -> None:
+        self.refused = refused
+        lines = "\n".join(f"  {r}" for r in refused)
         super().__init__(
-            f"Harbor dataset {folder}: {len(errors)} task(s) cannot run (set "
-            f"EPIFLOW_SUITES_HARBOR_SKIP_INVALID=1 to run the others):\n{lines}",
-            setting="EPIFLOW_SUITES_HARBOR_SKIP_INVALID",
+            f"Harbor dataset {folder}: {len(refused)} task(s) cannot run and "
+            f"EPIFLOW_SUITES_HARBOR_STRICT is set (unset it to run the others):\n{lines}",
+            setting="EPIFLOW_SUITES_HARBOR_STRICT",
         )
 
 
@@ -121,19 +127,19 @@ class HarborSuite(Suite):
         *,
         images_dir: Path,
         source: Path,
-        invalid: list[HarborTaskError] | None = None,
+        plans: dict[str, ImagePlan],
+        refused: list[RefusedTask] | None = None,
         reward_rule: str = DEFAULT_RULE,
     ) -> None:
         self.tasks = {t.name: t for t in tasks}
         self.images_dir = images_dir
         self.reward_rule = reward_rule
         """How named rewards combine into the score (`tasks/harbor_reward.py`)."""
-        self.invalid = invalid or []
-        """Tasks left out (malformed or unsupported), when loaded with skip-invalid."""
-        self.plans = {
-            t.name: parse_dockerfile(t.dockerfile, build_timeout_s=t.build_timeout_s) for t in tasks
-        }
+        self.refused = refused or []
+        """Tasks left out at load, one line each (`RefusedTask`: path, line, category)."""
+        self.plans = plans
         self._environments: dict[str, TaskEnvironment] = {}
+        self._build_failures: dict[str, ImageBuildError] = {}
         self._lock = threading.Lock()
         templates = [self._template(t) for t in tasks]
         super().__init__(
@@ -167,45 +173,77 @@ class HarborSuite(Suite):
         """The task's environment, its image built (once per process; once per digest on disk).
 
         Raises:
-            ImageBuildError: the image or the toolkit could not be built.
+            ImageBuildError: the image or the toolkit could not be built (again: a failure is
+                kept for the process, so a task's instances do not each build it again).
         """
         with self._lock:
             if name in self._environments:
                 return self._environments[name]
-            task, plan = self.tasks[name], self.plans[name]
-            test_sh = (task.tests_dir / "test.sh").read_text(errors="replace")
-            plan = with_verifier_packages(plan, test_sh)
-            built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
-            python = "3.13" if plan.release == "trixie" else "3.11"
-            requirements = verifier_requirements(test_sh)
-            toolkit = ensure_toolkit(self.images_dir, requirements, python)
-            spec_limits, notes = limits(task)
-            substitutions = [*built.substitutions, *notes]
-            if task.docker_image:
-                substitutions.append(
-                    f"docker_image {task.docker_image} not pulled: built from the Dockerfile"
-                )
-            env = TaskEnvironment(
-                image=ImageMount(root=built.root, digest=built.digest, workdir=plan.workdir, env=plan.env),
-                limits=spec_limits,
-                tests_dir=str(task.tests_dir.resolve()),
-                toolkit_dir=str(toolkit),
-                verifier_timeout_s=task.verifier_timeout_s,
-                reward_rule=self.reward_rule,
-                substitutions=tuple(substitutions),
-                metadata={
-                    "task": task.name, "version": task.version, "content_hash": task.content_hash,
-                    "difficulty": task.difficulty_label, "category": task.category,
-                    "tags": list(task.tags), "source": str(task.path),
-                },
-                build_s=round(built.build_s, 3),
-            )  # fmt: skip
+            if name in self._build_failures:
+                raise self._build_failures[name]
+            try:
+                env = self._build(name)
+            except ImageBuildError as e:
+                self._build_failures[name] = e
+                raise
             self._environments[name] = env
             return env
 
+    def _build(self, name: str) -> TaskEnvironment:
+        task, plan = self.tasks[name], self.plans[name]
+        test_sh = (task.tests_dir / "test.sh").read_text(errors="replace")
+        plan = with_verifier_packages(plan, test_sh)
+        built = ensure_image(plan, self.images_dir, timeout_s=task.build_timeout_s)
+        python = "3.13" if plan.release == "trixie" else "3.11"
+        requirements = verifier_requirements(test_sh)
+        toolkit = ensure_toolkit(self.images_dir, requirements, python)
+        spec_limits, notes = limits(task)
+        substitutions = [*built.substitutions, *notes]
+        if task.docker_image:
+            substitutions.append(
+                f"docker_image {task.docker_image} not pulled: built from the Dockerfile"
+            )
+        env = TaskEnvironment(
+            image=ImageMount(root=built.root, digest=built.digest, workdir=plan.workdir, env=plan.env),
+            limits=spec_limits,
+            tests_dir=str(task.tests_dir.resolve()),
+            toolkit_dir=str(toolkit),
+            verifier_timeout_s=task.verifier_timeout_s,
+            reward_rule=self.reward_rule,
+            substitutions=tuple(substitutions),
+            metadata={
+                "task": task.name, "version": task.version, "content_hash": task.content_hash,
+                "difficulty": task.difficulty_label, "category": task.category,
+                "tags": list(task.tags), "source": str(task.path),
+            },
+            build_s=round(built.build_s, 3),
+        )  # fmt: skip
+        return env
+
+    def unbuilt_environment(self, name: str, error: ImageBuildError) -> TaskEnvironment:
+        """The environment of a task whose image could not be built: its episodes end as
+        `env_error` naming `error` before any jail opens (a re-run builds again)."""
+        task, plan = self.tasks[name], self.plans[name]
+        digest = plan.digest()
+        spec_limits, _ = limits(task)
+        return TaskEnvironment(
+            image=ImageMount(
+                root=str(self.images_dir / f"img-{digest[:24]}" / "root"), digest=digest,
+                workdir=plan.workdir, env=plan.env,
+            ),
+            limits=spec_limits, tests_dir=str(task.tests_dir.resolve()), toolkit_dir="",
+            verifier_timeout_s=task.verifier_timeout_s, substitutions=plan.substitutions,
+            metadata={"task": task.name, "version": task.version, "source": str(task.path)},
+            build_error=reason_line(str(error), 500),
+        )  # fmt: skip
+
     def _instance(self, tmpl: TaskTemplate, seed: int, draft: TaskDraft) -> TaskInstance:
         instance = super()._instance(tmpl, seed, draft)
-        return instance.model_copy(update={"environment": self.environment(tmpl.name)})
+        try:
+            env = self.environment(tmpl.name)
+        except ImageBuildError as e:  # this task's infrastructure outcome, not the dataset's
+            env = self.unbuilt_environment(tmpl.name, e)
+        return instance.model_copy(update={"environment": env})
 
 
 def load_harbor_suite(
@@ -213,26 +251,51 @@ def load_harbor_suite(
     *,
     name: str,
     images_dir: Path,
-    skip_invalid: bool = False,
+    strict: bool = False,
     reward_rule: str = DEFAULT_RULE,
 ) -> HarborSuite:
-    """The Harbor dataset at `folder` (a task directory or a folder of them).
+    """The Harbor dataset at `folder` (a task directory or a folder of them): every task
+    that can run here, and one `RefusedTask` for each that cannot (`suite.refused`).
+
+    Loading never fails because of a task: a task whose files are unreadable or malformed,
+    or that cannot run here, is refused with its category; a dataset with none runnable is
+    a suite with no templates.
 
     Raises:
-        HarborDatasetError: some tasks are malformed or unsupported and `skip_invalid` is off
-            (or no task is valid).
+        HarborDatasetError: `strict` is on and some task is refused (every one listed).
     """
     tasks: list[HarborTask] = []
-    errors: list[HarborTaskError] = []
+    plans: dict[str, ImagePlan] = {}
+    refused: list[RefusedTask] = []
     for path in task_dirs(folder):
         try:
             task = load_task(path)
-            parse_dockerfile(task.dockerfile)
-            tasks.append(task)
+            plan = parse_dockerfile(task.dockerfile, build_timeout_s=task.build_timeout_s)
         except HarborTaskError as e:
-            errors.append(e)
-    if errors and (not skip_invalid or not tasks):
-        raise HarborDatasetError(folder, errors)
+            refused.append(RefusedTask.from_error(path, e))
+            continue
+        except (OSError, UnicodeError) as e:  # a file that cannot be read (e.g. its permissions)
+            refused.append(
+                RefusedTask.from_error(
+                    path, HarborTaskError(path, "<file>", f"cannot be read: {e}")
+                )
+            )
+            continue
+        if task.name in plans:
+            refused.append(RefusedTask.from_error(path, HarborTaskError(
+                path / "task.toml", "task.name", f"{task.name!r} is also the name of another task",
+            )))  # fmt: skip
+            continue
+        tasks.append(task)
+        plans[task.name] = plan
+    if refused and strict:
+        raise HarborDatasetError(folder, refused)
     return HarborSuite(
-        name, tasks, images_dir=images_dir, source=folder, invalid=errors, reward_rule=reward_rule
+        name,
+        tasks,
+        images_dir=images_dir,
+        source=folder,
+        plans=plans,
+        refused=refused,
+        reward_rule=reward_rule,
     )

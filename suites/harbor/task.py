@@ -7,7 +7,9 @@ honoured: `[agent] timeout_sec`, `[verifier] timeout_sec`, `[environment] cpus`,
 `memory` ("2G", "512M") or `memory_mb`, `storage` or `storage_mb`, `build_timeout_sec`;
 `[metadata]` difficulty, category and tags (kept as columns); a prebuilt `docker_image`
 is recorded and ignored (the Dockerfile is built). Every problem is one line naming the
-file and the field.
+file and the field, with its `RefusalCategory`: a docker-compose environment is
+`multi-container`; a task that declares the agent needs the network (`network.py`) is
+`network-agent`; the rest is `malformed`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from suites.harbor.errors import HarborTaskError
+from suites.harbor.errors import HarborTaskError, RefusalCategory
+from suites.harbor.network import agent_network, solution_fetch
 
 TASK_FILE = "task.toml"
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+"""An environment holding one of these is multi-container (refused: `multi-container`)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}
 DIFFICULTY_LEVEL = {"trivial": 1, "easy": 2, "medium": 3, "hard": 4, "expert": 5, "very hard": 5}
@@ -117,7 +122,8 @@ def load_task(path: Path) -> HarborTask:
     """Parse and check the Harbor task directory `path`.
 
     Raises:
-        HarborTaskError: a missing file or a malformed field (one line: file and field).
+        HarborTaskError: a missing file, a malformed field, a docker-compose environment or
+            a declared need of the network (one line: file, field and category).
     """
     toml_path = path / TASK_FILE
     try:
@@ -185,19 +191,47 @@ def load_task(path: Path) -> HarborTask:
         raise HarborTaskError(instruction_path, "<file>", f"cannot be read: {e}") from e
     if not instruction.strip():
         raise HarborTaskError(instruction_path, "<file>", "is empty")
+    compose = next(
+        (
+            path / "environment" / name
+            for name in COMPOSE_FILES
+            if (path / "environment" / name).is_file()
+        ),
+        None,
+    )
+    if compose is not None:
+        raise HarborTaskError(
+            compose,
+            "<file>",
+            "docker-compose environments are not supported (several containers)",
+            category=RefusalCategory.MULTI_CONTAINER,
+        )
     for required, what in (
         ("environment/Dockerfile", "the environment"),
         ("tests/test.sh", "the verifier"),
     ):
         if not (path / required).is_file():
-            raise HarborTaskError(
-                path / required,
-                "<file>",
-                f"missing ({what}; docker-compose environments are not supported)"
-                if required.endswith("Dockerfile")
-                and (path / "environment" / "docker-compose.yaml").exists()
-                else f"missing ({what})",
-            )
+            raise HarborTaskError(path / required, "<file>", f"missing ({what})")
+    declared = agent_network(env, agent)
+    if declared is not None:
+        field, what = declared
+        raise HarborTaskError(
+            toml_path,
+            field,
+            f"{what}: the agent needs the network, which epiflow's jails never have",
+            category=RefusalCategory.NETWORK_AGENT,
+        )
+    fetch = solution_fetch(path)
+    if fetch is not None:
+        file, line, what = fetch
+        raise HarborTaskError(
+            file,
+            f"line {line}",
+            f"the reference solution runs {what}: solving needs the network, which "
+            "epiflow's jails never have",
+            category=RefusalCategory.NETWORK_AGENT,
+            line=line,
+        )
     docker_image = env.get("docker_image")
     return HarborTask(
         path=path,

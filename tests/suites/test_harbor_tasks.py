@@ -118,8 +118,8 @@ def test_malformed_task_toml_is_one_line_naming_file_and_field(
             3,
             "multi-stage",
         ),
-        ("FROM ubuntu:24.04\nADD https://example.com/x.tgz /x\n", 2, "URLs"),
-        ("FROM ubuntu:24.04\nONBUILD RUN true\n", 2, "not supported"),
+        ("FROM ubuntu:24.04\nADD https://example.com/x.tgz /x\n", 2, "fetches from the internet"),
+        ("FROM ubuntu:24.04\nFROBNICATE x\n", 2, "is not a Dockerfile instruction"),
         ("# comment\nFROM python:3.9\n", 2, "Python 3.11"),
     ],
 )
@@ -156,7 +156,7 @@ def test_bases_map_to_the_debian_releases_served_here() -> None:
     assert csv.python_links and csv.workdir == "/app"
 
 
-def test_a_dataset_with_bad_tasks_lists_them_and_runs_the_rest_only_when_asked(
+def test_a_dataset_with_bad_tasks_runs_the_rest_and_lists_them_or_is_refused_when_strict(
     tmp_path: Path,
 ) -> None:
     good = 'version = "1.0"\n'
@@ -175,12 +175,16 @@ def test_a_dataset_with_bad_tasks_lists_them_and_runs_the_rest_only_when_asked(
         dockerfile="FROM ubuntu:24.04\n",
         test_sh="true\n",
     )
+    suite = load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images")
+    assert list(suite.templates) == ["good"]
+    assert [(r.task.name, r.category) for r in suite.refused] == [
+        ("alpine", "base-image"),
+        ("bad-toml", "malformed"),
+    ]
     with pytest.raises(HarborDatasetError) as caught:
-        load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images")
+        load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images", strict=True)
     lines = str(caught.value).splitlines()
     assert len(lines) == 3 and "alpine" in lines[1] and "environment.cpus" in lines[2]
-    suite = load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images", skip_invalid=True)
-    assert list(suite.templates) == ["good"] and len(suite.invalid) == 2
 
 
 def test_rewards_ctrf_and_requirements_are_read_as_harbor_writes_them() -> None:
