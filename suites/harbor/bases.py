@@ -1,8 +1,9 @@
 """A `FROM` image → the Debian release its image is built from here (one substitution line).
 
 `ubuntu:24.04`/`noble`/`latest` (dated tags too) and `python:3.12`+ → trixie (Python 3.13);
-`ubuntu:22.04`/`20.04`, `python:3.11` → bookworm (Python 3.11); `python:*-bookworm` /
-`-trixie` → that release; `debian:` by codename or version number (`bookworm`, `12`,
+`ubuntu:22.04`/`20.04`, `python:3.11` → bookworm (Python 3.11), whatever codename the
+tag names (`python:3.13-slim-bookworm` → trixie: the version the verifier asks for wins);
+`python:` tags without a version, or an older one, by codename (`-bookworm` / `-trixie`); `debian:` by codename or version number (`bookworm`, `12`,
 `12.5-slim`, `trixie`, `13.0-slim`, `stable`) → itself. A digest pin is dropped and
 recorded. Anything else is refused, category `base-image`: alpine (musl), Debian 11 and
 older, CUDA and other unknown images.
@@ -79,17 +80,16 @@ def _map_python(
         int(match.group(2)) if match and match.group(2)
         else (13 if tag in ("latest", "3", "slim") else -1)
     )  # fmt: skip
+    # The Python version decides over the tag's codename: a verifier that runs `uvx -p 3.13`
+    # on `python:3.13-slim-bookworm` needs Python 3.13, which only trixie has here (Debian's
+    # bookworm has 3.11); the userland's release then differs from the tag's, and says so.
     release: Release
-    if "bookworm" in tag:
-        release = "bookworm"
-    elif (
-        "trixie" in tag
-        or (match and match.group(1) == "3" and minor >= 12)
-        or tag in ("latest", "slim", "3")
-    ):
+    if match and match.group(1) == "3" and minor >= 12:
         release = "trixie"
-    elif match and match.group(1) == "3" and minor == 11:
+    elif (match and match.group(1) == "3" and minor == 11) or "bookworm" in tag:
         release = "bookworm"
+    elif "trixie" in tag or tag in ("latest", "slim", "3"):
+        release = "trixie"
     else:
         raise refuse("only Python 3.11 (bookworm) and 3.13 (trixie) are available here")
     wanted = f"3.{minor}" if minor >= 0 else "3"

@@ -231,7 +231,9 @@ def test_onbuild_and_metadata_instructions_are_ignored_and_recorded(tmp_path: Pa
         ("debian:stable-slim", "trixie"),
         ("docker.io/library/debian:trixie", "trixie"),
         ("python:3.11-slim-bookworm", "bookworm"),
-        ("python:3.13-slim-bookworm", "bookworm"),
+        ("python:3.13-slim-bookworm", "trixie"),  # Python 3.13 is trixie's, not bookworm's
+        ("python:3.10-slim-bookworm", "bookworm"),
+        ("python:bookworm", "bookworm"),
         ("python:3.12-slim-trixie", "trixie"),
         ("ubuntu:noble-20240423", "trixie"),
         ("ubuntu:24.04@sha256:0123456789abcdef0123456789abcdef", "trixie"),
@@ -239,6 +241,17 @@ def test_onbuild_and_metadata_instructions_are_ignored_and_recorded(tmp_path: Pa
 )
 def test_base_tags_by_version_number_and_codename(tmp_path: Path, image: str, release: str) -> None:
     assert _plan(tmp_path, f"FROM {image}\n").release == release
+
+
+def test_a_python_base_gets_the_python_its_tag_names(tmp_path: Path) -> None:
+    """Terminal-Bench's `python:3.13-slim-bookworm` + `uvx -p 3.13` in its verifier: the
+    image has Python 3.13 (trixie's), and the substitution line says the release changed."""
+    plan = _plan(tmp_path, "FROM python:3.13-slim-bookworm\n")
+    assert plan.release == "trixie"
+    assert any(
+        "python:3.13-slim-bookworm → Debian trixie with its python3 (3.13)" in s
+        for s in plan.substitutions
+    ), plan.substitutions
 
 
 @pytest.mark.parametrize(
