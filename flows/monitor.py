@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from agent.trajectory import Trajectory
 from config.settings import Settings, load_settings
 from flows import artifact_key, route_library_logs
+from reports.monitor_summary import monitor_markdown
 from training.monitor import Champion, MonitorRule, MonitorVerdict
 
 BREACH_EVENT = "epiflow.monitor.breach"
@@ -137,35 +138,6 @@ async def record_breach_task(
         )
     finally:
         engine.dispose()
-
-
-def monitor_markdown(verdict: MonitorVerdict, source: str) -> str:
-    """The `monitor-<alias>` artifact: the verdict and every check."""
-    rows = [
-        "| check | status | window | baseline | bound |",
-        "|---|---|---|---|---|",
-    ]
-    for c in verdict.report.checks if verdict.report else []:
-        bound = (
-            f">= {c.min_value:.3f}"
-            if c.min_value is not None
-            else (f"<= {c.max_value:.3f}" if c.max_value is not None else c.note)
-        )
-        rows.append(
-            f"| `{c.expectation}` | {c.status} | "
-            f"{'-' if c.observed is None else f'{c.observed:.3f}'} | "
-            f"{'-' if c.baseline is None else f'{c.baseline:.3f}'} | {bound} |"
-        )
-    head = [
-        f"# Monitor: {verdict.alias} (checkpoint {verdict.checkpoint_id})",
-        "",
-        f"Window: {source}.",
-        "",
-        f"**{'BREACH' if verdict.breach else 'No breach'}**: {verdict.reason}",
-    ]
-    if verdict.rolled_back_to:
-        head += ["", f"Rolled back: `{verdict.alias}` now points at `{verdict.rolled_back_to}`."]
-    return "\n".join([*head, "", *rows, ""])
 
 
 def _announce(verdict: MonitorVerdict, champion: Champion, source: str) -> None:
