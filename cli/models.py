@@ -5,7 +5,8 @@ aliases (`list`, `history`, `promote`, `rollback`: `training.aliases`)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -168,3 +169,87 @@ def rollback(alias: AliasArg, reason: ReasonOpt, as_json: JsonFlag = False) -> N
     with stores(load_settings()) as (engine, store):
         target = rollback_alias(engine, store, alias, reason=reason, actor=_actor())
     typer.echo(json.dumps(_target_json(target)) if as_json else _target_line(target))
+
+
+@app.command("monitor")
+def monitor(
+    alias: AliasArg,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            help="A file of production traces (read, not imported).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="The file's format: atif, openai or harbor-traces.")
+    ] = "atif",
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Key or id of a stored run of production episodes (an import, or a "
+            "collection against the serving endpoint).",
+        ),
+    ] = None,
+    rollback: Annotated[
+        bool, typer.Option(help="On a breach, point ALIAS back at its previous champion.")
+    ] = False,
+    min_episodes: Annotated[
+        int, typer.Option(min=1, help="Fewest episodes of the model's own to judge it.")
+    ] = 5,
+    as_json: JsonFlag = False,
+) -> None:
+    """Watch ALIAS's champion in production: the monitor suite (completion, average
+    steps, tool failures, parse errors, infrastructure share) over a window of its
+    trajectories against its evaluation baseline, as the `monitor` flow (a breach is
+    stored, its run ends Failed and is announced; with --rollback the alias goes back).
+    One line per check, then the verdict. Exit 0: no breach (within the rule, no
+    verdict, or an environment alert only); 1: breach; 2: bad input (no window or two,
+    an unset alias, an unknown run, an invalid file) or a rollback that lost a race."""
+    import asyncio
+
+    from prefect import tags
+    from prefect.client.schemas.objects import State
+
+    from cli.ops import _prefect
+    from config.automations import NOTIFY_TAG
+    from flows.monitor import monitor as monitor_flow
+    from storage.exchange import IMPORT_FORMATS
+    from training.monitor import MonitorVerdict
+
+    if (from_file is None) == (run is None):
+        raise typer.BadParameter(
+            "give exactly one of --from FILE and --run KEY", param_hint="--from/--run"
+        )
+    if fmt not in IMPORT_FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(IMPORT_FORMATS)}", param_hint="--format")
+    _prefect()
+
+    async def judged() -> object:
+        with tags(NOTIFY_TAG):  # a breach's Failed run is announced (config.automations)
+            state: State[Any] = await monitor_flow(
+                alias=alias,
+                run=run,
+                file=None if from_file is None else str(from_file),
+                fmt=fmt,
+                rollback=rollback,
+                min_episodes=min_episodes,
+                actor=f"monitor:{_actor()}",
+                return_state=True,
+            )
+        return await state.aresult(raise_on_failure=False)
+
+    verdict = asyncio.run(judged())
+    if isinstance(verdict, BaseException):
+        raise verdict
+    assert isinstance(verdict, MonitorVerdict)
+    if as_json:
+        typer.echo(verdict.model_dump_json())
+    else:
+        for line in verdict.lines():
+            typer.echo(line)
+    if verdict.breach:
+        raise typer.Exit(code=1)

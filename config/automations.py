@@ -25,7 +25,8 @@ How a crashed run is seen and recovered:
    ends Failed instead (`flows.collect`), so a run that crashes every time stops.
 5. `NOTIFY` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` (the nightly
    and shard deployments, and the train and evaluate deployments and the evaluation a
-   training runs) that ends Failed or Crashed is announced with a JSON POST to the webhook,
+   training runs, and `epiflow models monitor`'s runs: a production-monitor breach ends
+   its run Failed) that ends Failed or Crashed is announced with a JSON POST to the webhook,
    through the `epiflow-notify` Custom Webhook block.
 6. `LATE` (with `notify_webhook_url`): a flow run tagged `epiflow-notify` that Prefect
    marked Late (still Scheduled 15 s after its time) and that has not started

@@ -9,6 +9,9 @@ are silenced right there, precisely, because they are GX's and not ours; so is t
 line its ephemeral context logs on creation ("Created temporary directory … for ephemeral
 docs site", once per gate run in the demo's terminal and every QC flow run's log): data
 docs go to a site added for the directory asked for (`build_data_docs`), never there.
+
+`validate_aggregates` runs aggregate suites on frames of their own (the production
+monitor's episode and turn frames), SUMMARY only, in one ephemeral context.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,7 +28,7 @@ from expectations.errors import SuiteExecutionError
 from expectations.outcomes import ExpectationOutcome
 from expectations.suite_files import SuiteSpec
 
-__all__ = ["GxRunner", "import_gx"]
+__all__ = ["GxRunner", "import_gx", "validate_aggregates"]
 
 _EPISODE_ID = "episode_id"
 _GX_DOCS_LOGGER = "great_expectations.data_context.types.base"
@@ -82,6 +86,68 @@ def _unexpected_ids(result: dict[str, Any]) -> list[str]:
     return ids
 
 
+def _outcomes(result: Any, *, with_episode_ids: bool) -> list[ExpectationOutcome]:
+    """A GX validation result as outcomes (failing row-level ones name their episodes).
+
+    Raises:
+        SuiteExecutionError: an expectation raised instead of passing or failing.
+    """
+    outcomes: list[ExpectationOutcome] = []
+    for r in result.results:
+        meta_id = str((r.expectation_config.meta or {}).get("id", r.expectation_config.type))
+        message = _raised(r.exception_info)
+        if message is not None:
+            raise SuiteExecutionError(f"{meta_id}: GX raised {message}")
+        body = r.result or {}
+        outcomes.append(
+            ExpectationOutcome(
+                expectation=meta_id,
+                success=bool(r.success),
+                unexpected_episode_ids=[]
+                if r.success or not with_episode_ids
+                else _unexpected_ids(body),
+                observed_value=_json_safe(body.get("observed_value")),
+            )
+        )
+    return outcomes
+
+
+def validate_aggregates(
+    suites: Mapping[str, tuple[SuiteSpec, Any]],
+) -> dict[str, list[ExpectationOutcome]]:
+    """Run aggregate suites, each on its own pandas frame (name → (suite, frame)), in one
+    ephemeral GX context: the monitor's window frames (`expectations.monitor`).
+
+    Raises:
+        SuiteExecutionError: an expectation raised (e.g. its column is missing).
+    """
+    gx = import_gx()
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    source = context.data_sources.add_pandas("monitor")
+    results: dict[str, list[ExpectationOutcome]] = {}
+    for name, (spec, frame) in suites.items():
+        batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
+        suite = context.suites.add(
+            gx.ExpectationSuite(
+                name=f"{spec.name}_v{spec.version}_{name}",
+                expectations=[e.gx_dict() for e in spec.expectations],
+                meta=dict(spec.meta),
+            )
+        )
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=suite.name, data=batch, suite=suite)
+        )
+        result = definition.run(
+            batch_parameters={"dataframe": frame},
+            result_format={"result_format": "SUMMARY", "partial_unexpected_count": 0},
+        )
+        results[name] = _outcomes(result, with_episode_ids=False)
+    return results
+
+
 class GxRunner:
     """One ephemeral GX context holding the two suites; `validate` may be called repeatedly."""
 
@@ -116,24 +182,7 @@ class GxRunner:
         result = self._definitions[level].run(
             batch_parameters={"dataframe": frame}, result_format=result_format
         )
-        outcomes: list[ExpectationOutcome] = []
-        for r in result.results:
-            meta_id = str((r.expectation_config.meta or {}).get("id", r.expectation_config.type))
-            message = _raised(r.exception_info)
-            if message is not None:
-                raise SuiteExecutionError(f"{meta_id}: GX raised {message}")
-            body = r.result or {}
-            outcomes.append(
-                ExpectationOutcome(
-                    expectation=meta_id,
-                    success=bool(r.success),
-                    unexpected_episode_ids=[]
-                    if r.success or level == "batch"
-                    else _unexpected_ids(body),
-                    observed_value=_json_safe(body.get("observed_value")),
-                )
-            )
-        return outcomes
+        return _outcomes(result, with_episode_ids=level != "batch")
 
     def validate_episodes(self, frame: Any) -> list[ExpectationOutcome]:
         """Run the episode suite on a pandas frame; failing outcomes list the episodes that broke them.

@@ -68,7 +68,7 @@ def _aggregate(frame: pl.DataFrame, spec: ExpectationSpec) -> tuple[bool, Any]:
 def evaluate_suite_polars(frame: pl.DataFrame, suite: SuiteSpec) -> list[ExpectationOutcome]:
     """Evaluate every expectation of `suite` on `frame`, like GX would."""
     outcomes: list[ExpectationOutcome] = []
-    if suite.level == "batch":
+    if suite.level in ("batch", "monitor"):
         for spec in suite.expectations:
             ok, observed = _aggregate(frame, spec)
             outcomes.append(

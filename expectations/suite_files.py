@@ -4,7 +4,9 @@ A suite is the JSON form of a GX `ExpectationSuite` (`name`, `meta`, `expectatio
 with `type`, `kwargs`, `meta`). Every expectation's `meta` carries `id`, `category`,
 `action` and `reason`; that is how a failing row becomes a verdict and a reason. The
 episode suite may only use row-level (column map) expectations, so every failure names
-episodes; the batch suite only aggregate ones, whose action is `fail_batch`.
+episodes; the batch suite only aggregate ones, whose action is `fail_batch`; the monitor
+suite (production watch, `expectations.monitor`) only aggregate ones, whose action is
+`breach` (the model regressed) or `alert` (the environment did: never the model's).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class QcAction(StrEnum):
     DOWNWEIGHT = "downweight"
     REWARD_SIGN = "reward_sign"
     FAIL_BATCH = "fail_batch"
+    BREACH = "breach"
+    """Monitor: the model regressed against its baseline (stored, notified, may roll back)."""
+    ALERT = "alert"
+    """Monitor: the environment failed (reported, never the model's regression)."""
 
 
 ROW_TYPES = frozenset(
@@ -148,6 +154,10 @@ def _check(spec: SuiteSpec, path: Path) -> None:
                 )
             if e.meta.action is QcAction.FAIL_BATCH:
                 raise SuiteError(f"{path}: {e.meta.id}: fail_batch is for the batch suite")
+            if e.meta.action in (QcAction.BREACH, QcAction.ALERT):
+                raise SuiteError(
+                    f"{path}: {e.meta.id}: {e.meta.action.value} is for the monitor suite"
+                )
     elif spec.level == "batch":
         for e in spec.expectations:
             if e.type not in AGGREGATE_TYPES:
@@ -158,8 +168,20 @@ def _check(spec: SuiteSpec, path: Path) -> None:
                 raise SuiteError(
                     f"{path}: {e.meta.id}: batch expectations must have action fail_batch"
                 )
+    elif spec.level == "monitor":
+        for e in spec.expectations:
+            if e.type not in AGGREGATE_TYPES:
+                raise SuiteError(
+                    f"{path}: {e.meta.id}: monitor suites allow only {sorted(AGGREGATE_TYPES)}, got {e.type}"
+                )
+            if e.meta.action not in (QcAction.BREACH, QcAction.ALERT):
+                raise SuiteError(
+                    f"{path}: {e.meta.id}: monitor expectations must have action breach or alert"
+                )
     else:
-        raise SuiteError(f"{path}: meta.level must be 'episode' or 'batch', got {spec.level!r}")
+        raise SuiteError(
+            f"{path}: meta.level must be 'episode', 'batch' or 'monitor', got {spec.level!r}"
+        )
 
 
 def load_suite(suites_dir: Path, name: str, version: str) -> SuiteSpec:

@@ -1,4 +1,5 @@
-"""epiflow's Prefect flows: `collect-episodes`, `collect-shard`, `qc-gate`, `train`, `evaluate`.
+"""epiflow's Prefect flows: `collect-episodes`, `collect-shard`, `qc-gate`, `train`, `evaluate`,
+`monitor`.
 
 Every flow runs with `log_prints=False`: what libraries print (TRL's metric dicts, dill's
 bytecode dumps while `datasets` hashes a dataset, progress bars) stays on the worker's

@@ -75,7 +75,11 @@ class EvaluationResult(BaseModel):
     tool_failure_rate: float
     """Acting turns that failed / acting turns."""
     n_episodes: int
-    """Episodes run."""
+    """Episodes run (infrastructure outcomes left out)."""
+    parse_error_rate: float | None = None
+    """Turns that did not parse / turns (a baseline of the production monitor)."""
+    n_infrastructure: int = 0
+    """Episodes that ended in an infrastructure outcome (in none of the rates)."""
     previous_checkpoint_id: uuid.UUID | None = None
     """The checkpoint it is compared with, if any (with `promote_alias`: the champion, or
     the base while the alias is unset)."""
@@ -177,6 +181,8 @@ async def compare_checkpoints(
         avg_steps=metrics.avg_steps,
         tool_failure_rate=metrics.tool_failure_rate,
         n_episodes=metrics.n_episodes,
+        parse_error_rate=metrics.parse_error_rate,
+        n_infrastructure=metrics.n_infrastructure,
         previous_checkpoint_id=previous_id,
         previous=(
             {name: getattr(previous_metrics, name) for name in METRICS}

@@ -183,17 +183,28 @@ def rollback_alias(
     reason: str,
     actor: str,
     evidence: dict[str, Any] | None = None,
+    expected_seq: int | None = None,
 ) -> AliasTarget:
     """Point `alias` back at the checkpoint it pointed at before its current one
     (`evidence`: what decided it, e.g. a monitor's breach figures, stored with the change).
+    `expected_seq`: the change the caller judged (a monitor's champion); the rollback is
+    written only while it is still current.
 
     Raises:
         RegistryError: the alias was never set, or has no earlier checkpoint.
-        AliasConflict: another change of the alias was written meanwhile.
+        AliasConflict: another change of the alias was written meanwhile (or since
+            `expected_seq`).
     """
     current = alias_target(engine, alias)
     if current is None:
         raise RegistryError(f"alias {alias!r} was never set: nothing to roll back", setting="ALIAS")
+    if expected_seq is not None and current.seq != expected_seq:
+        raise AliasConflict(
+            f"alias {alias!r} changed since change {expected_seq} was judged: change "
+            f"{current.seq} by {current.actor} points it at {current.policy}; nothing rolled "
+            "back. Judge the new target",
+            setting="ALIAS",
+        )
     if current.previous_checkpoint_id is None:
         raise RegistryError(
             f"alias {alias!r} has no earlier checkpoint to roll back to (its first target, "

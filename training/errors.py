@@ -14,6 +14,7 @@ TrainingError
 │   └── CheckpointNotFound no checkpoint (or no files) under that id
 ├── DatasetSelectionError  the train parameters select nothing to train on
 ├── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
+├── MonitorWindowError     the production monitor was given no window, or two
 └── RewardEnvironmentError a GRPO rollout's sandbox or verifier broke (never a reward)
 """
 
@@ -91,6 +92,13 @@ class DatasetSelectionError(TrainingError):
 class DatasetExportError(TrainingError):
     """A snapshot cannot be exported as asked: an unknown format, or an output directory
     that is a file, not empty, or cannot be created."""
+
+
+class MonitorWindowError(TrainingError):
+    """The production monitor's window is not named once: neither or both of a run and a
+    file, or an unknown file format."""
+
+    retryable = False
 
 
 class RewardEnvironmentError(TrainingError):

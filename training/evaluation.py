@@ -55,7 +55,9 @@ __all__ = [
     "EvaluationReport",
     "compare_metrics",
     "evaluation_metrics",
+    "turn_failed",
     "turn_kind",
+    "turn_unparsed",
 ]
 
 
@@ -106,13 +108,14 @@ class EvaluationReport(BaseModel):
     """Episodes per status."""
 
 
-def _unparsed(step: Step) -> bool:
-    """The turn did not parse: no block, or a protocol error."""
+def turn_unparsed(step: Step) -> bool:
+    """The turn did not parse: no block, or a protocol error (`parse_error_rate`)."""
     return step.parse_kind in (ParseKind.ERROR, ParseKind.NONE) or step.parse_error is not None
 
 
-def _turn_failed(step: Step) -> bool:
-    if _unparsed(step):
+def turn_failed(step: Step) -> bool:
+    """An acting turn failed: it did not parse, or its call failed (`tool_failure_rate`)."""
+    if turn_unparsed(step):
         return True
     return step.tool_failed
 
@@ -121,7 +124,7 @@ def turn_kind(step: Step, previous: list[Step], task: TaskInstance) -> str:
     """How one turn compares with the reference solution at that point of the episode:
     `parse_error`, `premature_final`, `final`, `wrong_tool`, `wrong_content`, `exact` or
     `extra_call` (a call after the reference solution was complete)."""
-    if _unparsed(step):
+    if turn_unparsed(step):
         return "parse_error"
     reference = task.reference_solution
     cursor = reference_cursor(previous)
@@ -159,12 +162,12 @@ def evaluation_metrics(
     successes = sum(t.status == EpisodeStatus.SUCCESS for t in trajectories)
     steps = sum(t.n_steps for t in trajectories)
     acting = [s for t in trajectories for s in t.steps if s.parse_kind != ParseKind.FINAL]
-    failed = sum(_turn_failed(s) for s in acting)
+    failed = sum(turn_failed(s) for s in acting)
     by_template: dict[str, list[bool]] = {}
     for t in trajectories:
         by_template.setdefault(t.template, []).append(t.status == EpisodeStatus.SUCCESS)
     turns = [s for t in trajectories for s in t.steps]
-    parse_errors = sum(_unparsed(s) for s in turns)
+    parse_errors = sum(turn_unparsed(s) for s in turns)
     metrics = EvaluationMetrics(
         completion_rate=successes / n,
         avg_steps=steps / n,

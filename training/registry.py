@@ -27,7 +27,9 @@ from training.errors import CheckpointNotFound, RegistryError
 from training.training_config import CONFIG_FILE, TrainingConfig
 
 __all__ = [
+    "MONITOR_BREACHES",
     "CheckpointInfo",
+    "append_monitor_breach",
     "checkpoint_prefix",
     "fail_training_run",
     "fetch_checkpoint",
@@ -326,18 +328,43 @@ def load_training_config(
 
 
 def record_evaluation(engine: Engine, checkpoint_id: uuid.UUID, evaluation: dict[str, Any]) -> None:
-    """Store the latest evaluation on the checkpoint row.
+    """Store the latest evaluation on the checkpoint row (the production monitor's
+    breaches recorded against it, `monitor_breaches`, are kept).
 
     Raises:
         CheckpointNotFound: no such checkpoint.
     """
     with Session(engine) as session:
-        row = session.get(Checkpoint, checkpoint_id)
+        row = session.get(Checkpoint, checkpoint_id, with_for_update=True)
         if row is None:
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
-        row.evaluation = evaluation
+        breaches = (row.evaluation or {}).get(MONITOR_BREACHES)
+        row.evaluation = {**evaluation, **({MONITOR_BREACHES: breaches} if breaches else {})}
         session.add(row)
         session.commit()
+
+
+MONITOR_BREACHES = "monitor_breaches"
+"""Key of the production monitor's breaches in a checkpoint's `evaluation` (oldest first)."""
+
+
+def append_monitor_breach(engine: Engine, checkpoint_id: uuid.UUID, breach: dict[str, Any]) -> int:
+    """Add a production-monitor breach to the checkpoint's evaluation (in one transaction,
+    the row locked on PostgreSQL); returns how many it has now.
+
+    Raises:
+        CheckpointNotFound: no such checkpoint.
+    """
+    with Session(engine) as session:
+        row = session.get(Checkpoint, checkpoint_id, with_for_update=True)
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id}")
+        evaluation = dict(row.evaluation or {})
+        breaches = [*evaluation.get(MONITOR_BREACHES, []), breach]
+        row.evaluation = {**evaluation, MONITOR_BREACHES: breaches}
+        session.add(row)
+        session.commit()
+        return len(breaches)
 
 
 def previous_checkpoint(engine: Engine, checkpoint_id: uuid.UUID) -> uuid.UUID | None:

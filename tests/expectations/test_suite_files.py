@@ -63,6 +63,10 @@ def test_missing_file_and_bad_json(tmp_path: Path) -> None:
             lambda d: d["expectations"][0]["meta"].update(action="fail_batch"),
             "fail_batch is for the batch suite",
         ),
+        (
+            lambda d: d["expectations"][0]["meta"].update(action="breach"),
+            "breach is for the monitor suite",
+        ),
         (lambda d: d["expectations"][0]["meta"].update(category="vibes"), "not a valid suite"),
         (lambda d: d["expectations"][0]["meta"].pop("id"), "not a valid suite"),
         (lambda d: d["meta"].update(version="2"), "expected episode v1"),
@@ -83,3 +87,21 @@ def test_a_new_version_is_a_new_file(tmp_path: Path) -> None:
     _write(tmp_path, "episode_v2.json", doc)
     assert load_suite(tmp_path, "episode", "2").version == "2"
     assert load_suite(tmp_path, "episode", "1").version == "1"
+
+
+def test_the_monitor_suite_loads_and_its_relative_bounds_are_checked(tmp_path: Path) -> None:
+    from expectations.monitor import MonitorRule, load_monitor_suite
+
+    shipped = load_monitor_suite(MonitorRule())
+    assert {e.meta.action for e in shipped.expectations} == {QcAction.BREACH, QcAction.ALERT}
+    doc: dict[str, Any] = json.loads((SUITES_DIR / "monitor_v1.json").read_text(encoding="utf-8"))
+    doc["expectations"][0]["meta"].pop("tolerance")
+    _write(tmp_path, "monitor_v1.json", doc)
+    with pytest.raises(
+        SuiteError, match=r"result\.completion_rate: .*needs meta\.bound and meta\.tolerance"
+    ):
+        load_monitor_suite(MonitorRule(suites_dir=tmp_path))
+    doc["expectations"][0]["meta"].update(tolerance=0.1, action="discard")
+    _write(tmp_path, "monitor_v1.json", doc)
+    with pytest.raises(SuiteError, match="must have action breach or alert"):
+        load_monitor_suite(MonitorRule(suites_dir=tmp_path))
