@@ -90,8 +90,10 @@ async def _run(**parameters: Any) -> Any:
 
     with tags(NOTIFY_TAG):
         state = await monitor(return_state=True, **parameters)
+    run_id = state.state_details.flow_run_id
+    assert run_id is not None
     async with get_client() as client:
-        flow_run = await client.read_flow_run(state.state_details.flow_run_id)
+        flow_run = await client.read_flow_run(run_id)
         artifacts = await client.read_latest_artifacts()
     artifact = next((str(a.data) for a in artifacts if a.key == "monitor-champion"), "")
     return state, await state.aresult(raise_on_failure=False), flow_run, artifact
