@@ -37,6 +37,7 @@ from environment.errors import InfrastructureFailure, SessionError, UnknownTask
 from environment.hub import HubConfig, SessionHub, open_hub
 from environment.selection import TaskSelection
 from environment.sessions import Session
+from sandbox.settings import SandboxSettings
 from storage.objects import ObjectStore
 from suites.errors import SuiteError
 from suites.registry import load_suite
@@ -105,8 +106,12 @@ class EpiflowEnv:
         store: ObjectStore | None = None,
     ) -> None:
         """What the process's instances serve: `config` (run key, suite, templates,
-        sessions), with `settings` (default: `load_settings()`), `engine` and `store`
-        (default: the settings'). Takes effect at the first `reset`."""
+        sessions), with `settings`, `engine` and `store` (default: the settings'). Takes
+        effect at the first `reset`.
+
+        This is the class's entry point for settings: `settings` not given are read from
+        the environment (`load_settings()`) once, when the first `reset` opens the hub,
+        which passes them down (suites, the sandbox of user generators, the loop)."""
         cls.shutdown()
         cls._setup = (config, settings, engine, store)
 
@@ -256,15 +261,17 @@ def dataset_rows(
     tasks: int,
     seed: int,
     settings: SuitesSettings,
+    sandbox: SandboxSettings,
 ) -> list[dict[str, Any]]:
     """One row per task instance for `EpiflowEnv`: TRL's conversational `prompt` and the
-    task columns `reset` reads.
+    task columns `reset` reads. The suite is found with the entry point's `settings`; a
+    user generator runs in jails of its `sandbox` settings.
 
     Raises:
         UnknownTask: the suite or a template does not exist.
     """
     try:
-        instances = load_suite(suite, settings=settings).instances(
+        instances = load_suite(suite, settings=settings, sandbox=sandbox).instances(
             tasks, seed=seed, templates=templates
         )
     except SuiteError as e:

@@ -62,7 +62,12 @@ def test_grpo_trains_with_epiflow_as_its_environment(
     engine = make_engine(settings.database)
     migrate.upgrade(engine)
     rows = dataset_rows(
-        "builtin", templates=["csv_to_json"], tasks=2, seed=0, settings=settings.suites
+        "builtin",
+        templates=["csv_to_json"],
+        tasks=2,
+        seed=0,
+        settings=settings.suites,
+        sandbox=settings.sandbox,
     )
     RecordedEnv.configure(
         HubConfig(run_key="grpo-env", templates=["csv_to_json"], max_sessions=4),
