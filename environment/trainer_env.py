@@ -4,6 +4,7 @@
     trainer = GRPOTrainer(model=…, train_dataset=rows, environment_factory=EpiflowEnv, …)
     trainer.train()
     EpiflowEnv.shutdown()   # every rollout stored, the run ended, no jail left
+    # then gate the run like any collection run: epiflow qc --run grpo-1
 
 Each instance is one rollout slot. `reset(**row)` starts a session (one episode in its
 own jail) on the task the row's task columns name (`suite`, `template`,
@@ -15,6 +16,9 @@ observation the episode loop rendered (protocol v1's `<tool_result>`). `get_rewa
 ends the episode if the model did not (an empty final answer: the verifier judges the
 workspace), and returns the stored episode's final reward — None for an infrastructure
 outcome, which TRL treats as unscorable (no advantage), never as 0.
+
+`EpiflowEnv` does not gate its run: TRL has used every reward when the run ends, and the
+gate is the `qc-gate` flow, run on the run key like any collection run's (docs/trainers.md).
 
 Every instance of the process shares one hub (`environment.hub`: one collection run, the
 warm pool, the outbox), served on an event loop of its own in a background thread, since
