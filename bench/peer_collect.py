@@ -71,10 +71,11 @@ def samples(trajectories: list[Trajectory]) -> list[Any]:
     and verifier (the task regenerated from the built-in suite, as `epiflow replay` does)."""
     from inspect_ai.dataset import Sample
 
+    from sandbox.settings import SandboxSettings
     from suites.registry import load_suite
     from suites.settings import SuitesSettings
 
-    suite = load_suite("builtin", settings=SuitesSettings())
+    suite = load_suite("builtin", settings=SuitesSettings(), sandbox=SandboxSettings())
     out = []
     for t in trajectories:
         task = suite.generate(t.template, t.instance_seed)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sandbox.settings import SandboxSettings
 from suites.registry import load_suite
 from suites.settings import SuitesSettings
 from suites.user_decl import SuiteDecl
@@ -29,7 +30,7 @@ from suites.user_suite import SUITE_FILE
 def _kinds() -> dict[str, str]:
     import yaml
 
-    suite = load_suite("textops", settings=SuitesSettings())
+    suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
     assert suite.source is not None
     decl = SuiteDecl.model_validate(yaml.safe_load((suite.source / SUITE_FILE).read_text()))
     return {
@@ -47,7 +48,8 @@ def main() -> None:
     for name, kind in _kinds().items():
         best = float("inf")
         for _ in range(args.repeats):
-            suite = load_suite("textops", settings=SuitesSettings())  # fresh: nothing cached
+            # fresh: nothing cached
+            suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
             started = time.perf_counter()
             tasks = suite.instances(args.seeds, templates=[name])
             best = min(best, time.perf_counter() - started)

@@ -120,8 +120,14 @@ def rows(
     from environment.trainer_env import dataset_rows
 
     chosen = [t for t in templates.split(",") if t] if templates else None
+    settings = load_settings()
     written = dataset_rows(
-        suite, templates=chosen, tasks=tasks, seed=seed, settings=load_settings().suites
+        suite,
+        templates=chosen,
+        tasks=tasks,
+        seed=seed,
+        settings=settings.suites,
+        sandbox=settings.sandbox,
     )
     output.write_text("".join(json.dumps(row) + "\n" for row in written))
     typer.echo(f"{len(written)} rows written to {output}", err=True)

@@ -17,6 +17,10 @@ A session gets the next rollout index of its task that no open or stored episode
 run has, so two clients on one task (GRPO's generations) are two episodes, and a run key
 reused by a restarted server adds episodes instead of clashing with stored ones.
 
+A hub loads its suite once, on the first reset that names it (`selection.LoadedSuites`,
+by `load_suite`: the registry's loader with the entry point's suites and sandbox
+settings unless one is injected), and resolves every later reset against it.
+
 Sessions are bounded (`max_sessions`: a reset beyond it is refused at once with
 `capacity`) and closed when idle past `idle_timeout_s` (their episode ends and is stored,
 `policy_error`, with the reason). Closing the hub closes every open session the same way,
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -46,10 +51,11 @@ from collection.runner import PersistedGroup, run_episodes
 from config.settings import Settings
 from environment.actions import Action
 from environment.errors import CapacityReached, SessionClosed
-from environment.selection import TaskSelection, resolve_task
+from environment.selection import LoadedSuites, SuiteLoader, TaskSelection, resolve_task
 from environment.sessions import ChannelPolicy, Session
 from storage.objects import ObjectStore
 from storage.runs import remaining_episodes
+from suites.registry import load_suite as registry_load_suite
 
 __all__ = ["HubConfig", "SessionHub", "open_hub"]
 
@@ -79,10 +85,18 @@ class HubConfig(BaseModel):
 class SessionHub:
     """The sessions of one open collection run (built by `open_hub`)."""
 
-    def __init__(self, collection: Collection, policy: ChannelPolicy, config: HubConfig) -> None:
+    def __init__(
+        self,
+        collection: Collection,
+        policy: ChannelPolicy,
+        config: HubConfig,
+        suites: LoadedSuites,
+    ) -> None:
         self.collection = collection
         self.policy = policy
         self.config = config
+        self.suites = suites
+        """The suites resets resolve against, each loaded once."""
         self.sessions: dict[uuid.UUID, Session] = {}
         """Open sessions by episode id (until their episode is stored)."""
         self.result: CollectResult | None = None
@@ -171,7 +185,7 @@ class SessionHub:
                 selection,
                 suite=self.config.suite,
                 templates=self.config.templates,
-                settings=settings.suites,
+                suites=self.suites,
             )
             planned = await asyncio.to_thread(self._plan, task.task_id, task)
             session = Session(planned, settings.rewards)
@@ -247,10 +261,13 @@ async def open_hub(
     *,
     engine: Engine | None = None,
     store: ObjectStore | None = None,
+    load_suite: SuiteLoader | None = None,
 ) -> AsyncIterator[SessionHub]:
     """A hub serving `config`'s sessions as the collection run `config.run_key`: opened
     (lock, engine, store) through `open_collection`, started, and on exit closed (every
     session's episode stored, the run ended, the lock released, every jail gone).
+    `load_suite` loads a suite by name, once per hub (default: the registry's, with
+    `settings.suites` and `settings.sandbox`).
 
     Raises:
         RequestError: the suite or a template does not exist.
@@ -271,6 +288,10 @@ async def open_hub(
     )
     settings = dataclasses.replace(settings, loop=loop)
     policy = ChannelPolicy(SESSION_POLICY, config.run_key)
+    if load_suite is None:
+        load_suite = functools.partial(
+            registry_load_suite, settings=settings.suites, sandbox=settings.sandbox
+        )
     async with open_collection(
         request,
         settings,
@@ -279,7 +300,7 @@ async def open_hub(
         planner=tasks_planner([]),
         policy=policy,
     ) as collection:
-        hub = SessionHub(collection, policy, config)
+        hub = SessionHub(collection, policy, config, LoadedSuites(load_suite))
         hub.start()
         try:
             yield hub

@@ -4,6 +4,7 @@
     trainer = GRPOTrainer(model=…, train_dataset=rows, environment_factory=EpiflowEnv, …)
     trainer.train()
     EpiflowEnv.shutdown()   # every rollout stored, the run ended, no jail left
+    # then gate the run like any collection run: epiflow qc --run grpo-1
 
 Each instance is one rollout slot. `reset(**row)` starts a session (one episode in its
 own jail) on the task the row's task columns name (`suite`, `template`,
@@ -15,6 +16,9 @@ observation the episode loop rendered (protocol v1's `<tool_result>`). `get_rewa
 ends the episode if the model did not (an empty final answer: the verifier judges the
 workspace), and returns the stored episode's final reward — None for an infrastructure
 outcome, which TRL treats as unscorable (no advantage), never as 0.
+
+`EpiflowEnv` does not gate its run: TRL has used every reward when the run ends, and the
+gate is the `qc-gate` flow, run on the run key like any collection run's (docs/trainers.md).
 
 Every instance of the process shares one hub (`environment.hub`: one collection run, the
 warm pool, the outbox), served on an event loop of its own in a background thread, since
@@ -37,6 +41,7 @@ from environment.errors import InfrastructureFailure, SessionError, UnknownTask
 from environment.hub import HubConfig, SessionHub, open_hub
 from environment.selection import TaskSelection
 from environment.sessions import Session
+from sandbox.settings import SandboxSettings
 from storage.objects import ObjectStore
 from suites.errors import SuiteError
 from suites.registry import load_suite
@@ -105,8 +110,12 @@ class EpiflowEnv:
         store: ObjectStore | None = None,
     ) -> None:
         """What the process's instances serve: `config` (run key, suite, templates,
-        sessions), with `settings` (default: `load_settings()`), `engine` and `store`
-        (default: the settings'). Takes effect at the first `reset`."""
+        sessions), with `settings`, `engine` and `store` (default: the settings'). Takes
+        effect at the first `reset`.
+
+        This is the class's entry point for settings: `settings` not given are read from
+        the environment (`load_settings()`) once, when the first `reset` opens the hub,
+        which passes them down (suites, the sandbox of user generators, the loop)."""
         cls.shutdown()
         cls._setup = (config, settings, engine, store)
 
@@ -256,15 +265,17 @@ def dataset_rows(
     tasks: int,
     seed: int,
     settings: SuitesSettings,
+    sandbox: SandboxSettings,
 ) -> list[dict[str, Any]]:
     """One row per task instance for `EpiflowEnv`: TRL's conversational `prompt` and the
-    task columns `reset` reads.
+    task columns `reset` reads. The suite is found with the entry point's `settings`; a
+    user generator runs in jails of its `sandbox` settings.
 
     Raises:
         UnknownTask: the suite or a template does not exist.
     """
     try:
-        instances = load_suite(suite, settings=settings).instances(
+        instances = load_suite(suite, settings=settings, sandbox=sandbox).instances(
             tasks, seed=seed, templates=templates
         )
     except SuiteError as e:

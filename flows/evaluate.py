@@ -347,7 +347,7 @@ async def evaluate(
     )
     settings = load_settings()
     checkpoint_id = uuid.UUID(checkpoint)
-    tasks = load_suite(suite, settings=settings.suites).heldout_instances(
+    tasks = load_suite(suite, settings=settings.suites, sandbox=settings.sandbox).heldout_instances(
         instances, templates=templates
     )
     engine = make_engine(settings.database)

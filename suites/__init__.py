@@ -2,11 +2,11 @@
 
 Public API:
 
-- `suites.registry.load_suite(name, *, settings, sandbox=None) -> Suite` — `"builtin"`,
+- `suites.registry.load_suite(name, *, settings, sandbox) -> Suite` — `"builtin"`,
   the example suites in `suites/examples/`, and user suites on `EPIFLOW_SUITES_PATH` (static
   or generated: seeded `params` and generator scripts run in nsjail, see `suites.user_suite`),
-  found with the entry point's `SuitesSettings`; `suites.builtin.builtin_suite()` is the
-  built-in suite alone.
+  found with the entry point's `SuitesSettings` (generators jailed with its `SandboxSettings`);
+  `suites.builtin.builtin_suite()` is the built-in suite alone.
 - `Suite.templates`, `Suite.generate(template, seed)`, `Suite.instances(n, seed=…)`,
   `Suite.heldout_instances(n, seed=…)` (evaluation seeds, disjoint from training seeds).
 - the `TaskInstance`s they build and the verifier runner live in `tasks/` (the task contract:

@@ -80,16 +80,9 @@ def available_suites(settings: SuitesSettings) -> list[SuiteEntry]:
     return entries
 
 
-def load_suite(
-    name: str, *, settings: SuitesSettings, sandbox: SandboxSettings | None = None
-) -> Suite:
-    """The suite called `name`, found with the entry point's `settings`; `sandbox`
-    configures the jails of user generator scripts.
-
-    `sandbox` not passed is read from the environment here, the one place below an entry
-    point that still does: `environment/selection.py` and `environment/trainer_env.py`
-    load suites without it (`tests/test_settings_at_entry_points.py` lists it until they
-    pass it and the parameter becomes required).
+def load_suite(name: str, *, settings: SuitesSettings, sandbox: SandboxSettings) -> Suite:
+    """The suite called `name`, found with the entry point's `settings`; the entry
+    point's `sandbox` settings configure the jails of user generator scripts.
 
     Raises:
         SuiteNotFound: no built-in or user suite has that name.
@@ -109,10 +102,6 @@ def load_suite(
         return builtin_suite()
     if not (source / SUITE_FILE).is_file():
         return _load_harbor(source, name, settings)
-    if sandbox is None:
-        from sandbox.settings import SandboxSettings
-
-        sandbox = SandboxSettings()
     return load_user_suite(source, sandbox=sandbox)
 
 

@@ -23,13 +23,7 @@ ENTRY_POINTS = ("cli/", "flows/", "migrations/env.py")
 LOADERS = {"config/settings.py": {"load_settings", "load_qc_config", "_build"}}
 """Functions that read the settings from the environment for an entry point."""
 
-PENDING = {
-    "suites/registry.py builds SandboxSettings": (
-        "load_suite's default for user generators: environment/selection.py (resolve_task) "
-        "and environment/trainer_env.py (dataset_rows) pass none; they need the sandbox "
-        "settings as a parameter (environment/hub.py and cli/env.py have them)"
-    ),
-}
+PENDING: dict[str, str] = {}
 """Constructions below an entry point in files this change could not edit (another change
 was editing them), with where they are and what must pass settings first. Remove an entry
 when it is fixed: the test fails on an entry that no longer matches."""

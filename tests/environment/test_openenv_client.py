@@ -34,6 +34,7 @@ import pytest
 from sqlalchemy import text
 
 from config.settings import load_settings
+from sandbox.settings import SandboxSettings
 from scoring.rewards import final_reward
 from suites.builtin import builtin_suite
 from suites.registry import load_suite
@@ -148,7 +149,7 @@ def test_the_stock_client_drives_both_harbor_tasks(
     harbor_settings: dict[str, str], served_harbor: Served
 ) -> None:
     client_class = _generic_client()
-    suite = load_suite(HARBOR_SUITE, settings=SuitesSettings())
+    suite = load_suite(HARBOR_SUITE, settings=SuitesSettings(), sandbox=SandboxSettings())
     assert sorted(suite.templates) == HARBOR_TASKS
     rewards = load_settings().rewards
     with sandbox_state_dir() as state:

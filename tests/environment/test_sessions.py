@@ -24,11 +24,15 @@ from environment.errors import (
 )
 from environment.hub import HubConfig, SessionHub, open_hub
 from environment.selection import TaskSelection
+from environment.sessions import Session
 from storage import migrate
 from storage.db import make_engine
 from storage.episodes import load_trajectory
 from storage.objects import LocalObjectStore
 from storage.settings import DatabaseSettings
+from suites.registry import load_suite
+from suites.suite import Suite
+from tests.suites.test_harbor_tasks import IMAGES, INTEROP, builds_images, needs_builder
 
 TEMPLATE = "csv_to_json"
 
@@ -233,3 +237,47 @@ def test_two_servers_share_one_database_as_two_runs(engine: Engine, tmp_path: Pa
         ("machine-a", "completed", 1),
         ("machine-b", "completed", 1),
     ]
+
+
+@needs_builder
+@builds_images
+def test_two_resets_of_a_harbor_task_load_its_dataset_once(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub resolves every reset against the suite it loaded on the first: the registry's
+    own loader, counted by a wrapper injected through `open_hub`, reads (and hashes) the
+    Harbor dataset's task folders once for two sessions on one of its tasks."""
+    IMAGES.mkdir(exist_ok=True)  # the Harbor tests' image cache: built once, reused
+    IMAGES.chmod(0o755)
+    monkeypatch.setenv("EPIFLOW_SUITES_PATH", str(INTEROP))
+    monkeypatch.setenv("EPIFLOW_SUITES_HARBOR_IMAGE_DIR", str(IMAGES))
+    settings = load_settings()
+    loads: list[str] = []
+
+    def counted(name: str) -> Suite:
+        loads.append(name)
+        return load_suite(name, settings=settings.suites, sandbox=settings.sandbox)
+
+    async def two_resets() -> list[Session]:
+        sessions = []
+        async with open_hub(
+            HubConfig(run_key="env-harbor", suite=INTEROP.name, max_sessions=2),
+            settings,
+            engine=engine,
+            store=LocalObjectStore(tmp_path / "objects"),
+            load_suite=counted,
+        ) as hub:
+            for _ in range(2):
+                session, first = await hub.reset(TaskSelection(template="hello-world"))
+                assert first["observation"]["task_id"] == session.planned.task.task_id
+                sessions.append(session)
+                await hub.close(session, "the test needs only its reset")
+        return sessions
+
+    sessions = asyncio.run(two_resets())
+    assert loads == [INTEROP.name]
+    assert [s.planned.task.task_id for s in sessions] == [sessions[0].planned.task.task_id] * 2
+    assert [s.planned.rollout_index for s in sessions] == [0, 1]
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT template FROM episode")).scalars().all()
+    assert stored == ["hello-world", "hello-world"]

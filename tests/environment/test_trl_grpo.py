@@ -1,9 +1,12 @@
 """`trl.GRPOTrainer(environment_factory=EpiflowEnv)` trains two steps on the locally
 built tiny model (nothing downloaded, real nsjail, real SQLite): every rollout is a
-stored episode of the run, and the reward TRL got for each is the stored one."""
+stored episode of the run, the reward TRL got for each is the stored one, and the QC
+gate, run on the run as `epiflow qc` runs it (the `qc-gate` flow, on Prefect's test
+harness), stores a verdict for every rollout."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -41,10 +44,12 @@ class RecordedEnv(EpiflowEnv):
 
 
 def test_grpo_trains_with_epiflow_as_its_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_harness: None
 ) -> None:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+
+    from flows.qc import qc_gate
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     small = TrainingSettings(
@@ -62,7 +67,12 @@ def test_grpo_trains_with_epiflow_as_its_environment(
     engine = make_engine(settings.database)
     migrate.upgrade(engine)
     rows = dataset_rows(
-        "builtin", templates=["csv_to_json"], tasks=2, seed=0, settings=settings.suites
+        "builtin",
+        templates=["csv_to_json"],
+        tasks=2,
+        seed=0,
+        settings=settings.suites,
+        sandbox=settings.sandbox,
     )
     RecordedEnv.configure(
         HubConfig(run_key="grpo-env", templates=["csv_to_json"], max_sessions=4),
@@ -91,15 +101,24 @@ def test_grpo_trains_with_epiflow_as_its_environment(
         trainer.train()
     finally:
         RecordedEnv.shutdown()
+    # The run is gated like any collection run: what `epiflow qc --run grpo-env` runs.
+    gate = asyncio.run(qc_gate(run="grpo-env", trigger="none"))
     try:
         with engine.connect() as conn:
             stored = {
                 uuid.UUID(str(r[0])): (r[1], r[2])
                 for r in conn.execute(text("SELECT id, final_reward, status FROM episode"))
             }
+            verdicts = {
+                uuid.UUID(str(r[0])): r[1]
+                for r in conn.execute(text("SELECT episode_id, verdict, qc_run_id FROM qc_result"))
+                if uuid.UUID(str(r[2])) == gate.qc_run_id
+            }
     finally:
         engine.dispose()
     assert len(SEEN) == 4 and len(stored) == 4  # 2 steps x 2 generations
+    assert gate.episodes == 4 and set(verdicts) == set(stored)
+    assert set(verdicts.values()) <= {"keep", "downweight", "discard"}
     assert {episode: reward for episode, reward in SEEN} == {k: v[0] for k, v in stored.items()}
     logged = [h["rewards/RecordedEnv/mean"] for h in trainer.state.log_history if "reward" in h]
     rewards = [r for _, r in SEEN if r is not None]

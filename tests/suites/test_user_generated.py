@@ -46,12 +46,12 @@ async def oracle_and_idle(open_task_sandbox, task: TaskInstance) -> tuple[float,
 
 @pytest.mark.parametrize("template", GENERATED_EXAMPLES)
 def test_example_generated_template_oracle_over_ten_seeds(template, open_task_sandbox):
-    suite = load_suite("textops", settings=SuitesSettings())
+    suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
     tasks = suite.instances(10, templates=[template])
     assert [t.seed for t in tasks] == list(range(10))
     assert len(digests(tasks)) == 10, "every seed must give a different task"
     # Deterministic: a fresh load (no cached drafts; the generator runs again) agrees.
-    again = load_suite("textops", settings=SuitesSettings())
+    again = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
     assert [again.generate(template, t.seed) for t in tasks] == tasks
 
     async def body() -> list[tuple[float, float]]:
@@ -62,7 +62,7 @@ def test_example_generated_template_oracle_over_ten_seeds(template, open_task_sa
 
 
 def test_heldout_instances_differ_from_training_instances():
-    suite = load_suite("textops", settings=SuitesSettings())
+    suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
     for template in GENERATED_EXAMPLES:
         train = suite.instances(10, templates=[template])
         heldout = suite.heldout_instances(3, templates=[template])

@@ -163,7 +163,7 @@ def test_unparseable_file(tmp_path, text, message, line):
 def test_example_suite_is_found_and_valid():
     names = [e.name for e in available_suites(SuitesSettings())]
     assert names[0] == "builtin" and "textops" in names
-    suite = load_suite("textops", settings=SuitesSettings())
+    suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
     assert suite.source == EXAMPLES_DIR / "textops"
     assert len(suite.templates) >= 3
 
@@ -172,17 +172,17 @@ def test_suites_path_from_environment(tmp_path, monkeypatch):
     write_suite(tmp_path / "many" / "a", VALID)
     write_suite(tmp_path / "single", VALID.replace("name: mini", "name: other"))
     monkeypatch.setenv("EPIFLOW_SUITES_PATH", f"{tmp_path / 'many'}:{tmp_path / 'single'}:")
-    settings = SuitesSettings()
-    assert load_suite("mini", settings=settings).source == tmp_path / "many" / "a"
-    assert load_suite("other", settings=settings).name == "other"
+    settings, sandbox = SuitesSettings(), SandboxSettings()
+    assert load_suite("mini", settings=settings, sandbox=sandbox).source == tmp_path / "many" / "a"
+    assert load_suite("other", settings=settings, sandbox=sandbox).name == "other"
 
 
 def test_broken_suite_on_the_path_is_loadable_by_folder_name_for_its_error(tmp_path):
     write_suite(tmp_path / "broken", "name: [\n")
     settings = SuitesSettings(path=[tmp_path])
     with pytest.raises(SuiteFormatError, match="not valid YAML"):
-        load_suite("broken", settings=settings)
-    assert load_suite("builtin", settings=settings).name == "builtin"
+        load_suite("broken", settings=settings, sandbox=SandboxSettings())
+    assert load_suite("builtin", settings=settings, sandbox=SandboxSettings()).name == "builtin"
 
 
 def test_name_conflicts_and_unknown_names(tmp_path):
@@ -190,13 +190,13 @@ def test_name_conflicts_and_unknown_names(tmp_path):
     write_suite(tmp_path / "b", VALID)
     settings = SuitesSettings(path=[tmp_path], include_examples=False)
     with pytest.raises(SuiteConflict, match="'mini' is declared more than once"):
-        load_suite("mini", settings=settings)
+        load_suite("mini", settings=settings, sandbox=SandboxSettings())
     with pytest.raises(SuiteNotFound, match="no suite named 'zzz'"):
-        load_suite("zzz", settings=settings)
+        load_suite("zzz", settings=settings, sandbox=SandboxSettings())
 
 
 def test_example_suite_oracle_and_idle_on_nsjail(open_task_sandbox):
-    suite = load_suite("textops", settings=SuitesSettings())
+    suite = load_suite("textops", settings=SuitesSettings(), sandbox=SandboxSettings())
 
     async def body():
         for task in suite.instances(1):
