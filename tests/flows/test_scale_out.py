@@ -216,9 +216,9 @@ def test_isolated_workers_survive_a_killed_worker(
         return all(len(descendants(w.pid)) > 1 for w in workers) and stored() >= 2
 
     try:
-        # Each shard's last episode is held: both workers are mid-shard until the release.
-        model.wait_held(2, timeout_s=BUSY_WITHIN_S)
         wait_for("both workers mid-shard", both_busy, BUSY_WITHIN_S, every=0.5)
+        # Each shard's last episode is held: both workers stay mid-shard until the release.
+        model.wait_held(2, timeout_s=BUSY_WITHIN_S)
         killed = workers[0]
         kill_tree(killed.pid)
         killed.wait()
