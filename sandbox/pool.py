@@ -109,6 +109,11 @@ class WarmPool:
         """Jails being started in the background."""
         return len(self._starting)
 
+    @property
+    def waiting(self) -> int:
+        """Episodes waiting for a jail the pool is starting."""
+        return len(self._waiters)
+
     def _budget(self) -> int | None:
         """Jails the pool may still start, or None without a limit."""
         if self.limit is None:

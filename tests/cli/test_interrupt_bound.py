@@ -3,7 +3,11 @@ server behind the fault proxy) stops answering mid-collection — every request 
 never answered — and Ctrl-C arrives while uploads hang. After
 EPIFLOW_PREFECT_STOP_TIMEOUT_S the command abandons the stop: exit 130, the run marked
 `interrupted`, one last line with the resume command, no jail left; re-running the key
-with the store healthy completes exactly the missing episodes."""
+with the store healthy completes exactly the missing episodes.
+
+The store hangs at a known point: the model (`tests.cli.test_interrupts.gated_model`) holds
+every worker mid-episode, the store is set to hang, then the held turns are released, so the
+episodes finishing next are the ones whose uploads hang."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from sqlalchemy import text
 
 from storage.db import make_engine
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from tests.agent.chat_server import ChatServer
 from tests.cli.local import (
     cgroups,
     cli_env,
@@ -28,7 +33,14 @@ from tests.cli.local import (
     processes_mentioning,
     wait_until,
 )
-from tests.cli.test_interrupts import assert_resumes, start_victim, stored, wait_for_progress
+from tests.cli.test_interrupts import (
+    HELD_TURNS_ENV,
+    assert_resumes,
+    gated_model,
+    start_victim,
+    stored,
+    wait_for_progress,
+)
 from tests.services.s3_fault_proxy import S3FaultProxy, always, never
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -47,6 +59,12 @@ def cgroup_parent() -> Iterator[str]:
         yield parent
 
 
+@pytest.fixture
+def model() -> Iterator[ChatServer]:
+    with gated_model() as server:
+        yield server
+
+
 def test_a_stop_stuck_on_a_hung_store_is_abandoned_within_the_bound(
     tmp_path: Path,
     prefect_home: Path,
@@ -54,6 +72,7 @@ def test_a_stop_stuck_on_a_hung_store_is_abandoned_within_the_bound(
     cgroup_parent: str,
     proxy: S3FaultProxy,
     s3_settings: ObjectStoreSettings,
+    model: ChatServer,
 ) -> None:
     assert s3_settings.access_key is not None and s3_settings.secret_key is not None
     env = cli_env(
@@ -67,14 +86,16 @@ def test_a_stop_stuck_on_a_hung_store_is_abandoned_within_the_bound(
         EPIFLOW_OBJECTS_SECRET_KEY=s3_settings.secret_key.get_secret_value(),
         EPIFLOW_OBJECTS_SECURE="false",
         EPIFLOW_PREFECT_STOP_TIMEOUT_S=str(STOP_TIMEOUT_S),
+        **HELD_TURNS_ENV,
     )
     assert epiflow(env, "db", "upgrade", cwd=tmp_path).returncode == 0
     key = "hung-store"
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    victim, log = start_victim(env, tmp_path, key)
+    victim, log = start_victim(env, tmp_path, key, model)
     try:
-        wait_for_progress(victim, log, engine, state_dir)
+        wait_for_progress(victim, log, engine, state_dir, model)
         proxy.schedule = always("hang")  # S3 accepts, reads, never answers
+        model.release()  # the held episodes finish, and their uploads hang
         assert wait_until(lambda: proxy.counts["hang"] > 0 or victim.poll() is not None, 300)
         assert victim.poll() is None, log.read_text()[-3000:]
         sent = time.monotonic()
@@ -105,5 +126,5 @@ def test_a_stop_stuck_on_a_hung_store_is_abandoned_within_the_bound(
     assert wait_until(lambda: not cgroups(cgroup_parent), timeout=60), cgroups(cgroup_parent)
 
     proxy.schedule = never  # the store answers again
-    assert_resumes(env, tmp_path, engine, key, stored(engine))
+    assert_resumes(env, tmp_path, engine, key, stored(engine), model)
     engine.dispose()

@@ -5,6 +5,11 @@ Cancelled and the collection run `interrupted`, leave no process, jail, cgroup o
 behind and print how to resume; SIGKILL leaves no jail, cgroup or orphan server (the
 server stops after its idle period once no live command is attached). Each case then
 resumes the run to completion with nothing duplicated.
+
+The signal comes at a known point, however fast the machine: the policy is a model behind
+the test model server, which answers the first `ANSWERED` tasks' turns at once and holds
+the later ones (`oracle_until`), so the signal is sent once a batch is stored and every
+worker is mid-episode with its jail open (`wait_held`), never after a guessed latency.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from config.prefect_server import live_leases, server_dir, status
 from models import Episode
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
+from suites.builtin import builtin_suite
+from tests.agent.chat_server import BY_PROMPT_TEMPLATES, ChatServer, oracle_until
 from tests.cli.local import (
     EPIFLOW,
     cgroups,
@@ -44,7 +51,16 @@ pytestmark = pytest.mark.slow
 IDLE_S = 20
 """Idle period of this module's local server: long enough to serve consecutive commands,
 short enough to watch it stop."""
-PLANNED = 13 * 3 * 2
+TEMPLATES = BY_PROMPT_TEMPLATES
+TASKS = 3
+ROLLOUTS = 2
+CONCURRENCY = 4
+ANSWERED = 9
+"""Tasks (in plan order) whose turns the model answers at once (18 episodes: a batch of 16
+stored); the later tasks' turns are held until the test releases them."""
+PLANNED = len(TEMPLATES) * TASKS * ROLLOUTS
+HELD_TURNS_ENV = {"EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S": "900"}
+"""A turn held by the test is the test's gate, not a slow endpoint: the policy waits for it."""
 STOP_WITHIN_S = 30
 """Generous on a loaded 2-core machine; the figure measured is printed."""
 
@@ -55,6 +71,19 @@ def cgroup_parent() -> Iterator[str]:
         yield parent
 
 
+def gated_model() -> ChatServer:
+    """The model of the collection `collect_args` plans: the first `ANSWERED` tasks'
+    turns answered with their reference solutions, the later ones held until `release()`."""
+    tasks = builtin_suite().instances(TASKS, templates=TEMPLATES)
+    return ChatServer([oracle_until(tasks, ANSWERED)])
+
+
+@pytest.fixture
+def model() -> Iterator[ChatServer]:
+    with gated_model() as server:
+        yield server
+
+
 @pytest.fixture
 def env(tmp_path: Path, prefect_home: Path, state_dir: Path, cgroup_parent: str) -> dict[str, str]:
     env = cli_env(
@@ -63,17 +92,17 @@ def env(tmp_path: Path, prefect_home: Path, state_dir: Path, cgroup_parent: str)
         state_dir,
         EPIFLOW_PREFECT_LOCAL_IDLE_S=str(IDLE_S),
         EPIFLOW_SANDBOX_CGROUP_PARENT=cgroup_parent,
+        **HELD_TURNS_ENV,
     )
     assert epiflow(env, "db", "upgrade", cwd=tmp_path).returncode == 0
     return env
 
 
-def collect_args(key: str) -> list[str]:
-    # Injected latency (1-2 s on 30% of calls) keeps jails busy long enough to interrupt.
-    faults = json.dumps({"latency_p": 0.3})
+def collect_args(key: str, model: ChatServer) -> list[str]:
     return [
-        "collect", "--tasks", "3", "--rollouts", "2", "--concurrency", "4",
-        "--faults", faults, "--run-key", key, "--json",
+        "collect", "--templates", ",".join(TEMPLATES), "--tasks", str(TASKS),
+        "--rollouts", str(ROLLOUTS), "--concurrency", str(CONCURRENCY),
+        "--policy", f"openai:{model.base_url}#m", "--run-key", key, "--json",
     ]  # fmt: skip
 
 
@@ -86,12 +115,12 @@ def stored(engine: Engine) -> int:
 
 
 def start_victim(
-    env: dict[str, str], tmp_path: Path, key: str
+    env: dict[str, str], tmp_path: Path, key: str, model: ChatServer
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / f"{key}.log"
     with log.open("wb") as sink:
         victim = subprocess.Popen(
-            [EPIFLOW, *collect_args(key)],
+            [EPIFLOW, *collect_args(key, model)],
             env=env,
             cwd=tmp_path,
             stdout=sink,
@@ -102,15 +131,17 @@ def start_victim(
 
 
 def wait_for_progress(
-    victim: subprocess.Popen[bytes], log: Path, engine: Engine, state_dir: Path
+    victim: subprocess.Popen[bytes], log: Path, engine: Engine, state_dir: Path, model: ChatServer
 ) -> int:
+    """Wait until a batch is stored and every worker is mid-episode (its turn held by
+    `model`, its jail open); returns the episodes stored then."""
     landed = wait_until(lambda: stored(engine) >= 16 or victim.poll() is not None, timeout=400)
     assert landed and victim.poll() is None, (
         "collector ended or stalled:\n" + log.read_text()[-3000:]
     )
-    assert wait_until(lambda: bool(processes_mentioning(str(state_dir))), timeout=60), (
-        "no jail was running"
-    )
+    model.wait_held(CONCURRENCY, timeout_s=300)
+    assert victim.poll() is None, log.read_text()[-3000:]
+    assert processes_mentioning(str(state_dir)), "no jail was running"
     return stored(engine)
 
 
@@ -122,9 +153,10 @@ def flow_run_state(prefect_home: Path, flow_run_id: str) -> str:
 
 
 def assert_resumes(
-    env: dict[str, str], tmp_path: Path, engine: Engine, key: str, before: int
+    env: dict[str, str], tmp_path: Path, engine: Engine, key: str, before: int, model: ChatServer
 ) -> None:
-    rerun = epiflow(env, *collect_args(key), cwd=tmp_path)
+    model.release()  # the re-run's turns are answered
+    rerun = epiflow(env, *collect_args(key, model), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     result = json.loads(rerun.stdout)
     assert result["episodes"] == PLANNED and result["executed"] == PLANNED - before
@@ -154,14 +186,16 @@ def test_interrupt_stops_saves_and_resumes(
     prefect_home: Path,
     state_dir: Path,
     cgroup_parent: str,
+    model: ChatServer,
     signum: signal.Signals,
     to_group: bool,
 ) -> None:
     key = f"stop-{signum.name.lower()}"
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    victim, log = start_victim(env, tmp_path, key)
+    victim, log = start_victim(env, tmp_path, key, model)
     try:
-        at_signal = wait_for_progress(victim, log, engine, state_dir)
+        # The held turns stay held: the stop cancels the episodes waiting on them.
+        at_signal = wait_for_progress(victim, log, engine, state_dir, model)
         sent = time.monotonic()
         if to_group:
             os.killpg(victim.pid, signum)
@@ -207,18 +241,23 @@ def test_interrupt_stops_saves_and_resumes(
     assert wait_until(lambda: not cgroups(cgroup_parent), timeout=30), cgroups(cgroup_parent)
     assert live_leases(server_dir(prefect_home)) == []
 
-    assert_resumes(env, tmp_path, engine, key, after)
+    assert_resumes(env, tmp_path, engine, key, after, model)
     engine.dispose()
 
 
 def test_sigkill_leaves_no_jail_cgroup_or_orphan_server(
-    env: dict[str, str], tmp_path: Path, prefect_home: Path, state_dir: Path, cgroup_parent: str
+    env: dict[str, str],
+    tmp_path: Path,
+    prefect_home: Path,
+    state_dir: Path,
+    cgroup_parent: str,
+    model: ChatServer,
 ) -> None:
     key = "killed"
     engine = make_engine(DatabaseSettings(url=env["EPIFLOW_DATABASE_URL"]))
-    victim, log = start_victim(env, tmp_path, key)
+    victim, log = start_victim(env, tmp_path, key, model)
     try:
-        wait_for_progress(victim, log, engine, state_dir)
+        wait_for_progress(victim, log, engine, state_dir, model)
         server = server_pid(prefect_home)
         assert server is not None
     finally:
@@ -237,5 +276,5 @@ def test_sigkill_leaves_no_jail_cgroup_or_orphan_server(
     )
     assert server_pid(prefect_home) is None
 
-    assert_resumes(env, tmp_path, engine, key, before)
+    assert_resumes(env, tmp_path, engine, key, before, model)
     engine.dispose()

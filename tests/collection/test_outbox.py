@@ -1,5 +1,8 @@
 """`Outbox` (pure asyncio): groups by size, by age and on close; a full outbox makes
-`put` wait; a cancelled `put` still keeps its item."""
+`put` wait; a cancelled `put` still keeps its item.
+
+`await started()` is one loop step, not a clock: a task created just before runs its first
+step in it, up to its first wait (nothing here does I/O, so nothing else can delay it)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,11 @@ import asyncio
 import pytest
 
 from collection.outbox import Outbox
+
+
+async def started() -> None:
+    """Let the tasks created before this call run up to their first wait."""
+    await asyncio.sleep(0)
 
 
 def test_full_groups_go_out_at_once_and_the_rest_on_close() -> None:
@@ -42,7 +50,7 @@ def test_next_group_waits_for_the_first_item() -> None:
     async def main() -> list[int]:
         box: Outbox[int] = Outbox(batch_size=2, capacity=4, flush_interval_s=60)
         taking = asyncio.create_task(box.next_group())
-        await asyncio.sleep(0.01)
+        await started()
         assert not taking.done()
         await box.put(1)
         await box.put(2)
@@ -57,7 +65,7 @@ def test_a_full_outbox_makes_put_wait_until_a_group_is_taken() -> None:
         await box.put(1)
         await box.put(2)
         blocked = asyncio.create_task(box.put(3))
-        await asyncio.sleep(0.01)
+        await started()
         assert not blocked.done() and len(box) == 2
         assert box.take() == [1, 2]
         await asyncio.wait_for(blocked, 1)
@@ -71,7 +79,7 @@ def test_a_cancelled_put_keeps_its_item() -> None:
         box: Outbox[int] = Outbox(batch_size=1, capacity=1, flush_interval_s=60)
         await box.put(1)
         blocked = asyncio.create_task(box.put(2))
-        await asyncio.sleep(0.01)
+        await started()
         blocked.cancel()
         with pytest.raises(asyncio.CancelledError):
             await blocked

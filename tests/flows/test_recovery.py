@@ -11,7 +11,9 @@
 
 Short heartbeats (30 s, Prefect's minimum) and a 75 s silence window keep it within a
 few minutes; every wait polls with a deadline. Real nsjail, SQLite, the local object
-directory.
+directory. A run is cancelled or killed at a known point: its policy is a model behind the
+test model server, which answers the first task's turns and holds the later ones
+(`oracle_until`) until the test releases them.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from collection.request import CollectRequest, fresh_run_key
 from config.automations import LATE, NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore
 from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings
+from suites.builtin import builtin_suite
+from tests.agent.chat_server import ChatServer, oracle_until
 from tests.services.prefect_api import Api, wait_for
 from tests.services.prefect_server import PrefectServer
 from tests.services.processes import WebhookServer, kill_tree
@@ -48,6 +53,9 @@ ZOMBIE_AFTER_S = 75
 LATE_AFTER_S = 60  # the setting's minimum
 TEMPLATES = ["csv_to_json", "dir_tree"]
 PLANNED = 8  # 2 templates x 2 tasks x 2 rollouts
+ANSWERED = 1
+"""Tasks (in plan order) whose turns the model of a cancelled or killed run answers at once
+(2 episodes, each stored as it ends); the later tasks' turns are held."""
 
 
 @dataclass
@@ -119,6 +127,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         EPIFLOW_PREFECT_ZOMBIE_AFTER_S=str(ZOMBIE_AFTER_S),
         EPIFLOW_PREFECT_LATE_AFTER_S=str(LATE_AFTER_S),
         EPIFLOW_PREFECT_NOTIFY_WEBHOOK_URL=webhook.url,
+        # A turn held by the test is the test's gate, not a slow endpoint.
+        EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S="900",
     )
     state = Served(server, Api(server.api_url), webhook, env, workdir, db_url, workdir / "objects")
     try:
@@ -286,30 +296,40 @@ def test_failed_nightly_run_that_may_pass_is_retried_then_notified(served: Serve
     assert len(posted) == 1
 
 
-def _slow_nightly_run(served: Served) -> tuple[str, str, Engine, Callable[[], int]]:
-    """A run of the nightly deployment with a small request: every tool call waits a
-    second, and each episode is stored as it ends. (A run the schedule created would be
-    keyed by its night instead: tests/flows/test_parameters.py.) Returns its flow-run id,
-    its run key, an engine on the database (the caller disposes of it) and a count of the
-    episodes it has stored."""
+@pytest.fixture
+def model() -> Iterator[ChatServer]:
+    """The model of `_held_nightly_run`'s request: the first `ANSWERED` tasks' turns
+    answered with their reference solutions, the later ones held until `release()`."""
+    tasks = builtin_suite().instances(2, templates=TEMPLATES)
+    with ChatServer([oracle_until(tasks, ANSWERED)]) as server:
+        yield server
+
+
+def _held_nightly_run(
+    served: Served, model: ChatServer
+) -> tuple[str, str, Engine, Callable[[], int]]:
+    """A run of the nightly deployment with a small request, its policy `model` (which
+    holds the later tasks' turns), each episode stored as it ends. (A run the schedule
+    created would be keyed by its night instead: tests/flows/test_parameters.py.) Returns
+    its flow-run id, its run key, an engine on the database (the caller disposes of it)
+    and a count of the episodes it has stored."""
     api = served.api
     nightly = api.deployment("collect-episodes", "nightly-collect")
     request = {
         "suite": "builtin",
-        "policy": "scripted:oracle",
+        "policy": f"openai:{model.base_url}#m",
         "tasks": 2,
         "rollouts": 2,
         "concurrency": 1,
         "templates": TEMPLATES,
         "batch_size": 1,
-        "faults": {"latency_p": 1.0, "latency_ms": [1000, 1000]},
     }
     run = api.post(
         f"/deployments/{nightly['id']}/create_flow_run",
         {"parameters": {"request": request, "gate": False}},
     )
     run_id = run["id"]
-    key = f"builtin-scripted-oracle-{uuid.UUID(run_id).hex[:8]}"
+    key = fresh_run_key(CollectRequest.model_validate(request), uuid.UUID(run_id))
     engine = make_engine(DatabaseSettings(url=served.db_url))
 
     def stored() -> int:
@@ -327,14 +347,15 @@ def _slow_nightly_run(served: Served) -> tuple[str, str, Engine, Callable[[], in
     return run_id, key, engine, stored
 
 
-def test_ui_cancel_stores_the_run_interrupted(served: Served) -> None:
+def test_ui_cancel_stores_the_run_interrupted(served: Served, model: ChatServer) -> None:
     """The UI's Cancel (the flow run set Cancelling): the run row is `interrupted` (as the
     CLI stores it), the log says how to resume, no task run crashed or stays running."""
     api = served.api
-    run_id, key, engine, stored = _slow_nightly_run(served)
+    run_id, key, engine, stored = _held_nightly_run(served, model)
 
     try:
         wait_for("an episode stored", lambda: stored() >= 1, 600, every=0.5)
+        model.wait_held(1, timeout_s=600)  # mid-episode: the cancel finds it running
         api.post(
             f"/flow_runs/{run_id}/set_state",
             {"state": {"type": "CANCELLING", "message": "cancelled from the UI"}, "force": True},
@@ -415,16 +436,20 @@ def test_late_nightly_run_notifies(served: Served) -> None:
         served.start_serve()
 
 
-def test_killed_nightly_run_is_crashed_recovered_and_completes(served: Served) -> None:
+def test_killed_nightly_run_is_crashed_recovered_and_completes(
+    served: Served, model: ChatServer
+) -> None:
     api = served.api
-    run_id, key, engine, stored = _slow_nightly_run(served)
+    run_id, key, engine, stored = _held_nightly_run(served, model)
 
     try:
         wait_for("two episodes stored", lambda: stored() >= 2, 600, every=0.5)
+        model.wait_held(1, timeout_s=600)  # mid-episode: the kill finds it running
         assert api.flow_run(run_id)["state_type"] == "RUNNING"
         served.kill_serve()
         before = stored()
         assert before < PLANNED, "the run finished before it could be killed"
+        model.release()  # the recovered run's turns are answered
 
         # Nothing ended the run: the heartbeat automation notices the silence.
         crashed = wait_for(

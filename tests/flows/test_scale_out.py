@@ -9,6 +9,11 @@ process was killed before its first heartbeat: the silence counts from Pending),
 starts the shard again, the other worker resumes it, and the run completes with the right
 totals read from SQL: every episode exactly once, every object in S3, nothing orphaned,
 and no Prefect result file written on any worker. Real Prefect server, workers, nsjail.
+
+The kill comes at a known point, however fast the machine: the policy is a model behind the
+test model server, which answers the first tasks' turns at once and holds the last task's
+(`oracle_until`); shards take every other episode in plan order, so each shard holds its last
+episode, and the worker is killed once both are held, then the turns are released.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from storage.db import make_engine
 from storage.objects import make_object_store
 from storage.orphans import list_orphans
 from storage.settings import DatabaseSettings, ObjectStoreSettings
+from suites.builtin import builtin_suite
+from tests.agent.chat_server import ChatServer, oracle_until
 from tests.services.prefect_api import Api, wait_for
 from tests.services.prefect_server import BIN, PrefectServer
 from tests.services.processes import descendants, kill_tree
@@ -39,7 +46,11 @@ EPIFLOW = str(BIN / "epiflow")
 POOL = "epiflow-process"
 HEARTBEAT_S = 30
 ZOMBIE_AFTER_S = 75
+TEMPLATES = ["csv_to_json", "dir_tree", "log_errors", "config_update"]
 PLANNED = 8  # 4 templates x 1 task x 2 rollouts, 4 per shard
+ANSWERED = 3
+"""Tasks (in plan order) whose turns the model answers at once; the last task's two episodes
+(one per shard: shards take every other episode) are held until the worker is killed."""
 # Its own deadlines, inside pytest-timeout's 600 s so that a hang fails with the shards'
 # states, the automations' trail and the logs instead of a stack of `poll()`. Measured:
 # 151 s in all (under pytest-xdist, load 2.3), the kill-to-end part ~2 min (75 s of
@@ -55,6 +66,13 @@ def engine(pg_url: str) -> Iterator[Engine]:
     made = make_engine(DatabaseSettings(url=pg_url))
     yield made
     made.dispose()
+
+
+@pytest.fixture
+def model() -> Iterator[ChatServer]:
+    tasks = builtin_suite().instances(1, templates=TEMPLATES)
+    with ChatServer([oracle_until(tasks, ANSWERED)]) as server:
+        yield server
 
 
 @pytest.fixture
@@ -97,6 +115,7 @@ def test_isolated_workers_survive_a_killed_worker(
     engine: Engine,
     s3_settings: ObjectStoreSettings,
     machines: list[Path],
+    model: ChatServer,
 ) -> None:
     migrate.upgrade(engine)
     assert s3_settings.access_key and s3_settings.secret_key
@@ -110,6 +129,8 @@ def test_isolated_workers_survive_a_killed_worker(
         "EPIFLOW_PREFECT_API_URL": prefect_server.api_url,
         "EPIFLOW_PREFECT_HEARTBEAT_S": str(HEARTBEAT_S),
         "EPIFLOW_PREFECT_ZOMBIE_AFTER_S": str(ZOMBIE_AFTER_S),
+        # A turn held by the test is the test's gate, not a slow endpoint.
+        "EPIFLOW_AGENT_POLICY_REQUEST_TIMEOUT_S": "900",
     }
     parent, *workers_roots = machines
     parent_env = machine_env(prefect_server, parent, shared)
@@ -165,12 +186,11 @@ def test_isolated_workers_survive_a_killed_worker(
             "--rollouts",
             "2",
             "--templates",
-            "csv_to_json,dir_tree,log_errors,config_update",
+            ",".join(TEMPLATES),
             "--concurrency",
             "1",
-            # Every tool call waits a second: the shards are mid-way when one is killed.
-            "--faults",
-            '{"latency_p": 1.0, "latency_ms": [1000, 1000]}',
+            "--policy",
+            f"openai:{model.base_url}#m",
             "--shards",
             "2",
             "--shard-deployment",
@@ -197,11 +217,14 @@ def test_isolated_workers_survive_a_killed_worker(
 
     try:
         wait_for("both workers mid-shard", both_busy, BUSY_WITHIN_S, every=0.5)
+        # Each shard's last episode is held: both workers stay mid-shard until the release.
+        model.wait_held(2, timeout_s=BUSY_WITHIN_S)
         killed = workers[0]
         kill_tree(killed.pid)
         killed.wait()
         before = stored()
         assert before < PLANNED, "the shards finished before a worker could be killed"
+        model.release()  # the other shard, and the killed one's second run, go on
         try:
             out, err = collect.communicate(timeout=END_WITHIN_S)
         except subprocess.TimeoutExpired:

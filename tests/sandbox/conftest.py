@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,17 @@ def episode_state(state_dir: Path) -> set[str]:
         return set()
     shared = ("etc-", "executor-", ".etc-", ".executor-")
     return {p.name for p in state_dir.iterdir() if not p.name.startswith(shared)}
+
+
+async def until(condition: Callable[[], bool], what: str, *, timeout_s: float = 60.0) -> None:
+    """Return once `condition()` holds, polling on the running loop. `timeout_s` only bounds
+    a broken test (it fails naming `what`); nothing is timed by it."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout_s:g} s")
+        # Poll interval of a poll-until (it ends on its condition or deadline): not a clock.
+        await asyncio.sleep(0.02)
 
 
 def mount_count() -> int:

@@ -22,7 +22,7 @@ from sandbox import (
 )
 from sandbox.factory import start_jail
 from sandbox.host import prepare_host
-from tests.sandbox.conftest import SMALL, Jails
+from tests.sandbox.conftest import SMALL, Jails, until
 
 FAULTS = FaultProfile(permission_denied_p=0.3, network_failure_p=0.3, latency_p=0.0)
 
@@ -96,13 +96,13 @@ def test_pooled_opener_gives_each_episode_its_own_jail(
                 async with await jails.open(SMALL, faults=FAULTS, fault_seed=n) as cold:
                     assert await faults_seen(box) == await faults_seen(cold)
                 await box.close()
-            # Four episodes in all: one more jail, never a fifth.
-            await asyncio.sleep(0.5)
-            assert pool.idle + pool.starting == 1
+            # Four episodes in all: one more jail, never a fifth. A refill creates its
+            # start at once (in `acquire`), so a fifth would already be counted here.
+            await asyncio.wait_for(pool.wait_idle(1), 120)
+            assert pool.idle == 1 and not pool.starting
             last = await pool.open_sandbox(SMALL)
             jails.track(last)
             await last.close()
-            await asyncio.sleep(0.2)
             assert pool.idle == 0 and not pool.starting
             # Another spec is not the pool's: a cold jail of that spec.
             other = SMALL.model_copy(update={"pids": 32})
@@ -176,16 +176,24 @@ def test_a_start_failing_unexpectedly_leaves_no_episode_waiting(
     made to fail that way on purpose)."""
     import sandbox.pool as pool_module
 
-    async def broken(*args: object, **kwargs: object) -> object:
-        await asyncio.sleep(0.2)
-        raise RuntimeError("the host's state dir vanished")
-
     async def body() -> None:
+        waited_on = asyncio.Event()
+
+        async def broken(*args: object, **kwargs: object) -> object:
+            # The background start fails only once an episode waits for it: the case
+            # under test, however the loop is scheduled.
+            await waited_on.wait()
+            raise RuntimeError("the host's state dir vanished")
+
         monkeypatch.setattr(pool_module, "start_jail", broken)
         pool = WarmPool(SMALL, size=1, settings=jails.settings)
         await pool.start(wait=False)
+        acquiring = asyncio.ensure_future(asyncio.wait_for(pool.acquire(), 60))
+        await until(lambda: pool.waiting == 1, "an episode waiting for the start")
+        waited_on.set()
         with pytest.raises(RuntimeError, match="state dir vanished"):
-            await asyncio.wait_for(pool.acquire(), 60)
+            await acquiring
+        assert pool.waiting == 0
         await pool.close()
 
     asyncio.run(body())
@@ -199,6 +207,8 @@ def test_closing_or_cancelling_mid_start_leaves_nothing_behind(
         # A jail start cancelled before the executor answered kills what it started.
         for delay in (0.0, 0.002, 0.005, 0.01):
             task = asyncio.ensure_future(start_jail(SMALL, host, jails.settings))
+            # Not a clock: the delays spread the cancel over the start's steps, and either
+            # outcome (cancelled, or ready first and killed below) is checked.
             await asyncio.sleep(delay)
             task.cancel()
             try:
@@ -211,6 +221,8 @@ def test_closing_or_cancelling_mid_start_leaves_nothing_behind(
         pool = WarmPool(SMALL, size=4, settings=jails.settings)
         await pool.start(wait=False)
         waiting = asyncio.ensure_future(pool.acquire())
+        # One loop step, not a clock: the acquire is under way; wherever the cancel finds
+        # it, nothing is left behind.
         await asyncio.sleep(0)
         waiting.cancel()
         try:

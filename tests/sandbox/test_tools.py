@@ -20,7 +20,7 @@ from sandbox import (
     open_sandbox,
 )
 from sandbox.tool_specs import BUILTIN_TOOLS
-from tests.sandbox.conftest import SMALL, Jails
+from tests.sandbox.conftest import SMALL, Jails, until
 
 
 def test_execute_shell_reports_exit_code_output_and_usage(jails: Jails) -> None:
@@ -223,7 +223,7 @@ def test_soft_warning_then_hard_timeout(jails: Jails) -> None:
         try:
             first = await box.call_tool("execute_shell", {"command": "true"})
             assert not first.soft_timeout_warning
-            await asyncio.sleep(0.4)
+            await until(lambda: box.age_s >= spec.soft_timeout_s, "past the soft timeout")
             warned = await box.call_tool("execute_shell", {"command": "true"})
             assert warned.ok and warned.soft_timeout_warning
             with pytest.raises(EpisodeHardTimeout):
@@ -356,8 +356,9 @@ def test_idle_episode_is_killed_at_the_hard_timeout(jails: Jails) -> None:
     async def body() -> None:
         box = await jails.open(spec)
         try:
-            await asyncio.sleep(0.8)
-            assert box.hard_timed_out and not box.jail.alive
+            # An idle episode makes no call: the hard timer alone ends it.
+            await until(lambda: box.hard_timed_out, "past the hard timeout")
+            await until(lambda: not box.jail.alive, "killed at the hard timeout")
             with pytest.raises(EpisodeHardTimeout):
                 await box.exec(["true"])
         finally:

@@ -154,7 +154,16 @@ print(json.dumps({"score": 0.0, "reason": json.dumps({"seen": sorted(seen), "oth
                 "nohup sh -c 'while true; do pkill -STOP python3; pkill -KILL python3; done'"
                 " >/dev/null 2>&1 &",
             )
-            await asyncio.sleep(0.2)
+            # Both loops are running before the verifier starts: a poll-until in the jail,
+            # its deadline the call's timeout. (The brackets keep each pattern from
+            # matching this command's own line.)
+            running = await shell(
+                box,
+                "until grep -qs 'echo 4[2] > answer' /proc/[0-9]*/cmdline"
+                " && grep -qs 'pkill -[S]TOP' /proc/[0-9]*/cmdline; do sleep 0.05; done",
+                timeout=60,
+            )
+            assert running.ok, running
             outcome = await verdict(box, watcher)
             report = json.loads(outcome.reason)
             assert len(report["seen"]) == 1, report  # a stable file while it was read
