@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from models import CollectionRun, Episode, GrpoRollout, TrainingRun, run_id_for
 from storage.grpo_rollouts import rollout_run_key
 from storage.objects import LocalObjectStore
 from tests.cli.local import (
+    bare_env,
     cgroups,
     last_line,
     private_cgroup_parent,
@@ -104,8 +104,7 @@ def _scenario(
     asyncio.run(collect_in_process(request, engine=engine, store=LocalObjectStore(objects)))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
-    env.update(
+    env = bare_env(
         PYTHONPATH=str(ROOT),
         TMPDIR=str(tmp),
         EPIFLOW_HOME=str(tmp_path / "home"),

@@ -7,7 +7,6 @@ event, close its row `failed`, remove its folder and exit 143 / 130 with one lin
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from collection.request import CollectRequest
 from collection.runner import collect_in_process
 from models import TrainingRun
 from storage.objects import LocalObjectStore
-from tests.cli.local import last_line, wait_until
+from tests.cli.local import bare_env, last_line, wait_until
 from tests.services.processes import kill_tree
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")
@@ -67,8 +66,7 @@ def test_killed_stopped_and_interrupted_trainings_leave_nothing_behind(
     )
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPIFLOW_", "PREFECT_API"))}
-    env.update(
+    env = bare_env(
         PYTHONPATH=str(ROOT),
         TMPDIR=str(tmp),
         EPIFLOW_HOME=str(tmp_path / "home"),
