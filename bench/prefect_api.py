@@ -8,7 +8,7 @@ answers `/health` (timed after imports), two ways, each in a fresh Prefect home:
 - `ephemeral_*`: each process starts Prefect's own temporary server
   (`SubprocessASGIServer`, what Prefect does without PREFECT_API_URL) with the timeout
   Prefect uses (20 s), as `epiflow` did before issue 18; failures are counted, not hidden.
-- `shared_*`: each process attaches to the shared local server (`config.prefect_server`):
+- `shared_*`: each process attaches to the shared local server (`orchestration.prefect_server`):
   the first starts it, the others wait on its lock and reuse it.
 - `shared_warm_attach_ms`: one more process attaching to the running shared server.
 
@@ -47,7 +47,7 @@ server.stop()
 
 SHARED = """
 import json, time
-from config.prefect_server import attach
+from orchestration.prefect_server import attach
 from config.settings import PrefectSettings
 t = time.monotonic()
 try:
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="(the only output format)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from config.prefect_server import server_dir, stop
+    from orchestration.prefect_server import server_dir, stop
 
     report: dict[str, object] = {
         "commands": args.commands,

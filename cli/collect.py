@@ -83,7 +83,7 @@ def collect(
     from cli.progress import episode_progress
     from collection.lifecycle import open_collection
     from collection.request import CollectRequest, fresh_run_key
-    from config.prefect import apply_prefect_settings
+    from orchestration.prefect import apply_prefect_settings
 
     settings = load_settings()
     if shards > 1 and not shard_deployment:

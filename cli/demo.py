@@ -23,10 +23,10 @@ from rich.console import Console
 
 from agent.trajectory import utcnow
 from collection.request import CollectRequest
-from config.prefect import apply_prefect_settings
 from config.settings import Settings
 from core.progress import ProgressReporter
 from models import run_id_for
+from orchestration.prefect import apply_prefect_settings
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import make_object_store

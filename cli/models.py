@@ -215,8 +215,8 @@ def monitor(
     from prefect.client.schemas.objects import State
 
     from cli.ops import _prefect
-    from config.automations import NOTIFY_TAG
     from flows.monitor import monitor as monitor_flow
+    from orchestration.automations import NOTIFY_TAG
     from storage.exchange import IMPORT_FORMATS
     from training.monitor import MonitorVerdict
 
@@ -229,7 +229,7 @@ def monitor(
     _prefect()
 
     async def judged() -> object:
-        with tags(NOTIFY_TAG):  # a breach's Failed run is announced (config.automations)
+        with tags(NOTIFY_TAG):  # a breach's Failed run is announced (orchestration.automations)
             state: State[Any] = await monitor_flow(
                 alias=alias,
                 run=run,

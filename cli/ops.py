@@ -18,7 +18,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
 def _prefect() -> None:
-    from config.prefect import apply_prefect_settings
+    from orchestration.prefect import apply_prefect_settings
 
     apply_prefect_settings(load_settings().prefect)
 
@@ -213,8 +213,8 @@ def serve() -> None:
     _prefect()
     from prefect import serve as prefect_serve
 
-    from config.automations import ensure_automations
     from flows.deployments import runner_deployments
+    from orchestration.automations import ensure_automations
 
     report = asyncio.run(ensure_automations(settings.prefect))
     out.print(f"Prefect automations: {report.line()}", highlight=False)

@@ -200,7 +200,7 @@ def db_verify(
 def prefect_start() -> None:
     """Start the shared local server (or find it running) and print its UI address; it
     stops after EPIFLOW_PREFECT_LOCAL_IDLE_S without a command attached."""
-    from config.prefect_server import attach
+    from orchestration.prefect_server import attach
 
     settings = _settings().prefect
     attached = attach(settings)
@@ -219,7 +219,7 @@ def prefect_status(
     (with EPIFLOW_PREFECT_API_URL set: whether that API answers)."""
     from dataclasses import asdict
 
-    from config.prefect_server import remote_status, status
+    from orchestration.prefect_server import remote_status, status
 
     api_url = _settings().prefect.api_url
     found = remote_status(api_url) if api_url else status()
@@ -241,7 +241,7 @@ def prefect_status(
 @prefect_app.command("stop")
 def prefect_stop() -> None:
     """Stop the shared local Prefect server now (commands attached to it lose their API)."""
-    from config.prefect_server import stop
+    from orchestration.prefect_server import stop
 
     stopped = stop()
     _out().print(
@@ -257,8 +257,8 @@ def prefect_setup() -> None:
     `epiflow serve` runs it too."""
     import asyncio
 
-    from config.automations import ensure_automations
-    from config.prefect import apply_prefect_settings
+    from orchestration.automations import ensure_automations
+    from orchestration.prefect import apply_prefect_settings
 
     settings = _settings().prefect
     url = apply_prefect_settings(settings)

@@ -18,7 +18,7 @@ preflight=True)` opens the collection (policy, schema, object store) and then ru
 A new check is one more step of `preflight_checks`. The run key's lock is taken after
 them, by `open_collection`, and held until the collection closes.
 
-The Prefect API is the entry point's to check (`config.prefect.apply_prefect_settings`):
+The Prefect API is the entry point's to check (`orchestration.prefect.apply_prefect_settings`):
 nothing here imports Prefect.
 """
 

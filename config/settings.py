@@ -48,7 +48,7 @@ class PrefectSettings(BaseSettings):
         default=None,
         description=(
             "Prefect API URL, e.g. http://prefect:4200/api (env EPIFLOW_PREFECT_API_URL). "
-            "Unset: the shared local server (`config/prefect_server.py`), started on demand "
+            "Unset: the shared local server (`orchestration/prefect_server.py`), started on demand "
             "and reused by every epiflow command of this Prefect home."
         ),
     )

@@ -21,7 +21,7 @@ Retries: an error whose class sets `retryable = False` is in the input itself (a
 unknown suite, template or policy, a malformed spec, an invalid setting): running the
 same thing again fails the same way. Prefect flows fail such a run once, with the error's
 one line and no traceback, and neither a task's nor the flow run's retries run it again
-(`config.retries`). Every other error may be an outage and is retried where retries are
+(`orchestration.retries`). Every other error may be an outage and is retried where retries are
 declared.
 """
 

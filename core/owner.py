@@ -4,7 +4,7 @@ A process is its pid and its start time (clock ticks since boot, field 22 of
 `/proc/PID/stat`): the pid alone is not enough, because a pid is reused once its process
 has gone; and a zombie is gone, though its `/proc` entry stays until it is reaped. This is
 the one home of that rule: the shared Prefect server's state and leases
-(`config/prefect_server.py`) use it too. An owner is `host pid start-time`. Scratch directories record their owner in a file (`core/scratch.py`); a
+(`orchestration/prefect_server.py`) use it too. An owner is `host pid start-time`. Scratch directories record their owner in a file (`core/scratch.py`); a
 `training_run` row records it in a column, so the next training (or `epiflow db orphans
 --fix`) can mark the rows of killed trainings `crashed`. Only the owner's own host can
 tell whether it is gone: another host's owner is never judged.

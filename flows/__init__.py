@@ -6,7 +6,7 @@ bytecode dumps while `datasets` hashes a dataset, progress bars) stays on the wo
 console and out of the run's log. The run's log gets one INFO line per stage from the
 flow itself, plus what epiflow's own module loggers (`logging.getLogger(__name__)` in
 `collection`, `scoring`, `training`, …) report — retries, skipped work, stops — through
-`route_library_logs`, which also keeps deterministic errors (`config.retries`) to one line.
+`route_library_logs`, which also keeps deterministic errors (`orchestration.retries`) to one line.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def route_library_logs() -> None:
     global _routed
     if _routed:
         return
-    from config.retries import quiet_deterministic_tracebacks
+    from orchestration.retries import quiet_deterministic_tracebacks
 
     quiet_deterministic_tracebacks()
     from prefect.context import FlowRunContext, TaskRunContext

@@ -64,11 +64,11 @@ from collection.lifecycle import (
 from collection.plan import Plan, PlannedEpisode, Shard
 from collection.request import CollectRequest, CollectResult, fresh_run_key, nightly_run_key
 from collection.runner import PersistedGroup, run_episodes
-from config.automations import crash_detection_gap
-from config.retries import fail_once, retry_unless_deterministic
 from config.settings import Settings, load_settings
 from flows import artifact_key, link_objects, route_library_logs
 from flows.qc import GateOptions, QcGateResult, qc_gate
+from orchestration.automations import crash_detection_gap
+from orchestration.retries import fail_once, retry_unless_deterministic
 from reports.run_summary import summary_markdown, summary_table
 
 PROGRESS_INTERVAL_S = 2.0
@@ -463,7 +463,7 @@ async def fan_out(collection: Collection, *, shards: int, deployment: str) -> Co
     """Run the collection as `shards` flow runs of `deployment` and wait for them all; a
     shard that crashed or failed runs again (`SHARD_ATTEMPTS`). The totals come from SQL,
     never from the shards' Prefect results, which stay on their workers. Without the zombie
-    automation (`config.automations.crash_detection_gap`) a lost worker's shard is never
+    automation (`orchestration.automations.crash_detection_gap`) a lost worker's shard is never
     seen as crashed: the run warns at its start.
 
     Raises:
@@ -553,5 +553,5 @@ nightly_collect_episodes = collect_episodes.with_options(
 )
 """`collect-episodes` as the nightly deployment runs it: a failed attempt is retried
 (`NIGHTLY_RETRIES`), and a crashed one is put back to Scheduled by the recovery automation
-(`config.automations`); every attempt resumes the night's run key. Attempts beyond the
+(`orchestration.automations`); every attempt resumes the night's run key. Attempts beyond the
 retries end Failed (which notifies)."""

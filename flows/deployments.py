@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.automations import NOTIFY_TAG, RECOVER_TAG
+from orchestration.automations import NOTIFY_TAG, RECOVER_TAG
 
 NIGHTLY_CRON = "0 2 * * *"
 """02:00 UTC every night."""

@@ -14,7 +14,7 @@ How a breach is announced: the flow emits the Prefect event `epiflow.monitor.bre
 (resource `epiflow.model-alias.<alias>`, the champion checkpoint related, the figures as
 payload; the UI's event feed shows it and an automation may trigger on it) and the flow
 run ends **Failed** with the verdict as its message, so the `epiflow-notify` automation
-(`config.automations`) posts it to the webhook for runs tagged `epiflow-notify` (the CLI
+(`orchestration.automations`) posts it to the webhook for runs tagged `epiflow-notify` (the CLI
 tags its runs). An environment alert alone (the infrastructure share) emits
 `epiflow.monitor.alert` and the run completes: it is not the model's.
 """

@@ -35,12 +35,12 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from config.automations import NOTIFY_TAG
 from config.settings import Settings, load_qc_config, load_settings
 from core.scratch import scratch_dir
 from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
+from orchestration.automations import NOTIFY_TAG
 from training.errors import DatasetSelectionError, TrainerError, TrainingStopped
 from training.grpo_figures import TokenRate, grpo_step_figures, is_grpo_step, step_summary
 from training.pipeline import TrainedModel

@@ -68,7 +68,7 @@ def _stop_local_prefect_server() -> Iterator[None]:
     Prefect server of the session's Prefect home; stop it when the session ends instead
     of leaving it for its idle period."""
     yield
-    from config.prefect_server import server_dir, stop
+    from orchestration.prefect_server import server_dir, stop
 
     stop(server_dir(Path(os.environ["PREFECT_HOME"])))
 

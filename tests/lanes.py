@@ -67,7 +67,9 @@ OUT_OF_LANE: tuple[EntryPoint, ...] = (
     ),
     EntryPoint("tests.services.prefect_server", "PrefectServer", "starts a `prefect server`"),
     EntryPoint(
-        "config.prefect_server", "attach", "starts or attaches to the shared local Prefect server"
+        "orchestration.prefect_server",
+        "attach",
+        "starts or attaches to the shared local Prefect server",
     ),
     EntryPoint(
         "tests.cli.local",

@@ -24,6 +24,7 @@ PACKAGES = (
     "expectations",
     "flows",
     "models",
+    "orchestration",
     "reports",
     "sandbox",
     "scoring",

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-from config.prefect_server import server_dir, status, stop
 from core.owner import process_start_ticks
+from orchestration.prefect_server import server_dir, status, stop
 from tests.services.prefect_db import seed_prefect_home
 
 EPIFLOW = str(Path(sys.executable).parent / "epiflow")

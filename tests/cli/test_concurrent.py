@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from config.prefect_server import server_dir
+from orchestration.prefect_server import server_dir
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
 from tests.cli.local import (

@@ -27,8 +27,8 @@ import pytest
 from sqlalchemy import Engine, func, select, text
 from sqlmodel import col
 
-from config.prefect_server import live_leases, server_dir, status
 from models import Episode
+from orchestration.prefect_server import live_leases, server_dir, status
 from storage.db import make_engine
 from storage.settings import DatabaseSettings
 from suites.builtin import builtin_suite

@@ -1,4 +1,4 @@
-"""Deterministic failures end a flow run once (`config.retries`), through Prefect's real test
+"""Deterministic failures end a flow run once (`orchestration.retries`), through Prefect's real test
 harness: a request with an unknown template fails on its first attempt although the flow
 has retries; a failure that may be an outage (a deployment that does not answer) is
 retried. The attempts are counted on the flow run (`run_count`, its state history), never
@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine
 
 from collection.errors import CollectError, RequestError
-from config.retries import is_deterministic, quiet_deterministic_tracebacks
 from core.errors import EpiflowError
+from orchestration.retries import is_deterministic, quiet_deterministic_tracebacks
 from storage.objects import LocalObjectStore
 from tests.services.prefect_api import wait_for
 

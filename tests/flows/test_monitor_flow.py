@@ -85,8 +85,8 @@ async def _run(**parameters: Any) -> Any:
     from prefect import tags
     from prefect.client.orchestration import get_client
 
-    from config.automations import NOTIFY_TAG
     from flows.monitor import monitor
+    from orchestration.automations import NOTIFY_TAG
 
     with tags(NOTIFY_TAG):
         state = await monitor(return_state=True, **parameters)

@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from collection.request import CollectRequest, fresh_run_key
-from config.automations import LATE, NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
+from orchestration.automations import LATE, NOTIFY, RECOVER, STUCK_CANCEL, ZOMBIE
 from storage import migrate
 from storage.db import make_engine
 from storage.objects import LocalObjectStore

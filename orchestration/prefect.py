@@ -2,7 +2,7 @@
 
 Prefect reads `PREFECT_API_URL` when it builds its settings (at import). The URL is, in
 order: `EPIFLOW_PREFECT_API_URL`; a `PREFECT_API_URL` already in the environment; else
-the shared local server (`config.prefect_server`), started on demand and reused by every
+the shared local server (`orchestration.prefect_server`), started on demand and reused by every
 epiflow command of this Prefect home. Either way the API must answer before the command
 goes on, so a command never fails half-way because Prefect could not start.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-from config.prefect_server import API_URL_SETTING, attach, wait_remote
 from config.settings import PrefectSettings
+from orchestration.prefect_server import API_URL_SETTING, attach, wait_remote
 
 
 def apply_prefect_settings(settings: PrefectSettings) -> str:
@@ -22,7 +22,7 @@ def apply_prefect_settings(settings: PrefectSettings) -> str:
         PrefectUnavailable: the API did not answer in time (one line naming the setting).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Heartbeats are how a dead flow run is told from a slow one (`config.automations`);
+    # Heartbeats are how a dead flow run is told from a slow one (`orchestration.automations`);
     # flow runs this process starts, and `serve`'s subprocesses, inherit the period.
     os.environ.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", str(settings.heartbeat_s))
     if settings.api_url:

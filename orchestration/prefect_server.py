@@ -11,7 +11,7 @@ every command attaches to one local server, kept in `<PREFECT_HOME>/epiflow-serv
     server.log     its log
     leases/        one file per attached command process (`<pid>-<start time>`)
 
-Lifecycle. The first command takes the lock, starts `python -m config.prefect_server` in
+Lifecycle. The first command takes the lock, starts `python -m orchestration.prefect_server` in
 its own session (so no signal meant for the command reaches it), waits until `/health`
 answers, and writes its lease; later commands find it healthy and only write a lease.
 A lease is removed when its command exits; one whose process is gone (`kill -9`) counts
@@ -320,7 +320,7 @@ def _start(directory: Path, settings: PrefectSettings, port: int) -> ServerState
             [
                 sys.executable,
                 "-m",
-                "config.prefect_server",
+                "orchestration.prefect_server",
                 "serve",
                 "--dir",
                 str(directory),
@@ -520,8 +520,8 @@ def serve(directory: Path, port: int, idle_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m config.prefect_server serve --dir D --port P --idle-s S`."""
-    parser = argparse.ArgumentParser(prog="config.prefect_server")
+    """`python -m orchestration.prefect_server serve --dir D --port P --idle-s S`."""
+    parser = argparse.ArgumentParser(prog="orchestration.prefect_server")
     parser.add_argument("command", choices=["serve"])
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)

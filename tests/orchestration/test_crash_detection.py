@@ -1,4 +1,4 @@
-"""`config.automations.crash_detection_gap` against Prefect's real test harness: it names
+"""`orchestration.automations.crash_detection_gap` against Prefect's real test harness: it names
 what is wrong while the zombie automation is missing, disabled or set up by an older
 epiflow (silence counted only after a heartbeat), and nothing once `ensure_automations`
 set it up. The automations are removed again: the harness is shared by the session."""
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from config.automations import ZOMBIE, automations, crash_detection_gap, ensure_automations
 from config.settings import PrefectSettings
+from orchestration.automations import ZOMBIE, automations, crash_detection_gap, ensure_automations
 
 
 async def _delete_all() -> None:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from config.prefect_server import (
+from config.settings import PrefectSettings
+from core.owner import process_start_ticks
+from orchestration.prefect_server import (
     PrefectUnavailable,
     ServerState,
     _locked,
@@ -27,8 +29,6 @@ from config.prefect_server import (
     live_leases,
     read_state,
 )
-from config.settings import PrefectSettings
-from core.owner import process_start_ticks
 
 
 class FakeServer:
