@@ -3,7 +3,8 @@
 One `harbor_episode` row per episode of a Harbor task (`suites/harbor/`): the task's
 metadata as columns to group by (difficulty label, category, tags), the image it ran in
 and every substitution made to run it here, the reward file's keys; one `harbor_test` row
-per test of its CTRF report (`/logs/verifier/ctrf.json`, also stored as an artifact).
+per test of its CTRF report (`/logs/verifier/ctrf.json`, also stored as an object with its
+`artifact` row).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The object store: where artifacts (traces, raw outputs, datasets, checkpoints, docs) live.
+"""The object store: where objects (traces, raw outputs, datasets, checkpoints, docs) live.
 
 Two implementations pass one contract test suite: `LocalObjectStore` (a directory, the
 default) and `S3ObjectStore` (any S3 through the `minio` SDK: MinIO in production).
@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 
 class ObjectInfo(BaseModel):
-    """What was written: key, size and sha256 (stored on the `artifact` row)."""
+    """What was written: key, size and sha256 (an episode's object: also on its `artifact` row)."""
 
     model_config = ConfigDict(frozen=True)
 

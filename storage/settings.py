@@ -118,7 +118,7 @@ class DatabaseSettings(BaseSettings):
 
 
 class ObjectStoreSettings(BaseSettings):
-    """Where artifacts live: a local directory by default, or any S3 bucket (MinIO in production)."""
+    """Where objects live: a local directory by default, or any S3 bucket (MinIO in production)."""
 
     model_config = SettingsConfigDict(env_prefix="EPIFLOW_OBJECTS_", extra="ignore")
 

@@ -9,7 +9,7 @@ its shims first on `PATH`). `bash /tests/test.sh` runs there, as written, from t
 
 The reward comes from `/logs/verifier/reward.txt` (a number) or `reward.json` (an object of
 named numbers: `reward`, else `score`, else the suite's reward rule over them, the mean by
-default: `tasks/harbor_reward.py`; every key is stored); it must lie in [0, 1]. `ctrf.json`, when written, is stored (the episode's artifact) with its per-test
+default: `tasks/harbor_reward.py`; every key is stored); it must lie in [0, 1]. `ctrf.json`, when written, is stored (an object of the episode, with its `artifact` row) with its per-test
 results. A script that exits non-zero without writing a reward (`set -e` before a failing
 pytest) scores 0, and so does a workdir the agent filled past the export's caps (files,
 bytes) while the image's own workdir fits them. Infrastructure errors (`error=True`, the
