@@ -49,15 +49,17 @@ Against one sandbox alone (`added_ms_p50`, kept, the stricter figure) the server
 also be charged with the jails' own queueing at that load (on 2 cores the direct call
 goes from a few ms alone to ~40 ms with 64 at once), which no server can remove.
 
-The floor. At N sessions each step of a round waits for the server's work on the other
-N − 1 steps. With c ms of server CPU per step, the N steps of a round need N × c ms of
-CPU beyond what the direct calls need; spread perfectly over every core that is still
-N × c / cores of added latency (`added_ms_floor`), and the share done by the one event
-loop (c_loop per step) cannot be spread at all: a round lasts at least N × c_loop
-(`step_ms_floor_one_loop`). So 5 ms added at 64 sessions on 2 cores would need
-c ≤ 5 × 2 / 64 ≈ 0.16 ms of server CPU per step, resets and storage included; a bare
-WebSocket round trip on the same stack (uvicorn, Starlette, websockets) already costs
-about that.
+The floors. At N sessions each step of a round waits for the server's work on the other
+N − 1 steps. With c ms of server CPU per step, the N steps of a round need N × c ms of CPU
+beyond what the jails need; spread perfectly over every core that is N × c / cores of
+added latency (`added_ms_floor`). An estimate from above more than a strict floor: c
+includes the sandbox client's work (the request's JSON, the pipe), which the direct call
+pays too, in this process. The event loop's share (c_loop per step) runs on one thread
+and cannot be spread: a round lasts at least N × c_loop (`step_ms_floor_one_loop`), and at
+64 sessions on 2 cores this is the one that binds. So 5 ms added at 64 sessions on 2
+cores would need the server's own CPU per step near 5 × 2 / 64 ≈ 0.16 ms, resets and
+storage included; a bare WebSocket round trip on the same stack (uvicorn, Starlette,
+websockets) already costs about that.
 
 Not a test: the numbers move with the machine and its load.
 """
