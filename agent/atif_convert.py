@@ -47,6 +47,7 @@ from agent.trajectory import (
     ContextStep,
     EpisodeStatus,
     FailureCategory,
+    HistoryHash,
     ParseKind,
     Step,
     Trajectory,
@@ -166,26 +167,6 @@ def _parse_time(value: str | None) -> datetime | None:
 
 def _tools_of(traj: Trajectory) -> list[ToolSpec]:
     return [BUILTIN_TOOLS[name] for name in traj.tool_versions if name in BUILTIN_TOOLS]
-
-
-class _History:
-    """`history_hash` of a growing message list in linear time: the canonical JSON of a
-    list is `[` + its items joined by `,` + `]`, so the digest of each prefix is a copy of
-    one running hash plus the closing bracket."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256(b"[")
-        self._empty = True
-
-    def append(self, role: str, content: str) -> None:
-        item = _canonical({"role": role, "content": content})
-        self._hash.update((b"" if self._empty else b",") + item.encode("utf-8", "surrogatepass"))
-        self._empty = False
-
-    def digest(self) -> str:
-        h = self._hash.copy()
-        h.update(b"]")
-        return h.hexdigest()
 
 
 def _inline(observation: str) -> str:
@@ -457,7 +438,7 @@ def _derive(
     `started`: when the episode started if no step has a timestamp (default: unknown, None)."""
     doc = AtifTrajectory.model_validate(document)
     agent = AgentIdentity.model_validate(doc.agent.model_dump(exclude_none=True))
-    history = _History()
+    history = HistoryHash()
     prompt: str | None = None
     context: list[ContextStep] = []
     steps: list[Step] = []
@@ -470,12 +451,12 @@ def _derive(
             context.append(
                 ContextStep(before_step=len(steps), source=atif_step.source, message=message)
             )
-            history.append(atif_step.source, message)
+            history.extend([{"role": atif_step.source, "content": message}])
             continue
         index = len(steps)
         calls = atif_step.tool_calls or []
         if calls:
-            step = Step(index=index, history_hash=history.digest(), raw_output=message)
+            step = Step(index=index, history_hash=history.hexdigest(), raw_output=message)
             first = calls[0]
             step.parse_kind, step.call_id = ParseKind.TOOL_CALL, first.tool_call_id
             step.tool, step.args = first.function_name, dict(first.arguments)
@@ -485,7 +466,7 @@ def _derive(
                     f"{len(calls)} tool calls in one ATIF step; epiflow's fields hold the first"
                 )
         else:
-            step = parsed_step(index, message, history.digest(), tools)
+            step = parsed_step(index, message, history.hexdigest(), tools)
         step.reasoning_content = atif_step.reasoning_content
         metrics = atif_step.metrics
         if metrics is not None:
@@ -501,9 +482,9 @@ def _derive(
             step.observation = _inline(whole)
             if step.observation is not whole:  # cut: the whole goes to an object of its own
                 step.observation_whole = whole
-        history.append("assistant", step.raw_output)
+        history.extend([{"role": "assistant", "content": step.raw_output}])
         if step.observation is not None:
-            history.append("user", step.observation)
+            history.extend([{"role": "user", "content": step.observation}])
         steps.append(step)
         raw_agent_steps.append(raw)
     if steps and steps[-1].parse_kind == ParseKind.NONE and not steps[-1].observation:

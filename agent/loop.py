@@ -53,11 +53,11 @@ from agent.settings import LoopSettings
 from agent.trajectory import (
     EpisodeStatus,
     FailureCategory,
+    HistoryHash,
     ParseKind,
     Step,
     Trajectory,
     episode_id_for,
-    history_hash,
     utcnow,
 )
 from sandbox.errors import EpisodeHardTimeout, SandboxCrashed, SandboxError
@@ -114,6 +114,8 @@ class _Episode:
             {"role": "system", "content": policy.system_prompt(tools.values())},
             {"role": "user", "content": task.prompt},
         ]
+        self.history = HistoryHash(self.messages)
+        """`history_hash` of `messages`, kept as they grow (each turn encoded once)."""
         self.parse_failures = 0
         self.last_call_key: str | None = None
         self.repeat = 0
@@ -206,7 +208,7 @@ class _Episode:
 
     async def one_step(self, index: int) -> bool:
         """Run step `index`; True when the agent gave its final answer."""
-        step = Step(index=index, history_hash=history_hash(self.messages))
+        step = Step(index=index, history_hash=self.history.hexdigest())
         try:
             text = await self.ask_policy(step)
             self.parse(step, text)
@@ -222,8 +224,9 @@ class _Episode:
                 self.traj.steps.append(step)
             raise
         self.traj.steps.append(step)
-        self.messages.append(assistant_message(step))
-        self.messages.extend(observation_messages(step))
+        turn = [assistant_message(step), *observation_messages(step)]
+        self.messages.extend(turn)
+        self.history.extend(turn)
         if self.parse_failures >= self.settings.max_consecutive_parse_failures:
             reason = (
                 f"{self.parse_failures} unparsable messages in a row (last: {step.parse_error})"

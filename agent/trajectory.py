@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -33,6 +33,7 @@ __all__ = [
     "EpisodeStatus",
     "FailureCategory",
     "FileChange",
+    "HistoryHash",
     "InjectedFault",
     "ParseKind",
     "ResourceUsage",
@@ -60,10 +61,40 @@ def episode_id_for(run_key: str, task_id: str, rollout_index: int) -> uuid.UUID:
     return uuid.uuid5(EPISODE_NAMESPACE, f"{run_key}\x1f{task_id}\x1f{rollout_index}")
 
 
-def history_hash(messages: list[dict[str, Any]]) -> str:
+def history_hash(messages: Iterable[Mapping[str, Any]]) -> str:
     """sha256 of the chat history as canonical JSON (dedup and similar-episode lookups)."""
-    canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+    return HistoryHash(messages).hexdigest()
+
+
+class HistoryHash:
+    """`history_hash` of a growing chat history in linear time (the one spelling of it).
+
+    The canonical JSON of a list is `[`, its items' canonical JSON joined by `,`, then
+    `]`: so each message is encoded once, when it joins the history, and the digest of
+    the history so far is a copy of the running hash plus the closing bracket. The
+    episode loop hashes the history before every step this way instead of re-encoding
+    every earlier turn (the system prompt included) each time.
+    """
+
+    def __init__(self, messages: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._hash = hashlib.sha256(b"[")
+        self._empty = True
+        self.extend(messages)
+
+    def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
+        """Add `messages` to the end of the history."""
+        for message in messages:
+            item = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+            self._hash.update(
+                (b"" if self._empty else b",") + item.encode("utf-8", "surrogatepass")
+            )
+            self._empty = False
+
+    def hexdigest(self) -> str:
+        """The `history_hash` of the history so far."""
+        digest = self._hash.copy()
+        digest.update(b"]")
+        return digest.hexdigest()
 
 
 class EpisodeStatus(StrEnum):

@@ -322,6 +322,9 @@ def make_server(app: FastAPI, *, host: str, port: int) -> uvicorn.Server:
             port=port,
             ws_max_size=WS_FRAME_LIMIT,
             ws_ping_interval=None,
+            # No permessage-deflate: a step's frames are small and the server's CPU per
+            # step is what 64 sessions on a few cores queue behind (docs/trainers.md).
+            ws_per_message_deflate=False,
             lifespan="off",  # the hub is opened and closed by `serve`, around uvicorn
             log_level="warning",
         )

@@ -37,7 +37,7 @@ from environment.errors import (
     SessionDone,
 )
 from environment.wire import Observation, StepResult
-from scoring.rewards import step_rewards
+from scoring.rewards import StepRewards
 from scoring.settings import RewardSettings
 
 __all__ = ["ChannelPolicy", "Session", "Turn"]
@@ -58,6 +58,10 @@ class Session:
     def __init__(self, planned: PlannedEpisode, rewards: RewardSettings) -> None:
         self.planned = planned
         self.rewards = rewards
+        self._step_rewards = StepRewards(rewards)
+        self._rewarded: list[float] = []
+        """The immediate reward of each step observed so far (`StepRewards`, one step at a
+        time: a step's observation does not go over the earlier steps again)."""
         loop = asyncio.get_running_loop()
         self._turn: asyncio.Future[Turn] = loop.create_future()
         self._action: asyncio.Future[PolicyResponse] | None = None
@@ -189,7 +193,9 @@ class Session:
             observation["tool"] = step.tool
             observation["exit_code"] = step.exit_code
             observation["parse_error"] = step.parse_error
-            reward = step_rewards(turn.steps, self.rewards)[-1]
+            for earlier in turn.steps[len(self._rewarded) :]:
+                self._rewarded.append(self._step_rewards.add(earlier))
+            reward = self._rewarded[-1]
             observation["step_reward"] = reward
         return _result(observation, reward, done=False)
 

@@ -20,6 +20,7 @@ __all__ = [
     "PROMPT_PATH_PATTERN",
     "TRANSIENT_ERROR_TYPES",
     "WORKSPACE_ROOT",
+    "RepeatedCalls",
     "blind_write_steps",
     "call_signature",
     "call_target",
@@ -102,24 +103,35 @@ def repeated_call_steps(steps: Sequence[Step]) -> list[int]:
     same content twice is a repeat. A retry after a transient failure (injected fault,
     timeout, network failure) is recovery and does not count.
     """
-    latest: dict[str, tuple[Step, int]] = {}
-    changes = 0
-    repeated: list[int] = []
-    for step in steps:
+    calls = RepeatedCalls()
+    return [step.index for step in steps if calls.add(step)]
+
+
+class RepeatedCalls:
+    """`repeated_call_steps` one step at a time, in step order (the one rule: that
+    function is this class over a whole episode); a session rewards each step as it
+    comes without going over the earlier ones again."""
+
+    def __init__(self) -> None:
+        self._latest: dict[str, tuple[Step, int]] = {}
+        self._changes = 0
+
+    def add(self, step: Step) -> bool:
+        """Whether `step`, following the steps added before it, repeats a call."""
         sig = call_signature(step)
+        repeated = False
         if sig is not None:
-            earlier = latest.get(sig)
-            if (
+            earlier = self._latest.get(sig)
+            repeated = (
                 earlier is not None
-                and earlier[1] == changes
+                and earlier[1] == self._changes
                 and not is_transient_failure(earlier[0])
-            ):
-                repeated.append(step.index)
+            )
         if step.files_changed:
-            changes += 1
+            self._changes += 1
         if sig is not None:
-            latest[sig] = (step, changes)
-    return repeated
+            self._latest[sig] = (step, self._changes)
+        return repeated
 
 
 FILE_EXTENSIONS = (

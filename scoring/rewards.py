@@ -29,11 +29,12 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, Step, Trajectory
-from scoring.calls import call_target, is_format_error, repeated_call_steps
+from scoring.calls import RepeatedCalls, call_target, is_format_error
 from scoring.settings import RewardSettings
 
 __all__ = [
     "RewardBreakdown",
+    "StepRewards",
     "apply_rewards",
     "compute_rewards",
     "discounted_returns",
@@ -64,22 +65,35 @@ def immediate_rewards(trajectory: Trajectory, settings: RewardSettings) -> list[
 def step_rewards(steps: Sequence[Step], settings: RewardSettings) -> list[float]:
     """`immediate_rewards` over the steps so far (a step's reward depends only on it and
     the steps before it, so an episode still running gets its final values)."""
-    repeated = set(repeated_call_steps(steps))
-    seen_targets: set[str] = set()
-    cap = settings.max_step_fraction * settings.final_scale
-    rewards: list[float] = []
-    for step in steps:
+    running = StepRewards(settings)
+    return [running.add(step) for step in steps]
+
+
+class StepRewards:
+    """`step_rewards` one step at a time, in step order (the one formula: that function
+    is this class over a whole episode). `add(step)` is the step's immediate reward
+    given the steps added before it, so a session rewards each step as it comes instead
+    of going over the episode so far again."""
+
+    def __init__(self, settings: RewardSettings) -> None:
+        self.settings = settings
+        self._repeats = RepeatedCalls()
+        self._seen_targets: set[str] = set()
+
+    def add(self, step: Step) -> float:
+        """The clipped immediate reward of `step`, the next step of the episode."""
+        settings = self.settings
+        cap = settings.max_step_fraction * settings.final_scale
         r = settings.format_error_penalty if is_format_error(step) else settings.format_ok_reward
-        if step.index in repeated:
+        if self._repeats.add(step):
             r += settings.repeated_call_penalty
         target = call_target(step)
         # A failed call explored nothing: its successful retry still earns the exploration reward.
         if target is not None and not step.tool_failed:
-            if target not in seen_targets:
+            if target not in self._seen_targets:
                 r += settings.new_path_reward
-            seen_targets.add(target)
-        rewards.append(max(-cap, min(cap, r)))
-    return rewards
+            self._seen_targets.add(target)
+        return max(-cap, min(cap, r))
 
 
 def final_reward(verifier_score: float | None, settings: RewardSettings) -> float:

@@ -4,13 +4,23 @@ test_agent_e2e_nsjail.py): record points, endings, limits and error paths."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+from typing import Any
 
 from agent.loop import run_episode
 from agent.policies import make_policy
+from agent.policies.base import Policy, PolicyRequest, PolicyResponse
 from agent.render import render_final, render_tool_call
 from agent.settings import LoopSettings, NoisyRates, PolicySettings
-from agent.trajectory import EpisodeStatus, FailureCategory, ParseKind, Trajectory, episode_id_for
+from agent.trajectory import (
+    EpisodeStatus,
+    FailureCategory,
+    ParseKind,
+    Trajectory,
+    episode_id_for,
+    history_hash,
+)
 from sandbox.errors import SandboxUnavailable
 from tasks.verify import VerifierOutcome
 from tests.agent.conftest import MemoryOpener, memory_verify
@@ -58,6 +68,27 @@ def test_oracle_succeeds_and_every_record_point_is_filled(task, spec, loop_setti
     shell = traj.steps[2]
     assert shell.exit_code == 0 and shell.stdout == "hello\n" and shell.stdout_bytes == b"hello\n"
     assert opener.opened[0].closed == 1
+
+
+def test_each_step_hashes_the_history_its_policy_saw(task, spec, loop_settings) -> None:
+    """The loop keeps the history hash as the history grows (`HistoryHash`): each step's
+    hash is still sha256 of the canonical JSON of the whole list the policy was sent."""
+    seen: list[list[dict[str, Any]]] = []
+    oracle = make_policy("scripted:oracle", settings=PolicySettings())
+
+    class Recording(Policy):
+        spec = oracle.spec
+
+        async def respond(self, request: PolicyRequest) -> PolicyResponse:
+            seen.append(request.messages)
+            return await oracle.respond(request)
+
+    traj = run(task, Recording(), spec, loop_settings, MemoryOpener())
+    assert traj.status == EpisodeStatus.SUCCESS and len(seen) == len(traj.steps) > 2
+    for step, messages in zip(traj.steps, seen, strict=True):
+        canonical = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        whole = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+        assert step.history_hash == whole == history_hash(messages)
 
 
 def test_idle_policy_ends_with_a_failed_verifier(task, spec, loop_settings) -> None:

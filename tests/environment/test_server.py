@@ -123,6 +123,9 @@ def test_reset_steps_done_with_the_oracle_calls(served: Served) -> None:
 
     async def main() -> dict[str, Any]:
         async with connect(served.ws) as ws:
+            # The client offers permessage-deflate; the server declines (CPU per step).
+            assert ws.response is not None
+            assert "Sec-WebSocket-Extensions" not in ws.response.headers
             first = await _ask(ws, {"type": "reset", "data": {"template": TEMPLATE, "seed": 3}})
             assert first["type"] == "observation", first
             assert first["data"]["observation"]["instruction"] == task.prompt

@@ -100,6 +100,33 @@ def test_an_oracle_session_is_a_stored_successful_episode(engine: Engine, tmp_pa
     assert _status(engine, "env-test") == "completed"
 
 
+def test_each_steps_reward_is_the_stored_immediate_reward(engine: Engine, tmp_path: Path) -> None:
+    """A session rewards each step as it comes (`StepRewards`, one step at a time); what
+    the client is told equals what `apply_rewards` stores over the whole episode: new
+    paths, a repeated call's penalty, a failed call that explores nothing, a parse error."""
+    store = LocalObjectStore(tmp_path / "objects")
+    actions = [
+        Action(tool="execute_shell", arguments={"command": "ls"}),
+        Action(tool="execute_shell", arguments={"command": "ls"}),  # repeated
+        Action(tool="execute_shell", arguments={"command": "false"}),  # failed
+        Action(tool="read_file", arguments={"path": "no/such/file"}),
+        Action(message="no block at all"),  # format error
+        Action(tool="execute_shell", arguments={"command": "ls  "}),  # same target
+    ]
+
+    async def main() -> tuple[uuid.UUID, list[float]]:
+        async with _hub(engine, tmp_path, templates=[TEMPLATE]) as hub:
+            session, _ = await hub.reset(TaskSelection(template=TEMPLATE))
+            told = [(await hub.step(session, a))["reward"] for a in actions]
+            await hub.step(session, Action(final="done"))
+            return session.episode_id, told
+
+    episode, told = asyncio.run(main())
+    stored = load_trajectory(engine, store, episode)
+    assert told == [s.immediate_reward for s in stored.steps[: len(actions)]]
+    assert len(set(told)) > 2  # the rules above gave different rewards
+
+
 def test_two_sessions_on_one_task_are_two_episodes_of_one_run(
     engine: Engine, tmp_path: Path
 ) -> None:
