@@ -79,6 +79,18 @@ def test_every_package_is_on_a_floor() -> None:
     )
 
 
+def test_every_package_is_installed() -> None:
+    """An installed epiflow (`pip install .`, a wheel) has every package: setuptools'
+    `include` list in pyproject.toml names each one (`environment/` was once left out)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    named = sorted(pattern.removesuffix("*") for pattern in include)
+    missing = sorted(set(packages(ROOT)) - set(named))
+    assert not missing, f"pyproject.toml [tool.setuptools.packages.find] include lacks {missing}"
+
+
 def test_no_package_imports_a_package_above_it() -> None:
     floors = floor_order(ARCHITECTURE.read_text())
     offending = upward_imports(ROOT, floors)
