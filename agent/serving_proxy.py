@@ -28,17 +28,17 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agent.errors import ServeAddressError
 from agent.serving import ServedModel
-
-if TYPE_CHECKING:
-    import httpx
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.types import Receive, Scope, Send
 
 __all__ = ["BACKEND_HEADER", "ProxyBackend", "SwitchingProxy", "listen_socket", "run_proxy"]
 
@@ -96,8 +96,6 @@ class ProxyBackend:
 
 def _error(status: int, message: str, code: str) -> Response:
     """An OpenAI-style error body."""
-    from starlette.responses import JSONResponse
-
     return JSONResponse(
         {"error": {"message": message, "type": "invalid_request_error", "code": code}},
         status_code=status,
@@ -122,15 +120,10 @@ class SwitchingProxy:
 
     def app(self) -> Starlette:
         """The ASGI app: `GET /v1/models`, and every other `/v1/…` request forwarded."""
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-            import httpx
-
             # No read timeout: a long generation is the backend's to bound, and a client
             # that gives up closes its connection (which closes the upstream one).
             timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
@@ -148,8 +141,6 @@ class SwitchingProxy:
         )
 
     async def _models(self, _request: Request) -> Response:
-        from starlette.responses import JSONResponse
-
         backend = self.current
         entry = {
             "id": self.model,
@@ -163,8 +154,6 @@ class SwitchingProxy:
         )
 
     async def _forward(self, request: Request) -> Response:
-        import httpx
-
         assert self._client is not None, "the proxy app runs inside its lifespan"
         body = await request.body()
         backend = self.current  # read once: a switch during this request does not move it
@@ -183,8 +172,10 @@ class SwitchingProxy:
             if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
         }
         url = backend.served.base_url.removesuffix("/v1") + request.url.path
+        if request.url.query:
+            url += f"?{request.url.query}"
         upstream_request = self._client.build_request(
-            request.method, url, params=request.query_params, headers=headers, content=body
+            request.method, url, headers=headers, content=body
         )
         backend.acquire()
         try:
@@ -210,27 +201,23 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class _Relay:
-    """The backend's answer relayed as it arrives; the backend's request count is
-    released however the relay ends (sent, client gone, error)."""
+class _Relay(StreamingResponse):
+    """The backend's answer relayed as it arrives (status, headers and bytes untouched,
+    plus `X-Epiflow-Backend`); the backend's request count is released however the relay
+    ends: sent, client gone, or an error."""
 
     def __init__(self, upstream: httpx.Response, backend: ProxyBackend) -> None:
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers[BACKEND_HEADER] = backend.label
+        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
         self._backend = backend
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.responses import StreamingResponse
-
-        upstream = self._upstream
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers[BACKEND_HEADER] = self._backend.label
         try:
-            response = StreamingResponse(
-                upstream.aiter_raw(), status_code=upstream.status_code, headers=headers
-            )
-            await response(scope, receive, send)
+            await super().__call__(scope, receive, send)
         finally:
-            await upstream.aclose()
+            await self._upstream.aclose()
             self._backend.release()
 
 

@@ -163,7 +163,7 @@ class _Backends:
             if stack not in self._stacks:
                 return
             self._stacks.remove(stack)
-            stack.close()
+        stack.close()
 
     async def stop(self, backend: _Backend) -> None:
         await asyncio.to_thread(self._close, backend.stack)
