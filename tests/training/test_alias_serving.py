@@ -177,10 +177,14 @@ def test_serve_follows_a_promotion_and_a_rollback_at_one_url(
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=DEADLINE_S)
+        if code != 128 + signal.SIGTERM and proc.stdout is not None:
+            proc.stdout.close()
     assert code == 128 + signal.SIGTERM, (tmp_path / "stderr.log").read_text()[-3000:]
     assert not _alive(servers), "a transformers serve outlived the command"
     assert not Path(model).exists(), "the served copy of the checkpoint was left behind"
     assert "its servers are stopped" in lines.wait_for("alias 'champion': stopped")
+    assert proc.stdout is not None
+    proc.stdout.close()
 
 
 def test_an_unset_alias_is_refused_in_one_line(
