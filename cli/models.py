@@ -238,11 +238,31 @@ def serve(
                     options=options,
                     policy=settings.policy,
                     announce=announce,
-                )
+                ),
+                on_abandon=_kill_servers,
             )
         except Interrupted as stop:
             announce(f"alias {alias!r}: stopped ({stop}); its servers are stopped")
             raise typer.Exit(code=stop.exit_code) from None
+
+
+def _kill_servers(_signum: int) -> None:
+    """A second signal abandons the stop: SIGKILL each child's process group first (the
+    servers, each the leader of its own), so none outlives the command."""
+    import contextlib
+    import os
+    import signal
+    from pathlib import Path
+
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state_and_parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError):
+            continue
+        if state_and_parent[1:] == [me]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(stat.parent.name), signal.SIGKILL)
 
 
 @app.command("monitor")
