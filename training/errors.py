@@ -15,6 +15,8 @@ TrainingError
 ├── DatasetSelectionError  the train parameters select nothing to train on
 ├── DatasetExportError     a snapshot cannot be exported as asked (format, directory)
 ├── MonitorWindowError     the production monitor was given no window, or two
+├── AliasServingError      `epiflow models serve` cannot serve the alias's checkpoint
+│   └── AliasNotServable   the alias is unset, or points at an external endpoint
 └── RewardEnvironmentError a GRPO rollout's sandbox or verifier broke (never a reward)
 """
 
@@ -97,6 +99,17 @@ class DatasetExportError(TrainingError):
 class MonitorWindowError(TrainingError):
     """The production monitor's window is not named once: neither or both of a run and a
     file, or an unknown file format."""
+
+    retryable = False
+
+
+class AliasServingError(TrainingError):
+    """A model alias's checkpoint cannot be served: it cannot be fetched, or its
+    `transformers serve` did not start (the message names its log)."""
+
+
+class AliasNotServable(AliasServingError):
+    """The alias was never set, or points at an external endpoint, not a checkpoint."""
 
     retryable = False
 

@@ -151,3 +151,40 @@ def test_an_evaluation_through_the_served_checkpoint_in_its_prompt_style(
         chat, add_generation_prompt=True, return_dict=True
     )["input_ids"]
     assert first.prompt_tokens == len(prompt_ids)
+
+
+def test_an_abort_stops_a_server_still_loading(tiny_base_model: Path, tmp_path: Path) -> None:
+    """`abort` (how `epiflow models serve` stops a checkpoint it is still starting) ends
+    the readiness wait with an `EndpointError` and leaves no server behind."""
+    import threading
+
+    import pytest
+
+    from agent.errors import EndpointError
+
+    abort = threading.Event()
+    abort.set()
+    with (
+        pytest.raises(EndpointError, match="stopped before it answered"),
+        serve_checkpoint(
+            tiny_base_model,
+            log_path=tmp_path / "serve.log",
+            policy=PolicySettings(),
+            abort=abort,
+        ),
+    ):
+        pass
+    model = str(tiny_base_model.resolve())
+    servers = [
+        p
+        for p in Path("/proc").glob("[0-9]*/cmdline")
+        if _cmdline(p).count(model) and "serve" in _cmdline(p)
+    ]
+    assert not servers, "the aborted transformers serve is still running"
+
+
+def _cmdline(path: Path) -> str:
+    try:
+        return path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
