@@ -7,7 +7,10 @@ its prose:
   the package registries the build reaches (Debian's apt, PyPI through pip/uv): `git
   clone`/`fetch`/`pull`, `curl`/`wget` of a URL (installer scripts such as
   `astral.sh/uv/install.sh` or `sh.rustup.rs` included), `pip install git+https://…`,
-  `uv python install` (Pythons from GitHub). Such a task is refused up front
+  `uv python install` (Pythons from GitHub), a model or data set from the Hugging Face hub
+  (`from_pretrained(…)`, `hf_hub_download`, `snapshot_download`, `load_dataset(…)` of
+  anything but a quoted local path or a file loader such as `"json"`, `huggingface-cli
+  download`). Such a task is refused up front
   (`network-build`) rather than failing its build.
 - **for the agent** (`agent_network`): `task.toml` names hosts the agent reaches
   (`allowed_hosts` or `network_mode = "allowlist"` in `[agent]` or `[environment]`), or a
@@ -29,7 +32,12 @@ _FETCHES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgit\+(?:https?|ssh)://"), "a git+ URL"),
     (re.compile(r"\b(curl|wget)\b[^;&|\n]*?\b(?:https?|ftp)://([^/\s'\"]+)"), "{0} of {1}"),
     (re.compile(r"\buv\s+python\s+install\b"), "uv python install (Pythons from GitHub)"),
-)
+    (re.compile(r"\b(from_pretrained|hf_hub_download|snapshot_download)\(\s*(?!['\"][./~])"),
+     "{0} from the Hugging Face hub"),
+    (re.compile(r"\bload_dataset\(\s*(?!['\"](?:[./~]|(?:csv|json|parquet|text|arrow|imagefolder)['\"]))"),
+     "load_dataset from the Hugging Face hub"),
+    (re.compile(r"\b(?:huggingface-cli|hf)\s+download\b"), "a Hugging Face hub download"),
+)  # fmt: skip
 """Fetches from the internet beyond the package registries."""
 _INSTALLS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b(?![^;&|\n]*--no-index)"),

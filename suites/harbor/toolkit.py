@@ -21,9 +21,10 @@ A verifier jail has no network, so the toolkit (bound read-only at `/opt/epiflow
   and writes `$HOME/.local/bin/env`), and `uv`/`uvx`/`pip`/`pip3` wrappers.
 
 Anything else that would need the network (another URL, a package not in the image, a
-requirement not provisioned, `uvx -p` of a Python the image lacks) fails in the script and
-is written to `/logs/.epiflow-offline`; the verifier then reports an infrastructure error
-naming it (`env_error`), never a reward of 0.
+requirement not provisioned, `uvx -p` of a Python the image lacks), and requirements too big
+for the verifier jail's RAM-backed `/tmp` (uv's cache and environments: `torch` with its CUDA
+libraries), fail in the script and are written to `/logs/.epiflow-offline`; the verifier then
+reports an infrastructure error naming it (`env_error`), never a reward of 0.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from sandbox.images import ImageBuildError, ImagePlan, RunStep, _locked
 
-TOOLKIT_VERSION = "1"
+TOOLKIT_VERSION = "2"
 
 _WITH = re.compile(
     r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
@@ -104,7 +105,7 @@ echo "everything's installed! (epiflow offline uv)"
 
 _WRAP = r"""#!/bin/bash
 # epiflow offline shim: runs the provisioned {tool}; a failure that needed the network is recorded
-err="$(mktemp /tmp/.epiflow-err.XXXXXX)"
+err="$(mktemp /logs/.epiflow-err.XXXXXX)"  # not /tmp: it may be what filled up
 exec 3>&1
 {real} "$@" 2>&1 1>&3 | tee "$err" 1>&2
 rc=${{PIPESTATUS[0]}}
@@ -117,9 +118,12 @@ exit "$rc"
 """
 _UV_PATTERNS = (
     "offline|provided package locations|not found in the package registry|failed to fetch|"
-    "dns error|no interpreter found|network|--no-index"
+    "dns error|no interpreter found|network|--no-index|no space left on device"
 )
-_PIP_PATTERNS = "no matching distribution|could not find a version|no module named pip|network"
+_PIP_PATTERNS = (
+    "no matching distribution|could not find a version|no module named pip|network|"
+    "no space left on device"
+)
 
 
 def verifier_requirements(test_sh: str) -> tuple[str, ...]:
