@@ -54,6 +54,7 @@ BASE_PACKAGES = ("python3",)
 """Installed into every base: the executor and `uvx -p 3.13` need the image's Python."""
 MOUNT_DIRS = (
     "tmp", "root", "var/tmp", "run", "solution", "tests", "logs", "opt/epiflow", ".epiflow",
+    ".epiflow/tests",
 )  # fmt: skip
 """Directories every image jail mounts something on (nsjail cannot create them in a read-only
 root); part of every image's digest (`ImagePlan.digest`), so adding one rebuilds the images

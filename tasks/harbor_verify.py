@@ -4,7 +4,7 @@ After the agent's episode (`tasks.verify.run_verifier` hands tasks with an envir
 here): every process the agent left is killed, the agent's final workdir is exported from
 its jail (its files and their shape: permission bits, folders, symlinks), and a fresh
 **verifier jail** of the same image starts with that workdir, the
-task's `tests/` bound read-only at `/tests` (the agent's jail never had it), a writable
+task's `tests/` copied to a writable `/tests` (the agent's jail never had it), a writable
 `/logs` (tmpfs) and the offline toolkit at `/opt/epiflow` (`suites/harbor/toolkit.py`,
 its shims first on `PATH`). `bash /tests/test.sh` runs there, as written, from the workdir.
 
@@ -45,6 +45,10 @@ from tasks.verify import MAX_RAW_CHARS, VerifierOutcome
 
 CTRF_CAP = 512 * 1024
 """Bytes of `ctrf.json` kept (the rest would not fit the executor's output cap)."""
+TESTS_SOURCE = "/.epiflow/tests"
+"""Where the task's `tests/` is bound read-only in the verifier jail; `test.sh` runs from a
+writable copy at `/tests` (a tmpfs), as Harbor copies it into the container: some tests
+build there (`cd /tests && python setup.py build_ext --inplace`)."""
 OFFLINE_MARKER = "/logs/.epiflow-offline"
 """Where the shims record what needed the network (the verifier jail's `/logs` tmpfs)."""
 
@@ -140,8 +144,8 @@ def verifier_spec(env: TaskEnvironment, agent_spec: SandboxSpec) -> SandboxSpec:
         workdir=image.workdir,
         python=image.python,
         env=image.env,
-        writable=(*image.writable, "/logs"),
-        binds_ro=((env.tests_dir, "/tests"), (env.toolkit_dir, "/opt/epiflow")),
+        writable=(*image.writable, "/logs", "/tests"),
+        binds_ro=((env.tests_dir, TESTS_SOURCE), (env.toolkit_dir, "/opt/epiflow")),
     )
     data = agent_spec.model_dump()
     hard = max(env.verifier_timeout_s + 60.0, 120.0)
@@ -289,7 +293,10 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
         return _error(f"the verifier jail could not start: {e}", details, started)
     try:
         workdir = env.image.workdir
-        script = f"mkdir -p /logs/verifier /logs/agent && cd {workdir} && exec bash /tests/test.sh"
+        script = (
+            f"mkdir -p /logs/verifier /logs/agent && cp -R {TESTS_SOURCE}/. /tests/ "
+            f"&& cd {workdir} && exec bash /tests/test.sh"
+        )
         run = await box.exec(["/bin/bash", "-c", script], timeout_s=env.verifier_timeout_s)
         collected_run = await box.run_python(_COLLECT, timeout_s=30)
     except SandboxError as e:

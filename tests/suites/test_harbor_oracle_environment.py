@@ -2,7 +2,8 @@
 environment's (issue 44): the reference solution finds its files at `/solution` (where
 Harbor's oracle agent uploads them), the verifier sees the workdir the agent left with its
 permission bits, empty folders and symlinks (and the image's own workdir keeps them for the
-agent), and a solution that needs root is refused up front (`needs-root`).
+agent), the verifier's `/tests` is writable and its jail has a loopback, and a solution or
+verifier that needs root is refused up front (`needs-root`).
 
 The refusal is pure (fast); the end-to-end test builds one small image (root and
 mmdebstrap; `$TMPDIR/epiflow-test-images`, shared) and runs `scripted:oracle` through the
@@ -164,6 +165,8 @@ ok=1
 [ -d /app/repo/refs/tags ] || { echo "empty folder lost"; ok=0; }
 [ "$(readlink /app/latest)" = answer.txt ] || { echo "symlink lost"; ok=0; }
 [ "$(/app/tool.sh)" = tool ] || { echo "the image's executable lost its mode"; ok=0; }
+echo built > /tests/built || { echo "/tests is not writable"; ok=0; }
+python3 -c "import socket; s = socket.create_server(('127.0.0.1', 0)); socket.create_connection(s.getsockname())" || { echo "no loopback"; ok=0; }
 echo $ok > /logs/verifier/reward.txt
 """
 
