@@ -103,7 +103,7 @@ async def open_sandbox(
         SandboxUnavailable: nsjail is missing or cannot start a jail here.
         TransferError: a file path would leave the workspace, or the files are too large.
     """
-    shape = None
+    shape: WorkdirShape | None = None
     if spec.image is not None:  # the workdir tmpfs starts as a copy of the image's workdir
         from sandbox.image_jail import workdir_seed, workdir_shape
 
