@@ -624,37 +624,34 @@ def put_shape(req: "Obj") -> "Obj":
     import os  # deferred past the ready frame; imported while idle
     import posixpath
 
+    dirs: dict[str, int] = req.get("dirs") or {}
+    links: dict[str, str] = req.get("symlinks") or {}
+    modes: dict[str, int] = req.get("modes") or {}
+    steps: list[tuple[str, str, object]] = [
+        *(("dir", rel, None) for rel in sorted(dirs)),
+        *(("link", rel, links[rel]) for rel in sorted(links)),
+        *(("mode", rel, int(modes[rel]) & 0o777) for rel in sorted(modes)),
+        *(("mode", rel, int(dirs[rel]) & 0o1777) for rel in sorted(dirs, key=lambda r: -r.count("/"))),
+    ]  # fmt: skip
     failed: list[Obj] = []
-
-    def attempt(rel: str, action: "Callable[[], None]") -> None:
+    for kind, rel, value in steps:
         try:
-            action()
+            if kind == "dir":
+                os.makedirs(resolve(rel), exist_ok=True)  # noqa: PTH103
+            elif kind == "link":
+                path = WORKSPACE + "/" + rel
+                parent = posixpath.dirname(path)
+                if resolve(parent) != parent:  # a component of the parent is a symlink
+                    raise ToolFailure("outside_workspace", f"{rel}: a parent is a symlink")
+                os.makedirs(parent, exist_ok=True)  # noqa: PTH103
+                posix.symlink(str(value), path)
+            else:
+                posix.chmod(resolve(rel), int(str(value)))
         except ToolFailure as e:
             failed.append({"path": rel, "error_type": e.error_type, "message": str(e)})
         except OSError as e:
             failure = os_failure(e, rel)
             failed.append({"path": rel, "error_type": failure.error_type, "message": str(failure)})
-
-    def make_dir(rel: str) -> None:
-        os.makedirs(resolve(rel), exist_ok=True)  # noqa: PTH103
-
-    def make_link(rel: str, target: str) -> None:
-        path = WORKSPACE + "/" + rel
-        parent = posixpath.dirname(path)
-        if resolve(parent) != parent:  # a component of the parent is a symlink
-            raise ToolFailure("outside_workspace", f"{rel}: a parent is a symlink")
-        os.makedirs(parent, exist_ok=True)  # noqa: PTH103
-        posix.symlink(target, path)
-
-    dirs: dict[str, int] = req.get("dirs") or {}
-    for rel in sorted(dirs):
-        attempt(rel, lambda rel=rel: make_dir(rel))
-    for rel, target in sorted((req.get("symlinks") or {}).items()):
-        attempt(rel, lambda rel=rel, target=target: make_link(rel, target))
-    for rel, mode in sorted((req.get("modes") or {}).items()):
-        attempt(rel, lambda rel=rel, mode=mode: posix.chmod(resolve(rel), int(mode) & 0o777))
-    for rel in sorted(dirs, key=lambda r: -r.count("/")):
-        attempt(rel, lambda rel=rel: posix.chmod(resolve(rel), int(dirs[rel]) & 0o1777))
     return {"failed": failed}
 
 
