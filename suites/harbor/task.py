@@ -9,7 +9,8 @@ honoured: `[agent] timeout_sec`, `[verifier] timeout_sec`, `[environment] cpus`,
 is recorded and ignored (the Dockerfile is built). Every problem is one line naming the
 file and the field, with its `RefusalCategory`: a docker-compose environment is
 `multi-container`; a task that declares the agent needs the network (`network.py`) is
-`network-agent`; one whose reference solution needs root (`privilege.py`) is `needs-root`;
+`network-agent`; one whose verifier downloads is `network-verifier`; one whose reference
+solution or verifier needs root (`privilege.py`) is `needs-root`;
 the rest is `malformed`.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from suites.harbor.errors import HarborTaskError, RefusalCategory
-from suites.harbor.network import agent_network, solution_fetch
+from suites.harbor.network import agent_network, solution_fetch, verifier_fetch
 from suites.harbor.privilege import solution_root
 
 TASK_FILE = "task.toml"
@@ -232,6 +233,18 @@ def load_task(path: Path) -> HarborTask:
             f"the reference solution runs {what}: solving needs the network, which "
             "epiflow's jails never have",
             category=RefusalCategory.NETWORK_AGENT,
+            line=line,
+        )
+    fetched = verifier_fetch(path / "tests")
+    if fetched is not None:
+        file, line, host = fetched
+        raise HarborTaskError(
+            file,
+            f"line {line}",
+            f"the verifier downloads from {host} at verify time: it needs the network, which "
+            "epiflow's verifier jails never have (the offline toolkit serves only the uv "
+            "installer and the requirements test.sh pins)",
+            category=RefusalCategory.NETWORK_VERIFIER,
             line=line,
         )
     root = solution_root(path)

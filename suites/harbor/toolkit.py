@@ -176,7 +176,8 @@ def verifier_provisioning(test_sh: str) -> tuple[str, ...]:
 
 def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
     """`plan` with the verifier's Debian packages (`verifier_provisioning`) installed by a
-    last `RUN` step (recorded as a substitution: the agent's image has them too); `plan`
+    last `RUN` step (recorded as a substitution: the agent's image has them too), with their
+    recommends as `test.sh`'s own `apt-get install -y gcc` would (`libc6-dev`); `plan`
     itself when there are none beyond the base's own."""
     packages = [p for p in verifier_provisioning(test_sh) if p not in plan.packages]
     if not packages:
@@ -185,8 +186,7 @@ def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
     step = RunStep(
         line=0,
         command=(
-            f"apt-get update -qq && apt-get install -y -qq --no-install-recommends {names} "
-            "&& rm -rf /var/lib/apt/lists/*"
+            f"apt-get update -qq && apt-get install -y -qq {names} && rm -rf /var/lib/apt/lists/*"
         ),
         workdir="/",
     )

@@ -88,6 +88,50 @@ def test_a_verifier_that_needs_root_is_refused_up_front(
     assert f"test_outputs.py: line 2: the verifier runs {found}, which needs root" in str(refused)
 
 
+def test_a_verifier_that_downloads_is_refused_up_front_as_network_verifier(tmp_path: Path) -> None:
+    fetching = _task(
+        tmp_path, "fetching", toml=TOML, dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+        test_sh="curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\npytest /tests\n",
+        solve="#!/bin/bash\ntrue\n",
+    )  # fmt: skip
+    (fetching / "tests" / "test_outputs.py").write_text(
+        'import urllib.request\nURL = "https://github.com/o/r/archive/master.zip"\n'
+        "urllib.request.urlretrieve(URL, '/tmp/x.zip')\n"
+    )
+    local = _task(
+        tmp_path, "local", toml=TOML, dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+        test_sh="curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\npytest /tests\n",
+        solve="#!/bin/bash\ntrue\n",
+    )  # fmt: skip
+    (local / "tests" / "test_outputs.py").write_text(
+        'import requests\nrequests.get("http://localhost:8000")\nHTML = "<a href=\'https://x.org\'>"\n'
+    )
+    (local / "tests" / "notes.yaml").write_text("run: wget https://example.com/data\n")
+    suite = load_harbor_suite(tmp_path, name="d", images_dir=tmp_path / "images")
+    (refused,) = suite.refused
+    assert refused.category == RefusalCategory.NETWORK_VERIFIER and refused.line == 2
+    assert "test_outputs.py: line 2: the verifier downloads from github.com" in str(refused)
+    assert list(suite.templates) == [
+        "local"
+    ]  # a URL in test data and in a non-script fetch nothing
+
+
+def test_a_python_base_ships_cpythons_headers_and_verifier_packages_come_with_recommends(
+    tmp_path: Path,
+) -> None:
+    from suites.harbor.dockerfile import parse_dockerfile
+    from suites.harbor.toolkit import with_verifier_packages
+
+    (tmp_path / "Dockerfile").write_text("FROM python:3.13-slim-bookworm\nWORKDIR /app\n")
+    plan = parse_dockerfile(tmp_path / "Dockerfile", build_timeout_s=60)
+    assert "python3-dev" in plan.packages
+    (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    ubuntu = parse_dockerfile(tmp_path / "Dockerfile", build_timeout_s=60)
+    assert "python3-dev" not in ubuntu.packages
+    step = with_verifier_packages(ubuntu, "apt-get install -y gcc\n").steps[-1]
+    assert "--no-install-recommends" not in getattr(step, "command", "")
+
+
 @pytest.mark.parametrize(
     ("line", "found"),
     [
