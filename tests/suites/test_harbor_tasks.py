@@ -303,7 +303,9 @@ def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: 
             root, "needs-net",
             toml='version = "1.0"\n[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 60\n',
             dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
-            test_sh="#!/bin/bash\ncurl -fsSL https://example.com/setup.sh | sh\necho 0 > /logs/verifier/reward.txt\n",
+            # a host put together at run time: a URL written out is refused at load
+            # (`network-verifier`, test_harbor_oracle_environment.py); this is the run-time net
+            test_sh="#!/bin/bash\ncurl -fsSL \"https://$(echo example.com)/setup.sh\" | sh\necho 0 > /logs/verifier/reward.txt\n",
             solve="#!/bin/bash\ntrue\n",
         )  # fmt: skip
         suite = load_harbor_suite(root, name="net", images_dir=IMAGES)
