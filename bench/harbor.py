@@ -68,6 +68,7 @@ async def _opens(suite: HarborSuite, n: int) -> tuple[list[float], list[float]]:
 
 ENV_REASONS = (
     ("verifier-network", "needs the network"),
+    ("verifier-space", "do not fit its jail"),
     ("verifier-timeout", "timed out"),
     ("verifier-no-reward", "wrote neither"),
     ("verifier-jail", "verifier jail"),

@@ -15,7 +15,7 @@ from sandbox.nsjail import executor_argv, jail_env, nsjail_argv
 from sandbox.nsjail_sandbox import NsjailSandbox
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
-from sandbox.transfer import normalize_files
+from sandbox.transfer import WorkdirShape, normalize_files
 
 #: nsjail's own time limit is a backstop behind the host's timer: hard timeout + this.
 _TIME_LIMIT_MARGIN_S = 60.0
@@ -73,12 +73,14 @@ async def activate(
     files: Mapping[str, str | bytes] | None,
     faults: FaultProfile | None,
     fault_seed: int,
+    shape: WorkdirShape | None = None,
 ) -> NsjailSandbox:
-    """Turn a started jail into an episode: populate the workspace, start the clock."""
+    """Turn a started jail into an episode: populate the workspace (its files, then the
+    folders, links and permission bits of `shape`), start the clock."""
     box = NsjailSandbox(jail, spec, host, settings, faults=faults, fault_seed=fault_seed)
     try:
-        if files:
-            await box.populate(files)
+        if files or (shape is not None and not shape.is_empty()):
+            await box.populate(files or {}, shape=shape)
     except BaseException:
         await box.close()
         raise
@@ -101,18 +103,21 @@ async def open_sandbox(
         SandboxUnavailable: nsjail is missing or cannot start a jail here.
         TransferError: a file path would leave the workspace, or the files are too large.
     """
+    shape: WorkdirShape | None = None
     if spec.image is not None:  # the workdir tmpfs starts as a copy of the image's workdir
-        from sandbox.image_jail import workdir_seed
+        from sandbox.image_jail import workdir_seed, workdir_shape
 
         seed = workdir_seed(spec.image, max_bytes=settings.populate_max_bytes)
+        shape = workdir_shape(spec.image, limit=settings.max_tracked_files)
         files = {**seed, **(files or {})}
     if files:
         normalize_files(files, max_bytes=settings.populate_max_bytes)  # fail before starting a jail
     host = await prepare_host(settings)
     jail = await start_jail(spec, host, settings)
     return await activate(
-        jail, spec, host, settings, files=files, faults=faults, fault_seed=fault_seed
-    )
+        jail, spec, host, settings, files=files, faults=faults, fault_seed=fault_seed,
+        shape=shape,
+    )  # fmt: skip
 
 
 def sandbox_opener(settings: SandboxSettings) -> Callable[..., Awaitable[NsjailSandbox]]:

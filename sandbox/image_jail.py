@@ -5,7 +5,9 @@ The same namespaces, user mapping, seccomp policy and limits as the toolchain ja
 (its own `/etc`, its own `python3` runs the executor, from source since the host's bytecode
 is for the host's interpreter), a per-episode tmpfs at the task's workdir (the tools' root
 and the cwd), tmpfs `/tmp` and the image's other writable paths, the extra read-only binds
-of `ImageMount.binds_ro`, `/dev` nodes and a private `/proc`. No network interface.
+of `ImageMount.binds_ro`, `/dev` nodes and a private `/proc`. No network interface but the
+jail's own loopback when the spec asks for it (`network = "loopback"`, as a container has
+its own `lo`); never the host's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sandbox.image_spec import ImageMount
 from sandbox.nsjail import MIB, SECCOMP_POLICY, identity_and_limits
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
+from sandbox.transfer import WorkdirShape, shape_from_dir
 
 EXECUTOR_IN_IMAGE = f"{EXECUTOR_DIR_IN_JAIL}/executor.py"
 """Where the executor's source appears in an image jail (the image build creates the file)."""
@@ -98,7 +101,9 @@ def image_nsjail_argv(
         ]
     for source, target in image.binds_ro:
         argv += ["--bindmount_ro", f"{source}:{target}"]
-    argv += ["--seccomp_string", SECCOMP_POLICY, "--iface_no_lo"]
+    argv += ["--seccomp_string", SECCOMP_POLICY]
+    if spec.network == "none":
+        argv.append("--iface_no_lo")
     command = [image.python, "-I", "-S", "-B", EXECUTOR_IN_IMAGE, json.dumps(config)]
     return [*argv, "--", *command]
 
@@ -131,3 +136,10 @@ def workdir_seed(image: ImageMount, *, max_bytes: int) -> dict[str, bytes]:
                 )
             files[path.relative_to(base).as_posix()] = data
     return files
+
+
+def workdir_shape(image: ImageMount, *, limit: int) -> WorkdirShape:
+    """The folders, symlinks and permission bits of the image's own workdir (what
+    `workdir_seed`'s bytes leave out: an executable `COPY`'d script stays executable, an
+    empty folder stays), at most `limit` entries of each kind."""
+    return shape_from_dir(Path(image.root) / image.workdir.lstrip("/"), limit=limit)

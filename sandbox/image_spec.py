@@ -28,8 +28,10 @@ class ImageMount(BaseModel):
     """The image's interpreter that runs the jail's executor."""
     env: dict[str, str] = Field(default_factory=dict)
     """The image's environment (`ENV`), set before the spec's own variables."""
-    writable: tuple[str, ...] = ("/tmp", "/root", "/var/tmp", "/run")
-    """Further writable tmpfs mounts (each `tmpfs_mib` big); they must exist in the image."""
+    writable: tuple[str, ...] = ("/tmp", "/root", "/var/tmp", "/run", "/solution")
+    """Further writable tmpfs mounts (each `tmpfs_mib` big); they must exist in the image
+    (`sandbox.images.MOUNT_DIRS`). `/solution` is where Harbor's oracle puts a task's
+    `solution/` (and where some reference solutions read their files from)."""
     binds_ro: tuple[tuple[str, str], ...] = ()
     """(host path, jail path) pairs bound read-only, e.g. a verifier's `/tests`."""
 

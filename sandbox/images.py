@@ -52,8 +52,13 @@ BUILDER_VERSION = "1"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3",)
 """Installed into every base: the executor and `uvx -p 3.13` need the image's Python."""
-MOUNT_DIRS = ("tmp", "root", "var/tmp", "run", "tests", "logs", "opt/epiflow", ".epiflow")
-"""Directories every image jail mounts something on (nsjail cannot create them in a read-only root)."""
+MOUNT_DIRS = (
+    "tmp", "root", "var/tmp", "run", "solution", "tests", "logs", "opt/epiflow", ".epiflow",
+    ".epiflow/tests",
+)  # fmt: skip
+"""Directories every image jail mounts something on (nsjail cannot create them in a read-only
+root); part of every image's digest (`ImagePlan.digest`), so adding one rebuilds the images
+(not the bases)."""
 
 Release = Literal["bookworm", "trixie"]
 
@@ -139,6 +144,7 @@ class ImagePlan(BaseModel):
                     "env": self.env,
                     "python_links": self.python_links,
                     "uid": JAIL_UID,
+                    "mount_dirs": MOUNT_DIRS,
                 },
                 sort_keys=True,
             ).encode()

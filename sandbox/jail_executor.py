@@ -617,6 +617,71 @@ def put_files(req: "Obj") -> "Obj":
     return {"count": len(req["files"]) - len(failed), "failed": failed}
 
 
+def put_shape(req: "Obj") -> "Obj":
+    """Give the workspace what is not file bytes (`sandbox.transfer.WorkdirShape`): its
+    folders (empty ones too), its symlinks (never followed), then the permission bits of its
+    files and folders (deepest folder last, so a read-only folder is filled first)."""
+    import os  # deferred past the ready frame; imported while idle
+    import posixpath
+
+    dirs: dict[str, int] = req.get("dirs") or {}
+    links: dict[str, str] = req.get("symlinks") or {}
+    modes: dict[str, int] = req.get("modes") or {}
+    steps: list[tuple[str, str, object]] = [
+        *(("dir", rel, None) for rel in sorted(dirs)),
+        *(("link", rel, links[rel]) for rel in sorted(links)),
+        *(("mode", rel, int(modes[rel]) & 0o777) for rel in sorted(modes)),
+        *(("mode", rel, int(dirs[rel]) & 0o1777) for rel in sorted(dirs, key=lambda r: -r.count("/"))),
+    ]  # fmt: skip
+    failed: list[Obj] = []
+    for kind, rel, value in steps:
+        try:
+            if kind == "dir":
+                os.makedirs(resolve(rel), exist_ok=True)  # noqa: PTH103
+            elif kind == "link":
+                path = WORKSPACE + "/" + rel
+                parent = posixpath.dirname(path)
+                if resolve(parent) != parent:  # a component of the parent is a symlink
+                    raise ToolFailure("outside_workspace", f"{rel}: a parent is a symlink")
+                os.makedirs(parent, exist_ok=True)  # noqa: PTH103
+                posix.symlink(str(value), path)
+            else:
+                posix.chmod(resolve(rel), int(str(value)))
+        except ToolFailure as e:
+            failed.append({"path": rel, "error_type": e.error_type, "message": str(e)})
+        except OSError as e:
+            failure = os_failure(e, rel)
+            failed.append({"path": rel, "error_type": failure.error_type, "message": str(failure)})
+    return {"failed": failed}
+
+
+def shape(limit: int, wanted: "list[str] | None") -> "tuple[dict[str, int], dict[str, str]]":
+    """The workspace's folders (relative path → permission bits) and symlinks (→ target,
+    never followed), at most `limit` of each."""
+    dirs: dict[str, int] = {}
+    links: dict[str, str] = {}
+    stack = [WORKSPACE]
+    while stack:
+        top = stack.pop()
+        try:
+            with posix.scandir(top) as it:
+                for entry in it:
+                    rel = entry.path[len(WORKSPACE) + 1 :]
+                    keep = wanted is None or any(
+                        rel == p or rel.startswith(p.rstrip("/") + "/") for p in wanted
+                    )
+                    if entry.is_symlink():
+                        if keep and len(links) < limit:
+                            links[rel] = posix.readlink(entry.path)
+                    elif entry.is_dir(follow_symlinks=False):
+                        if keep and len(dirs) < limit:
+                            dirs[rel] = entry.stat(follow_symlinks=False).st_mode & 0o1777
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return dirs, links
+
+
 def walk(limit: int) -> tuple[dict[str, posix.stat_result], bool]:
     """Regular files under the workspace by relative path (symlinks never followed)."""
     found: dict[str, posix.stat_result] = {}
@@ -757,12 +822,15 @@ def export(req: "Obj") -> "Obj":
             continue
         total += len(data)
         files.append({"path": rel, "mode": current[rel].st_mode & 0o777, "data": b64(bytes(data))})
+    dirs, links = shape(int(req["max_files"]), wanted)
     return {
         "files": files,
         "skipped": skipped,
         "walk_truncated": truncated,
         "left_out": left_out,
         "bytes": total,
+        "dirs": dirs,
+        "symlinks": links,
     }
 
 
@@ -785,6 +853,9 @@ def handle(req: "Obj", config: "Obj", tracker: Tracker) -> "Obj":
     elif op == "put_files":
         result = put_files(req)
         tracker.changes()  # the populated workspace is the baseline, not a change
+    elif op == "put_shape":
+        result = put_shape(req)
+        tracker.changes()
     elif op == "export":
         result = export(req)
     elif op == "stop_processes":

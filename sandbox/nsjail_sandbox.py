@@ -30,7 +30,15 @@ from sandbox.results import (
 from sandbox.settings import SandboxSettings
 from sandbox.spec import SandboxSpec
 from sandbox.tool_specs import BUILTIN_TOOLS, tool_versions
-from sandbox.transfer import ExportReport, TransferError, normalize_files, write_export
+from sandbox.transfer import (
+    ExportReport,
+    TransferError,
+    WorkdirShape,
+    normalize_files,
+    readable,
+    safe_relative,
+    write_export,
+)
 from sandbox.types import CommandResult, ToolResult
 
 #: Answers to file operations and exports come back within this long, or the executor is hung.
@@ -271,21 +279,34 @@ class NsjailSandbox(Sandbox):
 
     # --- workspace --------------------------------------------------------------------
 
-    async def populate(self, files: Mapping[str, str | bytes]) -> None:
-        """Write `files` (paths relative to /workspace) into the workspace; not reported as changes.
+    async def populate(
+        self, files: Mapping[str, str | bytes], *, shape: WorkdirShape | None = None
+    ) -> None:
+        """Write `files` (paths relative to /workspace) into the workspace, then give it
+        `shape` (folders, symlinks, permission bits; the owner always keeps read and search
+        bits: the jail user is not root, who reads regardless); not reported as changes.
 
         Raises:
-            TransferError: a path would leave the workspace or the files are too large.
+            TransferError: a path would leave the workspace, the files are too large, or a
+                file, folder or link could not be made.
         """
         encoded = normalize_files(files, max_bytes=self.settings.populate_max_bytes)
-        answer = await self._request(
-            {"op": "put_files", "files": encoded}, timeout_s=_FILE_OP_TIMEOUT_S
-        )
-        if answer["failed"]:
-            problems = "; ".join(f"{f['path']}: {f['error_type']}" for f in answer["failed"][:5])
-            raise TransferError(
-                f"cannot write {len(answer['failed'])} workspace file(s): {problems}"
+        failed: list[dict[str, str]] = []
+        if encoded:
+            answer = await self._request(
+                {"op": "put_files", "files": encoded}, timeout_s=_FILE_OP_TIMEOUT_S
             )
+            failed += answer["failed"]
+        if shape is not None and not shape.is_empty():
+            for rel in [*shape.modes, *shape.dirs, *shape.symlinks]:
+                safe_relative(rel)
+            answer = await self._request(
+                {"op": "put_shape", **readable(shape).model_dump()}, timeout_s=_FILE_OP_TIMEOUT_S
+            )
+            failed += answer["failed"]
+        if failed:
+            problems = "; ".join(f"{f['path']}: {f['error_type']}" for f in failed[:5])
+            raise TransferError(f"cannot write {len(failed)} workspace path(s): {problems}")
 
     async def export(
         self, dest: Path, *, paths: list[str] | None = None, max_bytes: int | None = None

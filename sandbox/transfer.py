@@ -4,7 +4,9 @@ Into the jail: `files_from_dir` reads a host directory (regular files only, syml
 skipped, size-capped) into the `files` mapping `open_sandbox` takes. Out of the jail:
 `write_export` writes what the executor exported under a host directory, opening every
 path component relative to its parent with `O_NOFOLLOW`, so neither a hostile name nor a
-symlink planted on the host side can make it write outside that directory.
+symlink planted on the host side can make it write outside that directory. What is not
+file bytes (permission bits, folders, symlinks) travels beside them as a `WorkdirShape`:
+never written on the host, only given back to a jail (`NsjailSandbox.populate`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,63 @@ from sandbox.errors import TransferError
 __all__ = [
     "ExportReport",
     "TransferError",
+    "WorkdirShape",
     "files_from_dir",
     "normalize_files",
+    "readable",
     "safe_relative",
+    "shape_from_dir",
     "write_export",
 ]
+
+
+class WorkdirShape(BaseModel):
+    """What of a workspace is not file bytes: what `files` mappings leave out and a task's
+    verifier may look at (a key's mode, an executable, git's empty `refs/` folders, a link)."""
+
+    modes: dict[str, int] = Field(default_factory=dict)
+    """Permission bits of the files whose bits are not 0o644, by relative path."""
+    dirs: dict[str, int] = Field(default_factory=dict)
+    """Every folder (empty ones too), by relative path → its permission bits."""
+    symlinks: dict[str, str] = Field(default_factory=dict)
+    """Symbolic links by relative path → their target, as written (never followed)."""
+
+    def is_empty(self) -> bool:
+        return not (self.modes or self.dirs or self.symlinks)
+
+
+def readable(shape: WorkdirShape) -> WorkdirShape:
+    """`shape` with the owner's read bit on every file and read and search bits on every
+    folder: a verifier that is not root must read what a root verifier reads regardless."""
+    return shape.model_copy(
+        update={
+            "modes": {p: m | 0o400 for p, m in shape.modes.items()},
+            "dirs": {p: m | 0o500 for p, m in shape.dirs.items()},
+        }
+    )
+
+
+def shape_from_dir(root: Path, *, limit: int) -> WorkdirShape:
+    """The shape of host directory `root` (symlinks recorded, never followed), at most
+    `limit` entries of each kind."""
+    shape = WorkdirShape()
+    if not root.is_dir() or root.is_symlink():
+        return shape
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        top = Path(dirpath)
+        for name in [*dirnames, *filenames]:
+            path = top / name
+            rel = path.relative_to(root).as_posix()
+            st = path.lstat()
+            bits = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode) and len(shape.symlinks) < limit:
+                shape.symlinks[rel] = str(path.readlink())
+            elif stat.S_ISDIR(st.st_mode) and len(shape.dirs) < limit:
+                shape.dirs[rel] = bits & 0o1777
+            elif stat.S_ISREG(st.st_mode) and bits & 0o777 != 0o644 and len(shape.modes) < limit:
+                shape.modes[rel] = bits & 0o777
+        dirnames[:] = [d for d in dirnames if not (top / d).is_symlink()]
+    return shape
 
 
 class ExportReport(BaseModel):
@@ -44,6 +98,8 @@ class ExportReport(BaseModel):
     left_out: int = 0
     """Workspace files past the file-count cap (`max_tracked_files`), neither exported nor
     listed in `skipped`."""
+    shape: WorkdirShape = Field(default_factory=WorkdirShape)
+    """The exported part's permission bits, folders and symlinks (`files` holds bytes only)."""
 
 
 def safe_relative(path: str) -> PurePosixPath:
@@ -110,6 +166,14 @@ def write_export(answer: Mapping[str, Any], dest: Path) -> ExportReport:
     for item in answer.get("skipped", []):
         report.skipped[str(item["path"])] = str(item["reason"])
         report.truncated = report.truncated or item["reason"] == "over_size_cap"
+    for key, kind in (("dirs", int), ("symlinks", str)):
+        for path, value in (answer.get(key) or {}).items():
+            try:
+                safe_relative(str(path))
+            except TransferError:
+                report.skipped[str(path)] = "unsafe_path"
+                continue
+            getattr(report.shape, key)[str(path)] = kind(value)
     root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for item in answer.get("files", []):
@@ -136,6 +200,9 @@ def write_export(answer: Mapping[str, Any], dest: Path) -> ExportReport:
                     os.close(fd)
             report.files.append(path)
             report.bytes += len(data)
+            mode = int(item.get("mode", 0o644)) & 0o777
+            if mode != 0o644:
+                report.shape.modes[path] = mode
     finally:
         os.close(root_fd)
     return report

@@ -2,8 +2,9 @@
 
 After the agent's episode (`tasks.verify.run_verifier` hands tasks with an environment
 here): every process the agent left is killed, the agent's final workdir is exported from
-its jail, and a fresh **verifier jail** of the same image starts with that workdir, the
-task's `tests/` bound read-only at `/tests` (the agent's jail never had it), a writable
+its jail (its files and their shape: permission bits, folders, symlinks), and a fresh
+**verifier jail** of the same image starts with that workdir, the
+task's `tests/` copied to a writable `/tests` (the agent's jail never had it), a writable
 `/logs` (tmpfs) and the offline toolkit at `/opt/epiflow` (`suites/harbor/toolkit.py`,
 its shims first on `PATH`). `bash /tests/test.sh` runs there, as written, from the workdir.
 
@@ -35,7 +36,7 @@ from sandbox.errors import SandboxError
 from sandbox.image_spec import ImageMount
 from sandbox.interface import Sandbox
 from sandbox.settings import SandboxSettings
-from sandbox.spec import SandboxSpec
+from sandbox.spec import MIN_PROCESS_MEMORY_MIB, SandboxSpec
 from sandbox.transfer import ExportReport
 from tasks.environment import TaskEnvironment
 from tasks.harbor_reward import reward_from
@@ -44,6 +45,10 @@ from tasks.verify import MAX_RAW_CHARS, VerifierOutcome
 
 CTRF_CAP = 512 * 1024
 """Bytes of `ctrf.json` kept (the rest would not fit the executor's output cap)."""
+TESTS_SOURCE = "/.epiflow/tests"
+"""Where the task's `tests/` is bound read-only in the verifier jail; `test.sh` runs from a
+writable copy at `/tests` (a tmpfs), as Harbor copies it into the container: some tests
+build there (`cd /tests && python setup.py build_ext --inplace`)."""
 OFFLINE_MARKER = "/logs/.epiflow-offline"
 """Where the shims record what needed the network (the verifier jail's `/logs` tmpfs)."""
 
@@ -54,14 +59,17 @@ TOOLKIT_ENV = {
     "UV_PYTHON_DOWNLOADS": "never",
     "UV_PYTHON_PREFERENCE": "only-system",
     "UV_CACHE_DIR": "/tmp/.uv-cache",
-    "UV_LINK_MODE": "copy",
+    "UV_LINK_MODE": "hardlink",
+    "UV_NO_CONFIG": "1",
     "UV_NO_PROGRESS": "1",
     "PIP_NO_INDEX": "1",
     "PIP_FIND_LINKS": "/opt/epiflow/wheels",
     "PIP_BREAK_SYSTEM_PACKAGES": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
-"""The verifier jail's extra environment (besides `PATH`)."""
+"""The verifier jail's extra environment (besides `PATH`). uv links from its cache (the same
+`/tmp`) rather than copying, so requirements take their room once; `UV_NO_CONFIG`: a
+`uv.toml` or `pyproject.toml` the agent left in the workdir does not steer the verifier's uv."""
 
 SHIMS_PATH = "/opt/epiflow/shims:/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The shims first; then `$HOME/.local/bin`, where a verify-time `pip install` puts its
@@ -125,7 +133,10 @@ def _pristine_workdir_fits(env: TaskEnvironment, settings: SandboxSettings) -> b
 
 
 def verifier_spec(env: TaskEnvironment, agent_spec: SandboxSpec) -> SandboxSpec:
-    """The verifier jail's spec: the agent's, with `/tests`, the toolkit and `/logs` added."""
+    """The verifier jail's spec: the agent's, with `/tests`, the toolkit and `/logs` added,
+    and each tmpfs (`/tmp` holds uv's cache and the test environment it builds) as large as
+    the task's memory allows beside the workdir: a tmpfs takes RAM only as it fills, charged
+    to the jail's memory limit."""
     image = env.image
     verifier_image = ImageMount(
         root=image.root,
@@ -133,13 +144,15 @@ def verifier_spec(env: TaskEnvironment, agent_spec: SandboxSpec) -> SandboxSpec:
         workdir=image.workdir,
         python=image.python,
         env=image.env,
-        writable=(*image.writable, "/logs"),
-        binds_ro=((env.tests_dir, "/tests"), (env.toolkit_dir, "/opt/epiflow")),
+        writable=(*image.writable, "/logs", "/tests"),
+        binds_ro=((env.tests_dir, TESTS_SOURCE), (env.toolkit_dir, "/opt/epiflow")),
     )
     data = agent_spec.model_dump()
     hard = max(env.verifier_timeout_s + 60.0, 120.0)
+    room = agent_spec.memory_mib - agent_spec.workspace_mib - MIN_PROCESS_MEMORY_MIB
     data.update(
         image=verifier_image,
+        tmpfs_mib=max(agent_spec.tmpfs_mib, room),
         hard_timeout_s=hard,
         soft_timeout_s=hard - 30.0,
         max_call_timeout_s=max(env.verifier_timeout_s, data["max_call_timeout_s"]),
@@ -160,6 +173,7 @@ def _error(reason: str, details: dict[str, Any], started: float, **raw: Any) -> 
 
 
 _NO_PYTHON = re.compile(r"No interpreter found for Python ([0-9][0-9.]*)", re.IGNORECASE)
+_NO_SPACE = re.compile(r"No space left on device", re.IGNORECASE)
 
 
 def offline_reason(marker: str) -> str:
@@ -167,6 +181,11 @@ def offline_reason(marker: str) -> str:
     the image lacks is named as such (epiflow never downloads one), the rest as network."""
     lines = marker.strip().splitlines()
     for line in lines:
+        if _NO_SPACE.search(line):
+            return (
+                "the verifier's requirements do not fit its jail's RAM-backed /tmp (uv's cache "
+                f"and environments; the task's memory less its workdir): {line}"
+            )
         missing = _NO_PYTHON.search(line)
         if missing:
             return (
@@ -257,6 +276,7 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
                 started,
             )
         files = await asyncio.to_thread(_read_tree, scratch)
+        shape = report.shape
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     from sandbox.factory import activate, start_jail
@@ -266,12 +286,17 @@ async def run_harbor_verifier(sandbox: Sandbox, task: TaskInstance) -> VerifierO
     try:
         host = await prepare_host(settings)
         jail = await start_jail(spec, host, settings)
-        box = await activate(jail, spec, host, settings, files=files, faults=None, fault_seed=0)
+        box = await activate(
+            jail, spec, host, settings, files=files, faults=None, fault_seed=0, shape=shape
+        )
     except SandboxError as e:
         return _error(f"the verifier jail could not start: {e}", details, started)
     try:
         workdir = env.image.workdir
-        script = f"mkdir -p /logs/verifier /logs/agent && cd {workdir} && exec bash /tests/test.sh"
+        script = (
+            f"mkdir -p /logs/verifier /logs/agent && cp -R {TESTS_SOURCE}/. /tests/ "
+            f"&& cd {workdir} && exec bash /tests/test.sh"
+        )
         run = await box.exec(["/bin/bash", "-c", script], timeout_s=env.verifier_timeout_s)
         collected_run = await box.run_python(_COLLECT, timeout_s=30)
     except SandboxError as e:

@@ -173,6 +173,8 @@ class _Parser:
             raise self.refuse(line, "FROM scratch", "an empty base cannot run a jail", BASE)
         self.release, self.python_base, note = map_base(image, self.path, line)
         self.subs.append(note)
+        if self.python_base:  # the official image ships CPython's headers: C extensions build
+            self.packages.add("python3-dev")
 
     def run(self, item: Instruction, rest: str) -> None:
         line = item.line

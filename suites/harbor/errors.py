@@ -34,6 +34,13 @@ class RefusalCategory(StrEnum):
     NETWORK_AGENT = "network-agent"
     """The task declares that the agent needs the internet (`allowed_hosts`, a remote MCP
     server, or a reference solution that downloads); epiflow's jails have no network."""
+    NETWORK_VERIFIER = "network-verifier"
+    """The verifier fetches from the internet at verify time (a URL its scripts download),
+    beyond what the offline toolkit provisions ahead."""
+    NEEDS_ROOT = "needs-root"
+    """The reference solution needs root (`useradd`, `chown` to another user, starting
+    `sshd` or a `service`) and Harbor's verifier expects what it did in the same container;
+    epiflow's agent is an unprivileged user in a read-only image (`suites.harbor.privilege`)."""
     MALFORMED = "malformed"
     """A missing or unreadable file, a malformed `task.toml` field or Dockerfile line."""
 

@@ -1,13 +1,16 @@
 """What in a Harbor task needs the internet: the one place these rules live.
 
-Two questions, both answered from what the task declares or runs as written, never from
+Three questions, each answered from what the task declares or runs as written, never from
 its prose:
 
 - **at build time** (`build_fetch`): a `RUN` step that fetches from the internet beyond
   the package registries the build reaches (Debian's apt, PyPI through pip/uv): `git
   clone`/`fetch`/`pull`, `curl`/`wget` of a URL (installer scripts such as
   `astral.sh/uv/install.sh` or `sh.rustup.rs` included), `pip install git+https://…`,
-  `uv python install` (Pythons from GitHub). Such a task is refused up front
+  `uv python install` (Pythons from GitHub), a model or data set from the Hugging Face hub
+  (`from_pretrained(…)`, `hf_hub_download`, `snapshot_download`, `load_dataset(…)` of
+  anything but a quoted local path or a file loader such as `"json"`, `huggingface-cli
+  download`). Such a task is refused up front
   (`network-build`) rather than failing its build.
 - **for the agent** (`agent_network`): `task.toml` names hosts the agent reaches
   (`allowed_hosts` or `network_mode = "allowlist"` in `[agent]` or `[environment]`), or a
@@ -16,6 +19,9 @@ its prose:
   agent's jail has no network and its user is not root). `allow_internet = true` and
   `network_mode = "public"` are Harbor's default permission, not a need: they are not
   refused (Terminal-Bench's task template writes `allow_internet = true` for every task).
+- **for the verifier** (`verifier_fetch`): a script of `tests/` fetches from an internet
+  host at verify time (`urllib.request.urlretrieve("https://github.com/…")`); the offline
+  toolkit serves the uv installer and the pinned requirements, nothing else.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ _FETCHES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgit\+(?:https?|ssh)://"), "a git+ URL"),
     (re.compile(r"\b(curl|wget)\b[^;&|\n]*?\b(?:https?|ftp)://([^/\s'\"]+)"), "{0} of {1}"),
     (re.compile(r"\buv\s+python\s+install\b"), "uv python install (Pythons from GitHub)"),
-)
+    (re.compile(r"\b(from_pretrained|hf_hub_download|snapshot_download)\(\s*(?!['\"][./~])"),
+     "{0} from the Hugging Face hub"),
+    (re.compile(r"\bload_dataset\(\s*(?!['\"](?:[./~]|(?:csv|json|parquet|text|arrow|imagefolder)['\"]))"),
+     "load_dataset from the Hugging Face hub"),
+    (re.compile(r"\b(?:huggingface-cli|hf)\s+download\b"), "a Hugging Face hub download"),
+)  # fmt: skip
 """Fetches from the internet beyond the package registries."""
 _INSTALLS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b(?![^;&|\n]*--no-index)"),
@@ -88,4 +99,47 @@ def _first(text: str, patterns: tuple[tuple[re.Pattern[str], str], ...]) -> str 
         match = pattern.search(text)
         if match:
             return what.format(*match.groups())
+    return None
+
+
+_URL = re.compile(r"\b(?:https?|ftp)://([A-Za-z0-9.-]+)")
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
+_SHIMMED_URL = re.compile(r"https://astral\.sh/uv/")
+_FETCH_CALL = re.compile(
+    r"\b(?:urlretrieve|urlopen|requests\.(?:get|post|head)|httpx\.(?:get|post|stream)|"
+    r"wget|curl|git\s+clone|hf_hub_download|snapshot_download|from_pretrained|load_dataset)\b"
+)
+_TEXT_CAP = 1 << 20
+_SCRIPTS = frozenset({".sh", ".bash", ".py"})
+_ASSIGNED = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+def verifier_fetch(tests_dir: Path) -> tuple[Path, int, str] | None:
+    """(file, line, host) of the first internet host a verifier fetches from at verify time:
+    an `http(s)://` URL of a host other than loopback on a line of a `tests/` script that
+    calls a fetch (`urlopen`, `urlretrieve`, `requests.get`, `curl`, `wget`, `git clone`, a
+    Hugging Face download), or assigned to a name such a line uses (`url = "https://…"` …
+    `urlretrieve(url, …)`); the uv installer, which the offline toolkit serves, aside.
+    Scripts only (`.sh`, `.py`): a data file naming a URL fetches nothing."""
+    scripts = (p for p in tests_dir.rglob("*") if p.is_file() and p.suffix in _SCRIPTS)
+    for path in sorted(scripts):
+        if path.stat().st_size > _TEXT_CAP:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeError, OSError):
+            continue
+        lines = text.splitlines()
+        fetching = [ln for ln in lines if _FETCH_CALL.search(ln) and not _SHIMMED_URL.search(ln)]
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith("#") or _SHIMMED_URL.search(line):
+                continue
+            hosts = [h for h in _URL.findall(line) if h not in _LOCAL_HOSTS]
+            if not hosts:
+                continue
+            named = _ASSIGNED.match(line)
+            if _FETCH_CALL.search(line) or (
+                named and any(re.search(rf"\b{named.group(1)}\b", ln) for ln in fetching)
+            ):
+                return path, number, hosts[0]
     return None

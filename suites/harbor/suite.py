@@ -7,8 +7,9 @@ so that any change to the directory changes the task id. The instance's prompt i
 `environment/Dockerfile` (on first use: listing a dataset builds nothing), the task's
 limits, `tests/` and the offline verifier toolkit; its reference solution (the
 `scripted:oracle` policy) is `solution/solve.sh`, run through the agent's own
-`execute_shell` tool: the solution files written to `/tmp/solution` first, one step each,
-then `bash /tmp/solution/solve.sh` in the workdir.
+`execute_shell` tool: the solution files written to `/solution` first (where Harbor's own
+oracle agent uploads them: some solutions read their files from there), one step each,
+then `bash /solution/solve.sh` in the workdir.
 
 A dataset is a list of tasks, each with its own outcome: a task that cannot run here is
 refused at load (`RefusedTask`, one line with its category) and the others load; a task
@@ -28,7 +29,8 @@ from sandbox.image_spec import ImageMount
 from sandbox.images import ImageBuildError, ImagePlan, ensure_image
 from suites.errors import SuiteError
 from suites.harbor.dockerfile import parse_dockerfile
-from suites.harbor.errors import HarborTaskError, RefusedTask
+from suites.harbor.errors import HarborTaskError, RefusalCategory, RefusedTask
+from suites.harbor.privilege import verifier_root
 from suites.harbor.task import HarborTask, is_task_dir, load_task
 from suites.harbor.toolkit import ensure_toolkit, verifier_requirements, with_verifier_packages
 from suites.suite import Suite
@@ -38,7 +40,9 @@ from tasks.harbor_reward import DEFAULT_RULE
 from tasks.types import ReferenceCall, TaskInstance, VerifierSpec
 
 TMPFS_MIB = 256
-SOLUTION_DIR = "/tmp/solution"
+SOLUTION_DIR = "/solution"
+"""Where Harbor's oracle agent uploads `solution/` (`EnvironmentPaths.solution_dir`); a
+writable tmpfs in every image jail (`ImageMount.writable`)."""
 
 
 class HarborDatasetError(SuiteError):
@@ -84,11 +88,14 @@ def limits(task: HarborTask) -> tuple[dict[str, Any], list[str]]:
         "hard_timeout_s": hard,
         "soft_timeout_s": hard * 0.9,
         "max_call_timeout_s": max(300.0, hard),
+        # A container has its own loopback (servers the task or its tests start on
+        # localhost); the jail's is private to it, never the host's.
+        "network": "loopback",
     }, notes
 
 
 def oracle_steps(task: HarborTask, workdir: str) -> list[ReferenceCall]:
-    """`solution/` through `execute_shell`: each file written under /tmp/solution, then solve.sh."""
+    """`solution/` through `execute_shell`: each file written under /solution, then solve.sh."""
     if task.solve_script is None:
         return []
     folder = task.path / "solution"
@@ -115,6 +122,28 @@ def oracle_steps(task: HarborTask, workdir: str) -> list[ReferenceCall]:
         )
     )
     return steps
+
+
+def refuse_verifier_root(task: HarborTask, workdir: str) -> None:
+    """Refuse (`needs-root`) a task whose verifier needs root in its jail
+    (`suites.harbor.privilege.verifier_root`).
+
+    Raises:
+        HarborTaskError: it does.
+    """
+    writable = (*ImageMount.model_fields["writable"].default, "/logs", workdir)
+    found = verifier_root(task.tests_dir, writable)
+    if found is not None:
+        file, line, what = found
+        raise HarborTaskError(
+            file,
+            f"line {line}",
+            f"the verifier runs {what}, which needs root: Harbor runs tests/ as root in the "
+            "task's container, epiflow's verifier is an unprivileged user in the read-only "
+            f"image (writable: {', '.join(writable)})",
+            category=RefusalCategory.NEEDS_ROOT,
+            line=line,
+        )
 
 
 class HarborSuite(Suite):
@@ -271,6 +300,7 @@ def load_harbor_suite(
         try:
             task = load_task(path)
             plan = parse_dockerfile(task.dockerfile, build_timeout_s=task.build_timeout_s)
+            refuse_verifier_root(task, plan.workdir)
         except HarborTaskError as e:
             refused.append(RefusedTask.from_error(path, e))
             continue

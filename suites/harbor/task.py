@@ -9,7 +9,9 @@ honoured: `[agent] timeout_sec`, `[verifier] timeout_sec`, `[environment] cpus`,
 is recorded and ignored (the Dockerfile is built). Every problem is one line naming the
 file and the field, with its `RefusalCategory`: a docker-compose environment is
 `multi-container`; a task that declares the agent needs the network (`network.py`) is
-`network-agent`; the rest is `malformed`.
+`network-agent`; one whose verifier downloads is `network-verifier`; one whose reference
+solution or verifier needs root (`privilege.py`) is `needs-root`;
+the rest is `malformed`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from suites.harbor.errors import HarborTaskError, RefusalCategory
-from suites.harbor.network import agent_network, solution_fetch
+from suites.harbor.network import agent_network, solution_fetch, verifier_fetch
+from suites.harbor.privilege import solution_root
 
 TASK_FILE = "task.toml"
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
@@ -230,6 +233,30 @@ def load_task(path: Path) -> HarborTask:
             f"the reference solution runs {what}: solving needs the network, which "
             "epiflow's jails never have",
             category=RefusalCategory.NETWORK_AGENT,
+            line=line,
+        )
+    fetched = verifier_fetch(path / "tests")
+    if fetched is not None:
+        file, line, host = fetched
+        raise HarborTaskError(
+            file,
+            f"line {line}",
+            f"the verifier downloads from {host} at verify time: it needs the network, which "
+            "epiflow's verifier jails never have (the offline toolkit serves only the uv "
+            "installer and the requirements test.sh pins)",
+            category=RefusalCategory.NETWORK_VERIFIER,
+            line=line,
+        )
+    root = solution_root(path)
+    if root is not None:
+        file, line, what = root
+        raise HarborTaskError(
+            file,
+            f"line {line}",
+            f"the reference solution runs {what}, which needs root: Harbor runs it as root in "
+            "the task's container, epiflow's agent is an unprivileged user in a read-only image "
+            "whose verifier sees only the workdir",
+            category=RefusalCategory.NEEDS_ROOT,
             line=line,
         )
     docker_image = env.get("docker_image")

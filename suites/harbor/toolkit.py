@@ -21,9 +21,10 @@ A verifier jail has no network, so the toolkit (bound read-only at `/opt/epiflow
   and writes `$HOME/.local/bin/env`), and `uv`/`uvx`/`pip`/`pip3` wrappers.
 
 Anything else that would need the network (another URL, a package not in the image, a
-requirement not provisioned, `uvx -p` of a Python the image lacks) fails in the script and
-is written to `/logs/.epiflow-offline`; the verifier then reports an infrastructure error
-naming it (`env_error`), never a reward of 0.
+requirement not provisioned, `uvx -p` of a Python the image lacks), and requirements too big
+for the verifier jail's RAM-backed `/tmp` (uv's cache and environments: `torch` with its CUDA
+libraries), fail in the script and are written to `/logs/.epiflow-offline`; the verifier then
+reports an infrastructure error naming it (`env_error`), never a reward of 0.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from sandbox.images import ImageBuildError, ImagePlan, RunStep, _locked
 
-TOOLKIT_VERSION = "1"
+TOOLKIT_VERSION = "2"
 
 _WITH = re.compile(
     r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
@@ -104,7 +105,7 @@ echo "everything's installed! (epiflow offline uv)"
 
 _WRAP = r"""#!/bin/bash
 # epiflow offline shim: runs the provisioned {tool}; a failure that needed the network is recorded
-err="$(mktemp /tmp/.epiflow-err.XXXXXX)"
+err="$(mktemp /logs/.epiflow-err.XXXXXX)"  # not /tmp: it may be what filled up
 exec 3>&1
 {real} "$@" 2>&1 1>&3 | tee "$err" 1>&2
 rc=${{PIPESTATUS[0]}}
@@ -117,9 +118,12 @@ exit "$rc"
 """
 _UV_PATTERNS = (
     "offline|provided package locations|not found in the package registry|failed to fetch|"
-    "dns error|no interpreter found|network|--no-index"
+    "dns error|no interpreter found|network|--no-index|no space left on device"
 )
-_PIP_PATTERNS = "no matching distribution|could not find a version|no module named pip|network"
+_PIP_PATTERNS = (
+    "no matching distribution|could not find a version|no module named pip|network|"
+    "no space left on device"
+)
 
 
 def verifier_requirements(test_sh: str) -> tuple[str, ...]:
@@ -172,7 +176,8 @@ def verifier_provisioning(test_sh: str) -> tuple[str, ...]:
 
 def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
     """`plan` with the verifier's Debian packages (`verifier_provisioning`) installed by a
-    last `RUN` step (recorded as a substitution: the agent's image has them too); `plan`
+    last `RUN` step (recorded as a substitution: the agent's image has them too), with their
+    recommends as `test.sh`'s own `apt-get install -y gcc` would (`libc6-dev`); `plan`
     itself when there are none beyond the base's own."""
     packages = [p for p in verifier_provisioning(test_sh) if p not in plan.packages]
     if not packages:
@@ -181,8 +186,7 @@ def with_verifier_packages(plan: ImagePlan, test_sh: str) -> ImagePlan:
     step = RunStep(
         line=0,
         command=(
-            f"apt-get update -qq && apt-get install -y -qq --no-install-recommends {names} "
-            "&& rm -rf /var/lib/apt/lists/*"
+            f"apt-get update -qq && apt-get install -y -qq {names} && rm -rf /var/lib/apt/lists/*"
         ),
         workdir="/",
     )

@@ -148,7 +148,10 @@ def test_bases_map_to_the_debian_releases_served_here() -> None:
     hello = parse_dockerfile(INTEROP / "hello-world" / "environment" / "Dockerfile")
     csv = parse_dockerfile(INTEROP / "csv-filter" / "environment" / "Dockerfile")
     assert (hello.release, csv.release) == ("trixie", "trixie")
-    assert hello.base_key() == csv.base_key()  # one base image for both tasks
+    # python:* bases carry CPython's headers as the official image does (C extensions
+    # build), so the python task's base is the ubuntu one's plus python3-dev
+    assert set(csv.packages) - set(hello.packages) == {"python3-dev"}
+    assert hello.base_key() != csv.base_key()
     assert hello.substitutions == ("ubuntu:24.04 → Debian trixie (minbase)",)
     assert csv.substitutions[0].startswith(
         "python:3.13-slim → Debian trixie with its python3 (3.13)"
@@ -300,7 +303,9 @@ def test_a_verifier_that_needs_the_network_is_an_infrastructure_error(tmp_path: 
             root, "needs-net",
             toml='version = "1.0"\n[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 60\n',
             dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
-            test_sh="#!/bin/bash\ncurl -fsSL https://example.com/setup.sh | sh\necho 0 > /logs/verifier/reward.txt\n",
+            # a host put together at run time: a URL written out is refused at load
+            # (`network-verifier`, test_harbor_oracle_environment.py); this is the run-time net
+            test_sh="#!/bin/bash\ncurl -fsSL \"https://$(echo example.com)/setup.sh\" | sh\necho 0 > /logs/verifier/reward.txt\n",
             solve="#!/bin/bash\ntrue\n",
         )  # fmt: skip
         suite = load_harbor_suite(root, name="net", images_dir=IMAGES)
