@@ -353,9 +353,16 @@ def grpo_report(
     bf16: bool,
 ) -> dict[str, Any]:
     """The GRPO part of `bench/train.py`'s JSON: an untimed one-step warm-up of each path,
-    then `repeat` alternating runs of `steps` steps, best of each."""
+    then `repeat` alternating runs of `steps` steps, best of each.
+
+    Both paths run at one thread count, chosen once (`torch_threads`, or the idle cores
+    now): the trainer's automatic thread tuning would otherwise move TRL to two threads
+    mid-run on a quiet machine while the bare loop kept the first count."""
+    from training.threads import choose_threads
+
     batch = fixed_rollouts(examples, group_size=settings.rollouts_per_task, groups=groups)
-    settings = grpo_settings(settings, batch, steps)
+    threads = choose_threads(settings.torch_threads)
+    settings = grpo_settings(settings, batch, steps).model_copy(update={"torch_threads": threads})
 
     def trl(name: str, n: int) -> GrpoRun:
         return trl_grpo(base, batch, settings, root / name, steps=n)
@@ -363,15 +370,15 @@ def grpo_report(
     def bare(threads: int, n: int) -> GrpoRun:
         return torch_grpo(base, batch, settings, steps=n, pad_id=pad_id, bf16=bf16, threads=threads)
 
-    warm = trl("grpo-warm", 1)
-    bare(warm.threads[0], 1)
+    trl("grpo-warm", 1)
+    bare(threads, 1)
     trl_best: GrpoRun | None = None
     torch_best: GrpoRun | None = None
     for i in range(repeat):
         measured = trl(f"grpo{i}", steps)
         if trl_best is None or measured.tokens_per_s > trl_best.tokens_per_s:
             trl_best = measured
-        timed = bare(measured.threads[0], steps)
+        timed = bare(threads, steps)
         if torch_best is None or timed.tokens_per_s > torch_best.tokens_per_s:
             torch_best = timed
     assert trl_best is not None and torch_best is not None  # repeat >= 1
