@@ -1,7 +1,8 @@
-"""Benchmark: SFT throughput of the loop's trainer against a bare torch loop and a FLOP bound.
+"""Benchmark: the trainer's SFT step and GRPO update against bare torch loops, and a FLOP bound.
 
-    python bench/train.py --json [--recipe loop] [--steps 12] [--examples 48] [--repeat 2]
-                                 [--variants]
+    python bench/train.py --json [--recipe loop] [--part sft|grpo|both] [--steps 12]
+                                 [--examples 48] [--repeat 2] [--variants]
+                                 [--grpo-steps 2] [--grpo-groups 1]
 
 The model shape, prompt style, batch size, sequence length, precision and thread policy
 are the recipe's (`training.recipes`, default `loop`: what `bench/loop.py` trains); a
@@ -28,6 +29,18 @@ observation, the final answer); no sandbox is involved.
 - `bf16`, `autocast`, `eval_dtype` and `precision` (`training.precision.precision_report`):
   whether the trainer ran under bf16 autocast (the recipe's precision, or
   `EPIFLOW_TRAINING_PRECISION`), and the dtype its saved checkpoint is evaluated in.
+
+- With `--part grpo` or `both` (the default), the GRPO update (`bench/train_grpo.py`):
+  TRL's `GRPOTrainer` set up as the project's episode GRPO sets it up against a bare
+  torch GRPO loop (the same clipped objective, KL to the reference, loss mask and
+  normalisation), `--grpo-steps` steps on one fixed batch of `--grpo-groups` groups of
+  the recipe's `rollouts_per_task` rollouts built from the same chats (observations
+  masked; no generation: the figure is the update's). The recipe's GRPO settings are
+  its RL stage's, or its `-rl` twin's (`smollm2` → `smollm2-rl`). Keys `grpo_…`:
+  `grpo_trl_tokens_per_s`, `grpo_torch_tokens_per_s` (prompt + completion tokens, no
+  padding, × steps / wall time), `grpo_ratio`, `grpo_first_loss` (both paths' first-step
+  loss: they agree).
+- `cpu_flags`: the `/proc/cpuinfo` flags that decide CPU training speed (AVX-512, AVX512-BF16, AMX).
 
 Every path gets an untimed warm-up, then `--repeat` alternating runs, best of each (the
 machine is shared; `load_avg` is the 1-minute load average at the start and the end).
@@ -188,7 +201,8 @@ def flops_per_token(model_dir: Path, *, mean_length: float, trained_fraction: fl
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import polars as pl
+    from loop_rl import cpu_flags
+    from train_grpo import grpo_report, rl_settings_of
 
     from core.home import epiflow_home
     from suites.builtin import builtin_suite
@@ -197,8 +211,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.pretrained import PRETRAINED, prepare_pretrained
     from training.recipes import get_recipe
     from training.settings import TrainingSettings
-    from training.threads import choose_threads
-    from training.trainers import run_training
     from training.trainers.common import load_tokenizer, use_bf16
 
     load_start = os.getloadavg()[0]
@@ -206,6 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = recipe.training_settings(TrainingSettings()).model_copy(
         update={"max_steps": args.steps, "max_time_s": None, "logging_steps": args.steps}
     )
+    # Resolved before anything runs: a recipe without GRPO settings fails in one line.
+    rl = rl_settings_of(recipe, settings) if args.part in ("grpo", "both") else None
     bf16 = use_bf16(settings)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -220,70 +234,117 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 settings=settings,
             )
         chats = conversations(args.examples, recipe.templates, settings.prompt_style)
-        frame = pl.DataFrame({"messages": chats, "weight": [1.0] * len(chats)})
         examples = tokenized(base, chats, settings.max_length)
         pad_id = int(load_tokenizer(base).pad_token_id)
-        mean_length = sum(len(e["input_ids"]) for e in examples) / len(examples)
-        trained = sum(sum(e["mask"]) for e in examples) / sum(len(e["mask"]) for e in examples)
-
-        def trl(update: dict[str, Any], name: str) -> dict[str, Any]:
-            result = run_training(
-                "sft",
-                dataset=frame,
-                base_model_dir=base,
-                output_dir=root / name,
-                settings=settings.model_copy(update=update),
-            )
-            return {
-                "tokens_per_s": result.tokens_per_s,
-                "tokens_per_cpu_s": result.tokens / result.cpu_s if result.cpu_s else 0.0,
-                "cpu_share": result.cpu_s / result.runtime_s if result.runtime_s else 0.0,
-                "threads": result.threads,
-            }
-
-        def bare(threads: int) -> float:
-            return torch_loop(
+        report: dict[str, Any] = {"recipe": recipe.name, "part": args.part}
+        if args.part in ("sft", "both"):
+            report |= sft_report(args, base, chats, examples, settings, root, pad_id, bf16)
+        if rl is not None:
+            report |= grpo_report(
                 base,
                 examples,
-                steps=args.steps,
-                batch=settings.batch_size,
-                lr=settings.sft_learning_rate,
+                rl,
+                root,
+                steps=args.grpo_steps,
+                groups=args.grpo_groups,
+                repeat=args.repeat,
                 pad_id=pad_id,
-                bf16=bf16,
-                threads=threads,
+                bf16=use_bf16(rl),
             )
+        # The dtype a checkpoint saved by the trainer loads in (either part's warm-up save).
+        saved = root / ("warm" if args.part in ("sft", "both") else "grpo-warm")
+        precision = precision_report(settings, bf16=bf16, eval_model_dir=saved)
+    return report | {
+        "bf16": bf16,
+        "autocast": precision["autocast"],
+        "eval_dtype": precision["eval_dtype"],
+        "precision": precision,
+        "pretrained": recipe.pretrained,
+        "hidden": settings.hidden_size if recipe.pretrained is None else None,
+        "layers": settings.num_layers if recipe.pretrained is None else None,
+        "prompt_style": settings.prompt_style.value,
+        "cores": os.cpu_count(),
+        "cpu_flags": cpu_flags(),
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+    }
 
-        # One-time costs (imports, kernel selection, allocator warm-up) hit whichever path
-        # runs first in the process; a short untimed run of each keeps them out of the numbers.
-        warm = trl({"max_steps": 2}, "warm")
-        bare(warm["threads"][0])
-        trl_best: dict[str, Any] = {
-            "tokens_per_s": 0.0,
-            "tokens_per_cpu_s": 0.0,
-            "cpu_share": 0.0,
-            "threads": [],
+
+def sft_report(
+    args: argparse.Namespace,
+    base: Path,
+    chats: list[list[dict[str, str]]],
+    examples: list[dict[str, Any]],
+    settings: Any,
+    root: Path,
+    pad_id: int,
+    bf16: bool,
+) -> dict[str, Any]:
+    """The SFT part: TRL's SFT against the bare loop, the FLOP bound, the variants."""
+    import polars as pl
+
+    from training.threads import choose_threads
+    from training.trainers import run_training
+
+    frame = pl.DataFrame({"messages": chats, "weight": [1.0] * len(chats)})
+    mean_length = sum(len(e["input_ids"]) for e in examples) / len(examples)
+    trained = sum(sum(e["mask"]) for e in examples) / sum(len(e["mask"]) for e in examples)
+
+    def trl(update: dict[str, Any], name: str) -> dict[str, Any]:
+        result = run_training(
+            "sft",
+            dataset=frame,
+            base_model_dir=base,
+            output_dir=root / name,
+            settings=settings.model_copy(update=update),
+        )
+        return {
+            "tokens_per_s": result.tokens_per_s,
+            "tokens_per_cpu_s": result.tokens / result.cpu_s if result.cpu_s else 0.0,
+            "cpu_share": result.cpu_s / result.runtime_s if result.runtime_s else 0.0,
+            "threads": result.threads,
         }
-        torch_best = 0.0
-        for i in range(args.repeat):
-            measured = trl({}, f"trl{i}")
-            if measured["tokens_per_s"] > trl_best["tokens_per_s"]:
-                trl_best = measured
-            torch_best = max(torch_best, bare(measured["threads"][0]))
-        variants: dict[str, float] = {}
-        if args.variants:
-            for name, update in (
-                ("threads_2", {"torch_threads": 2}),
-                ("threads_1", {"torch_threads": 1}),
-                ("fp32", {"precision": "fp32", "bf16": None}),
-            ):
-                variants[name] = round(trl(update, name)["tokens_per_s"], 1)
-        threads = trl_best["threads"][0] if trl_best["threads"] else choose_threads(0)
-        gflops = matmul_gflops(threads=threads, bf16=bf16)
-        per_token = flops_per_token(base, mean_length=mean_length, trained_fraction=trained)
-        precision = precision_report(settings, bf16=bf16, eval_model_dir=root / "warm")
+
+    def bare(threads: int) -> float:
+        return torch_loop(
+            base,
+            examples,
+            steps=args.steps,
+            batch=settings.batch_size,
+            lr=settings.sft_learning_rate,
+            pad_id=pad_id,
+            bf16=bf16,
+            threads=threads,
+        )
+
+    # One-time costs (imports, kernel selection, allocator warm-up) hit whichever path
+    # runs first in the process; a short untimed run of each keeps them out of the numbers.
+    warm = trl({"max_steps": 2}, "warm")
+    bare(warm["threads"][0])
+    trl_best: dict[str, Any] = {
+        "tokens_per_s": 0.0,
+        "tokens_per_cpu_s": 0.0,
+        "cpu_share": 0.0,
+        "threads": [],
+    }
+    torch_best = 0.0
+    for i in range(args.repeat):
+        measured = trl({}, f"trl{i}")
+        if measured["tokens_per_s"] > trl_best["tokens_per_s"]:
+            trl_best = measured
+        torch_best = max(torch_best, bare(measured["threads"][0]))
+    variants: dict[str, float] = {}
+    if args.variants:
+        for name, update in (
+            ("threads_2", {"torch_threads": 2}),
+            ("threads_1", {"torch_threads": 1}),
+            ("fp32", {"precision": "fp32", "bf16": None}),
+        ):
+            variants[name] = round(trl(update, name)["tokens_per_s"], 1)
+    threads = trl_best["threads"][0] if trl_best["threads"] else choose_threads(0)
+    gflops = matmul_gflops(threads=threads, bf16=bf16)
+    per_token = flops_per_token(base, mean_length=mean_length, trained_fraction=trained)
     bound = gflops * 1e9 / per_token
     return {
-        "recipe": recipe.name,
         "trl_tokens_per_s": round(trl_best["tokens_per_s"], 1),
         "torch_tokens_per_s": round(torch_best, 1),
         "ratio": round(trl_best["tokens_per_s"] / torch_best, 3) if torch_best else None,
@@ -294,22 +355,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "matmul_gflops": round(gflops, 1),
         "flops_per_token": round(per_token),
         "threads": trl_best["threads"],
-        "bf16": bf16,
-        "autocast": precision["autocast"],
-        "eval_dtype": precision["eval_dtype"],
-        "precision": precision,
         "variants_tokens_per_s": variants or None,
         "steps": args.steps,
         "batch": settings.batch_size,
-        "pretrained": recipe.pretrained,
-        "hidden": settings.hidden_size if recipe.pretrained is None else None,
-        "layers": settings.num_layers if recipe.pretrained is None else None,
-        "prompt_style": settings.prompt_style.value,
         "examples": len(examples),
         "mean_tokens_per_example": round(mean_length, 1),
         "trained_token_fraction": round(trained, 3),
-        "cores": os.cpu_count(),
-        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -322,6 +373,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
         "--variants", action="store_true", help="also measure forced thread counts and fp32"
+    )
+    parser.add_argument(
+        "--part",
+        choices=("sft", "grpo", "both"),
+        default="both",
+        help="what to measure: the SFT step, the GRPO update, or both",
+    )
+    parser.add_argument("--grpo-steps", type=int, default=2, help="GRPO optimiser steps per run")
+    parser.add_argument(
+        "--grpo-groups", type=int, default=1, help="groups of rollouts_per_task per GRPO step"
     )
     args = parser.parse_args()
     # Libraries print progress and notices on stdout; the benchmark's stdout is its JSON.
