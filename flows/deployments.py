@@ -25,6 +25,12 @@ policy, with a log line saying so). Both are gated into the same training trigge
 and the training they trigger is evaluated against the champion and promoted when the
 rule says so (`evaluation.promote_alias`): train → evaluate → promote, and the next night
 collects with what won.
+
+`monitor` runs the production monitor (`flows.monitor`) on demand: the operator names the
+window (`run`, the key an import of production traces or a collection against the serving
+endpoint stored; or `file`) in the run form, the alias defaults to the champion. It has no
+schedule: the window is not something the nightly chain produces, so no fixed parameter
+could name each day's (docs/models.md, "The production monitor").
 """
 
 from __future__ import annotations
@@ -131,6 +137,10 @@ def _nightly_champion_parameters(target: Target) -> dict[str, Any]:
     }
 
 
+def _monitor_parameters(target: Target) -> dict[str, Any]:
+    return {"alias": CHAMPION_ALIAS, "rollback": False}
+
+
 def _gate_parameters(target: Target) -> dict[str, Any]:
     return {"train_deployment": f"train/train{target.suffix}"}
 
@@ -188,6 +198,19 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         entrypoint="flows.evaluate.evaluate",
         description="A checkpoint as a policy on held-out tasks in the sandbox.",
         tags=("epiflow", "evaluate", NOTIFY_TAG),
+    ),
+    DeploymentSpec(
+        name="monitor",
+        entrypoint="flows.monitor.monitor",
+        description=(
+            "Production monitor: a window of the deployed model's trajectories (a stored "
+            "run, e.g. imported traces, or a trace file) against the champion's evaluation "
+            "baseline; a breach is stored, announced (the run ends Failed) and, with "
+            "rollback, rolls the alias back. On demand: name the window's run key."
+        ),
+        # Notified: a breach ends the run Failed, which the epiflow-notify automation posts.
+        tags=("epiflow", "monitor", NOTIFY_TAG),
+        parameters=_monitor_parameters,
     ),
 )
 """The deployments, once."""

@@ -114,3 +114,21 @@ def test_gate_and_shards_point_at_their_own_targets_deployments() -> None:
             assert parameters["gate_options"]["train_deployment"] == f"train/train{suffix}"
         if entry["name"].startswith("qc-gate"):
             assert parameters["train_deployment"] == f"train/train{suffix}"
+
+
+def test_operators_run_the_production_monitor_from_the_ui_on_demand() -> None:
+    """The `monitor` deployment: the champion's alias by default, the window named in the run
+    form, no schedule (no fixed parameter names each day's window), a breach announced."""
+    from prefect.utilities.importtools import import_object
+
+    from config.automations import NOTIFY_TAG
+
+    served = {d.name: d for d in runner_deployments()}
+    monitor = served["monitor"]
+    assert monitor.entrypoint == "flows.monitor.monitor"
+    assert monitor.parameters == {"alias": "champion", "rollback": False}
+    assert not monitor.schedules
+    assert NOTIFY_TAG in monitor.tags
+    # The run form: the flow's parameters, the window among them.
+    form = import_object(monitor.entrypoint).parameters.properties
+    assert {"alias", "run", "file", "fmt", "rollback", "min_episodes"} <= set(form)

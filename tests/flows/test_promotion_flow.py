@@ -6,12 +6,9 @@ evaluation; the decision is logged, returned and shown as the `promotion-champio
 artifact.
 
 "Clearly better" is forced, because the tiny local model solves nothing in a few steps:
-each checkpoint's held-out evaluation run (`eval-<checkpoint>`, the run key the flow
-uses) is collected beforehand, through the same evaluation path
-(`collection.evaluation.run_evaluation`, real nsjail), by a scripted policy standing in
-for the model: `scripted:oracle` for the strong checkpoint, `scripted:idle` for the weak
-ones. The flow then resumes those runs (every planned episode is stored, so they are read
-back; the checkpoint is still fetched and opened as its `hf:` policy) and decides on them.
+each checkpoint's held-out evaluation run is stored beforehand by a scripted stand-in
+(`tests.flows.forced_evaluation`): `scripted:oracle` for the strong checkpoint,
+`scripted:idle` for the weak ones. The flow then resumes those runs and decides on them.
 Everything else is real: the checkpoints (the tiny model, registered), SQL, the object
 store, the flow, its tasks and artifacts.
 """
@@ -25,8 +22,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from agent.settings import PolicySettings
 from storage.objects import LocalObjectStore
+from tests.flows.forced_evaluation import forced_evaluation
 from training.settings import TrainingSettings
 
 TEMPLATES = ["csv_to_json", "dir_tree"]
@@ -68,20 +65,8 @@ def _tiny_checkpoints(
 
 def _forced_evaluation(checkpoint_id: uuid.UUID, policy: str) -> None:
     """Store checkpoint `checkpoint_id`'s held-out evaluation run as `policy` plays it."""
-    from agent.policies import make_policy
-    from collection.evaluation import evaluation_settings, run_evaluation
-    from config.settings import load_settings
-    from suites.builtin import builtin_suite
-
-    tasks = builtin_suite().heldout_instances(INSTANCES, templates=TEMPLATES)
-    settings = evaluation_settings(load_settings(), max_steps=12)  # the oracle's whole plan
-    episodes = asyncio.run(
-        run_evaluation(
-            make_policy(policy, settings=PolicySettings()), tasks, run_key=f"eval-{checkpoint_id}", suite="builtin",
-            settings=settings,
-        )
-    )  # fmt: skip
-    assert len(episodes) == len(TEMPLATES) * INSTANCES
+    stored = forced_evaluation(checkpoint_id, policy, instances=INSTANCES, templates=TEMPLATES)
+    assert stored == len(TEMPLATES) * INSTANCES
 
 
 def _evaluate(checkpoint_id: uuid.UUID) -> object:

@@ -20,7 +20,9 @@ import pytest
 from tests.services.chromium import run_chromium
 from tests.services.prefect_server import PrefectServer
 
-EXPECTED = {"nightly-collect", "nightly-champion", "qc-gate", "train", "evaluate", "shard"}
+EXPECTED = {
+    "nightly-collect", "nightly-champion", "qc-gate", "train", "evaluate", "shard", "monitor",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,12 @@ def test_serve_registers_deployments_with_the_nightly_schedule(
     assert schedules[0]["active"] is True
     parameters = nightly["parameters"]
     assert isinstance(parameters, dict) and parameters["gate"] is True
+    # The production monitor: run from the UI on demand, the champion by default.
+    monitor = found["monitor"]
+    assert monitor["schedules"] == [] and monitor["parameters"] == {
+        "alias": "champion",
+        "rollback": False,
+    }
 
 
 def test_deployments_page_screenshot(
