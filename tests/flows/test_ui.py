@@ -36,7 +36,15 @@ from tests.services.prefect_server import PrefectServer
 
 pytestmark = pytest.mark.slow
 
-DEPLOYMENTS = {"nightly-collect", "nightly-champion", "qc-gate", "train", "evaluate", "shard"}
+DEPLOYMENTS = {
+    "nightly-collect",
+    "nightly-champion",
+    "qc-gate",
+    "train",
+    "evaluate",
+    "shard",
+    "monitor",
+}
 TEMPLATES = ["csv_to_json", "dir_tree"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 DISASSEMBLY = re.compile(

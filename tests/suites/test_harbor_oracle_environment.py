@@ -162,7 +162,7 @@ def test_harbor_jails_have_their_own_loopback_and_the_verifier_room_for_its_requ
     from tasks.environment import TaskEnvironment
     from tasks.harbor_verify import offline_reason, verifier_spec
 
-    host = HostSetup(Path("/bin/nsjail"), Path("/e"), Path("/x.py"), "rlimit", "")  # type: ignore[arg-type]
+    host = HostSetup(Path("/bin/nsjail"), Path("/e"), Path("/x.py"), "rlimit", "")
     image = ImageMount(root="/images/img/root", digest="d" * 16)
     spec = SandboxSpec(image=image, network="loopback")
     argv = image_nsjail_argv(spec, host, SandboxSettings(), env={}, time_limit_s=5)
