@@ -121,7 +121,7 @@ def test_operators_run_the_production_monitor_from_the_ui_on_demand() -> None:
     form, no schedule (no fixed parameter names each day's window), a breach announced."""
     from prefect.utilities.importtools import import_object
 
-    from config.automations import NOTIFY_TAG
+    from orchestration.automations import NOTIFY_TAG
 
     served = {d.name: d for d in runner_deployments()}
     monitor = served["monitor"]
