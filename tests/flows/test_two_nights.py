@@ -33,8 +33,10 @@ seconds.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,6 +45,7 @@ from sqlalchemy import Engine, text
 from collection.request import CollectRequest
 from storage.objects import LocalObjectStore
 from tests.flows.forced_evaluation import forced_evaluation
+from tests.services.chromium import require_chromium, run_chromium
 from tests.services.prefect_server import PrefectServer
 
 pytestmark = pytest.mark.slow
@@ -146,6 +149,7 @@ def test_two_nights_promote_the_winner_who_collects_the_next_night_and_keep_out_
     on_server: str,
     gated_env: tuple[Engine, LocalObjectStore],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     from flows.deployments import CHAMPION_ALIAS, NIGHTLY_CHAMPION_REQUEST
     from flows.evaluate import EvaluationResult, evaluate
@@ -258,3 +262,31 @@ def test_two_nights_promote_the_winner_who_collects_the_next_night_and_keep_out_
     }
     assert len(shown) == 2 and "not promoted" not in shown[0] and "promoted" in shown[0]
     assert "not promoted" in shown[1] and "kept the champion" in shown[1]
+
+    # The same in the browser (when Chromium is installed): the promotion artifact's page
+    # shows the latest decision, the flow runs page the chain; screenshots are kept under
+    # EPIFLOW_SCREENSHOT_DIR (docs/img/ has the ones docs/models.md shows).
+    _ui_pages(on_server.removesuffix("/api"), tmp_path)
+
+
+def _ui_pages(ui: str, tmp_path: Path) -> None:
+    chromium = require_chromium("the promotion artifact's page")
+    shots = Path(os.environ.get("EPIFLOW_SCREENSHOT_DIR", tmp_path))
+    artifact = f"{ui}/artifacts/key/promotion-champion"
+    dom = run_chromium(chromium, "--dump-dom", artifact, budget_ms=30000).stdout
+    assert "kept the champion" in dom, dom[-2000:]
+    run_chromium(
+        chromium,
+        "--window-size=1400,1400",
+        f"--screenshot={shots / 'prefect-promotion-artifact.png'}",
+        artifact,
+        budget_ms=30000,
+    )
+    runs = f"{ui}/runs"  # the chain's flow runs, for the docs (checked above through the API)
+    run_chromium(
+        chromium,
+        "--window-size=1400,1600",
+        f"--screenshot={shots / 'prefect-two-nights-runs.png'}",
+        runs,
+        budget_ms=30000,
+    )
