@@ -123,9 +123,9 @@ def _night(run_key: str, policy: str, *, trains: bool, evaluation: Any = None) -
     )
 
 
-async def _server_view(api_url: str) -> tuple[dict[str, list[str]], list[str]]:
-    """Per flow, the states of its runs; and the `promotion-champion` artifact's versions,
-    oldest first: what the UI lists."""
+async def _server_view(api_url: str) -> tuple[dict[str, list[str]], list[str], str]:
+    """Per flow, the states of its runs; the `promotion-champion` artifact's versions,
+    oldest first: what the UI lists; and the latest version's id (its page in the UI)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -140,7 +140,7 @@ async def _server_view(api_url: str) -> tuple[dict[str, list[str]], list[str]]:
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["promotion-champion"])),
             sort=ArtifactSort.CREATED_DESC,
         )
-    return states, [str(a.data) for a in reversed(versions)]
+    return states, [str(a.data) for a in reversed(versions)], str(versions[0].id)
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -253,7 +253,7 @@ def test_two_nights_promote_the_winner_who_collects_the_next_night_and_keep_out_
 
     # What the UI shows: every flow run of both nights completed, and the promotion
     # artifact's two versions (A promoted, B not).
-    states, shown = asyncio.run(_server_view(on_server))
+    states, shown, latest = asyncio.run(_server_view(on_server))
     assert {name: sorted(s) for name, s in states.items()} == {
         "collect-episodes": ["Completed"] * 3,
         "qc-gate": ["Completed"] * 3,
@@ -266,13 +266,13 @@ def test_two_nights_promote_the_winner_who_collects_the_next_night_and_keep_out_
     # The same in the browser (when Chromium is installed): the promotion artifact's page
     # shows the latest decision, the flow runs page the chain; screenshots are kept under
     # EPIFLOW_SCREENSHOT_DIR (docs/img/ has the ones docs/models.md shows).
-    _ui_pages(on_server.removesuffix("/api"), tmp_path)
+    _ui_pages(on_server.removesuffix("/api"), latest, tmp_path)
 
 
-def _ui_pages(ui: str, tmp_path: Path) -> None:
+def _ui_pages(ui: str, latest: str, tmp_path: Path) -> None:
     chromium = require_chromium("the promotion artifact's page")
     shots = Path(os.environ.get("EPIFLOW_SCREENSHOT_DIR", tmp_path))
-    artifact = f"{ui}/artifacts/key/promotion-champion"
+    artifact = f"{ui}/artifacts/artifact/{latest}"
     dom = run_chromium(chromium, "--dump-dom", artifact, budget_ms=30000).stdout
     assert "kept the champion" in dom, dom[-2000:]
     run_chromium(
@@ -282,7 +282,10 @@ def _ui_pages(ui: str, tmp_path: Path) -> None:
         artifact,
         budget_ms=30000,
     )
-    runs = f"{ui}/runs"  # the chain's flow runs, for the docs (checked above through the API)
+    runs = f"{ui}/runs"
+    dom = run_chromium(chromium, "--dump-dom", runs, budget_ms=30000).stdout
+    for name in ("night-1", "qc-night-1", "night-2-champion", "qc-night-2-explore"):
+        assert f">{name}<" in dom, (name, dom[-2000:])
     run_chromium(
         chromium,
         "--window-size=1400,1600",
