@@ -148,10 +148,13 @@ print(json.dumps({"score": 0.0, "reason": json.dumps({"seen": sorted(seen), "oth
                 " >/dev/null 2>&1 &",
             )
             assert r.ok
-            # Goes after every python process it sees (the verifier) with SIGSTOP and SIGKILL.
+            # Goes after every python process it sees (the verifier) with SIGSTOP and SIGKILL,
+            # once `go` exists: the call below creates it from a shell already running, since
+            # a call's process is python (the executor's fork) until it execs its shell.
             await shell(
                 box,
-                "nohup sh -c 'while true; do pkill -STOP python3; pkill -KILL python3; done'"
+                "nohup sh -c 'until [ -e go ]; do sleep 0.01; done;"
+                " while true; do pkill -STOP python3; pkill -KILL python3; done'"
                 " >/dev/null 2>&1 &",
             )
             # Both loops are running before the verifier starts: a poll-until in the jail,
@@ -159,7 +162,7 @@ print(json.dumps({"score": 0.0, "reason": json.dumps({"seen": sorted(seen), "oth
             # matching this command's own line.)
             running = await shell(
                 box,
-                "until grep -qs 'echo 4[2] > answer' /proc/[0-9]*/cmdline"
+                "touch go; until grep -qs 'echo 4[2] > answer' /proc/[0-9]*/cmdline"
                 " && grep -qs 'pkill -[S]TOP' /proc/[0-9]*/cmdline; do sleep 0.05; done",
                 timeout=60,
             )
