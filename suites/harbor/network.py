@@ -30,6 +30,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from suites.harbor.texts import folder_texts
+
 _FETCHES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgit\s+(?:-\S+\s+)*(clone|fetch|pull|submodule\s+update)\b"), "git {0}"),
     (re.compile(r"\bgit\+(?:https?|ssh)://"), "a git+ URL"),
@@ -109,7 +111,6 @@ _FETCH_CALL = re.compile(
     r"\b(?:urlretrieve|urlopen|requests\.(?:get|post|head)|httpx\.(?:get|post|stream)|"
     r"wget|curl|git\s+clone|hf_hub_download|snapshot_download|from_pretrained|load_dataset)\b"
 )
-_TEXT_CAP = 1 << 20
 _SCRIPTS = frozenset({".sh", ".bash", ".py"})
 _ASSIGNED = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
@@ -121,14 +122,7 @@ def verifier_fetch(tests_dir: Path) -> tuple[Path, int, str] | None:
     Hugging Face download), or assigned to a name such a line uses (`url = "https://…"` …
     `urlretrieve(url, …)`); the uv installer, which the offline toolkit serves, aside.
     Scripts only (`.sh`, `.py`): a data file naming a URL fetches nothing."""
-    scripts = (p for p in tests_dir.rglob("*") if p.is_file() and p.suffix in _SCRIPTS)
-    for path in sorted(scripts):
-        if path.stat().st_size > _TEXT_CAP:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeError, OSError):
-            continue
+    for path, text in folder_texts(tests_dir, _SCRIPTS):
         lines = text.splitlines()
         fetching = [ln for ln in lines if _FETCH_CALL.search(ln) and not _SHIMMED_URL.search(ln)]
         for number, line in enumerate(lines, 1):

@@ -31,6 +31,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from suites.harbor.texts import folder_texts
+
 _ROOT_COMMAND = re.compile(
     r"(?:^|[;&|]\s*|\b(?:sudo|then|do|else|exec)\s+)"
     r"(?:/usr)?(?:/s?bin/)?"
@@ -71,19 +73,12 @@ def solution_root(task_dir: Path) -> tuple[Path, int, str] | None:
 
 _CHROOT = re.compile(r"\bchroot[\s\"',]+(/[^\s\"';]*)")
 _MKDIR = re.compile(r"\bmkdir[\s\"',]+(?:-p[\s\"',]+)?(/[^\s\"';]+)")
-_TEXT_CAP = 1 << 20
 
 
 def verifier_root(tests_dir: Path, writable: tuple[str, ...]) -> tuple[Path, int, str] | None:
     """(file, line, what) of the first thing in `tests/` that needs root in the verifier
     jail: a `chroot`, or a `mkdir` of an absolute path under none of the `writable` paths."""
-    for path in sorted(p for p in tests_dir.rglob("*") if p.is_file()):
-        if path.stat().st_size > _TEXT_CAP:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeError, OSError):
-            continue
+    for path, text in folder_texts(tests_dir):
         for number, line in enumerate(text.splitlines(), 1):
             chroot = _CHROOT.search(line)
             if chroot:
