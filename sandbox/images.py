@@ -123,6 +123,10 @@ class ImagePlan(BaseModel):
     """Link `/usr/local/bin/python{,3}` to the release's `python3` (a `python:*` base)."""
     substitutions: tuple[str, ...] = ()
     """What was mapped or ignored, one line each (recorded per episode)."""
+    base_substitution: str | None = None
+    """The base image built as another distribution, codename or Python version than its
+    tag names, one line (`suites/harbor/bases.py` decides); None: built as named. Not part
+    of the digest: it describes the base, which `release` and `packages` already pin."""
     source: str = "Dockerfile"
     """The Dockerfile (for messages)."""
 

@@ -38,6 +38,12 @@ class TaskEnvironment(BaseModel):
     `product`, `key:NAME`: `tasks/harbor_reward.py`); the suite's setting."""
     substitutions: tuple[str, ...] = ()
     """Everything mapped or ignored to build and run the task here, one line each."""
+    base_substitution: str | None = None
+    """The Dockerfile's base built as another distribution, codename or Python version than
+    its tag names, one line ("python:3.13-slim-bookworm built as Debian trixie (Python
+    3.13)", decided by `suites/harbor/bases.py` when the task loads); None: built as named.
+    A reference solution's failure on such a base is the environment's
+    (`agent/substituted_base.py`)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """The task's metadata (difficulty label, category, tags, content hash, source folder)."""
     build_s: float = 0.0

@@ -7,6 +7,17 @@ tag names (`python:3.13-slim-bookworm` → trixie: the version the verifier asks
 `12.5-slim`, `trixie`, `13.0-slim`, `stable`) → itself. A digest pin is dropped and
 recorded. Anything else is refused, category `base-image`: alpine (musl), Debian 11 and
 older, CUDA and other unknown images.
+
+A mapping that builds another distribution, Debian codename or Python version than the tag
+names is a **substituted base** (`BaseMapping.substituted`, one line, e.g.
+"python:3.13-slim-bookworm built as Debian trixie (Python 3.13)"): `ubuntu:*` always
+(another distribution), `python:3.13-slim-bookworm` (trixie, not bookworm),
+`python:3.12` (Python 3.13, not 3.12), `python:3.10-slim-bookworm` (3.11, not 3.10). A tag
+that names no codename (`python:3.11-slim`) or no minor version (`python:3`,
+`python:latest`) names nothing that could differ; `debian:stable` is trixie today. Decided
+here only; the task's environment carries it (`TaskEnvironment.base_substitution`) and the
+episode loop reads it to keep a reference solution's failure on such a base out of the
+agent's record (`agent/substituted_base.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from sandbox.images import Release
 from suites.harbor.errors import RefusalCategory, UnsupportedEnvironment
@@ -29,10 +41,25 @@ _DEBIAN: dict[str, Release] = {
 }  # fmt: skip
 _DEBIAN_OLD = {"bullseye": "11", "buster": "10", "stretch": "9", "11": "11", "10": "10", "9": "9"}
 _PYTHON_OF: dict[Release, str] = {"bookworm": "3.11", "trixie": "3.13"}
+_CODENAMES = ("stretch", "buster", "bullseye", "bookworm", "trixie", "forky")
 
 
-def map_base(image: str, file: Path, line: int) -> tuple[Release, bool, str]:
-    """(release, is a python:* base, the substitution line) for a `FROM` image.
+class BaseMapping(NamedTuple):
+    """How a `FROM` image is built here."""
+
+    release: Release
+    """The Debian release the image is built from."""
+    python_base: bool
+    """A `python:*` base (python links and CPython's headers added)."""
+    note: str
+    """The substitution line recorded with every build (`ImagePlan.substitutions`)."""
+    substituted: str | None
+    """The base built as another distribution, codename or Python version than its tag
+    names, one line ("ubuntu:24.04 built as Debian trixie"); None: built as named."""
+
+
+def map_base(image: str, file: Path, line: int) -> BaseMapping:
+    """How the `FROM` image `image` is built here (its release, and whether it is substituted).
 
     Raises:
         UnsupportedEnvironment: (category `base-image`) the base cannot be built here.
@@ -54,7 +81,8 @@ def map_base(image: str, file: Path, line: int) -> tuple[Release, bool, str]:
         mapped = _UBUNTU.get(tag) or _UBUNTU.get(tag.split("-")[0])
         if mapped is None:
             raise refuse(f"unknown ubuntu tag {tag!r} (supported: {', '.join(sorted(_UBUNTU))})")
-        return mapped, False, f"{image} → Debian {mapped} (minbase){pinned}"
+        note = f"{image} → Debian {mapped} (minbase){pinned}"
+        return BaseMapping(mapped, False, note, f"{image} built as Debian {mapped}")
     if repo == "debian":
         release = tag.split("-")[0]
         number = re.match(r"^(\d+)(?:\.\d+)*$", release)
@@ -66,7 +94,7 @@ def map_base(image: str, file: Path, line: int) -> tuple[Release, bool, str]:
                 (f"Debian {old} is not served here" if old else f"unknown debian tag {tag!r}")
                 + " (served: bookworm = 12, trixie = 13, with -slim and point releases)"
             )
-        return mapped, False, f"{image} → Debian {mapped} (minbase){pinned}"
+        return BaseMapping(mapped, False, f"{image} → Debian {mapped} (minbase){pinned}", None)
     if repo == "python":
         return _map_python(image, tag, pinned, refuse)
     raise refuse("unknown base image (supported: ubuntu:*, debian:bookworm|trixie, python:3.11+)")
@@ -74,7 +102,7 @@ def map_base(image: str, file: Path, line: int) -> tuple[Release, bool, str]:
 
 def _map_python(
     image: str, tag: str, pinned: str, refuse: Callable[[str], UnsupportedEnvironment]
-) -> tuple[Release, bool, str]:
+) -> BaseMapping:
     match = re.match(r"^(\d+)(?:\.(\d+))?", tag)
     minor = (
         int(match.group(2)) if match and match.group(2)
@@ -97,4 +125,7 @@ def _map_python(
     note = f"{image} → Debian {release} with its python3 ({have}" + (
         ")" if wanted == have else f", not {wanted})"
     )
-    return release, True, note + pinned
+    named = next((c for c in _CODENAMES if c in tag.split("-")), None)
+    differs = (named is not None and named != release) or (minor >= 0 and wanted != have)
+    substituted = f"{image} built as Debian {release} (Python {have})" if differs else None
+    return BaseMapping(release, True, note + pinned, substituted)

@@ -17,7 +17,8 @@ Everything else is refused with the Dockerfile line and a `RefusalCategory`: `ba
 `malformed` (an unknown instruction, a line that cannot be parsed, no `FROM`).
 
 Bases map onto the Debian releases served here (`bases.py`); each mapping is a recorded
-substitution.
+substitution, and one that builds another distribution, codename or Python than the tag
+names is the plan's `base_substitution`.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class _Parser:
         self.context = path.parent
         self.release: Release | None = None
         self.python_base = False
+        self.base_substitution: str | None = None
         self.workdir = "/"
         self.env: dict[str, str] = {}
         self.args: dict[str, str] = {}
@@ -171,8 +173,11 @@ class _Parser:
         image = expand(words[0], self.args)
         if image == "scratch":
             raise self.refuse(line, "FROM scratch", "an empty base cannot run a jail", BASE)
-        self.release, self.python_base, note = map_base(image, self.path, line)
-        self.subs.append(note)
+        base = map_base(image, self.path, line)
+        self.release, self.python_base, self.base_substitution = (
+            base.release, base.python_base, base.substituted,
+        )  # fmt: skip
+        self.subs.append(base.note)
         if self.python_base:  # the official image ships CPython's headers: C extensions build
             self.packages.add("python3-dev")
 
@@ -333,7 +338,7 @@ def parse_dockerfile(path: Path, *, build_timeout_s: float = 900) -> ImagePlan:
     return ImagePlan(
         release=parser.release, packages=tuple(sorted(parser.packages)), steps=tuple(parser.steps),
         context=str(parser.context), workdir=workdir, env=parser.env, python_links=parser.python_base,
-        substitutions=tuple(subs), source=str(path),
+        substitutions=tuple(subs), base_substitution=parser.base_substitution, source=str(path),
     )  # fmt: skip
 
 

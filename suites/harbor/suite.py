@@ -240,6 +240,7 @@ class HarborSuite(Suite):
             verifier_timeout_s=task.verifier_timeout_s,
             reward_rule=self.reward_rule,
             substitutions=tuple(substitutions),
+            base_substitution=plan.base_substitution,
             metadata={
                 "task": task.name, "version": task.version, "content_hash": task.content_hash,
                 "difficulty": task.difficulty_label, "category": task.category,
@@ -262,6 +263,7 @@ class HarborSuite(Suite):
             ),
             limits=spec_limits, tests_dir=str(task.tests_dir.resolve()), toolkit_dir="",
             verifier_timeout_s=task.verifier_timeout_s, substitutions=plan.substitutions,
+            base_substitution=plan.base_substitution,
             metadata={"task": task.name, "version": task.version, "source": str(task.path)},
             build_error=reason_line(str(error), 500),
         )  # fmt: skip
