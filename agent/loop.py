@@ -8,7 +8,9 @@ propagate; the sandbox is closed on every path.
 How an episode ends (status / failure category):
 
 - `<final>` and a verifier score that `settings.success` calls a success → success / success
-- `<final>` and a lower score → failed / verifier_failed
+- `<final>` and a lower score → failed / verifier_failed; but the task's reference
+  solution (`scripted:oracle`) failing on a substituted base → env_error / env_error,
+  reason `substituted-base: …` (`agent/substituted_base.py`)
 - `max_steps` turns, or the same call `repeat_abort_after` times in a row → failed / max_steps
 - `max_consecutive_parse_failures` unparsable turns in a row → failed / parse_failures
 - the model endpoint fails (down, timing out, 429/5xx or garbage after the retries, or a
@@ -50,6 +52,7 @@ from agent.recording import (
     record_result,
 )
 from agent.settings import LoopSettings
+from agent.substituted_base import substituted_base_failure
 from agent.trajectory import (
     EpisodeStatus,
     FailureCategory,
@@ -387,5 +390,9 @@ async def _drive(episode: _Episode, verify: Verifier) -> None:
         return
     if settings.success.is_success(traj.verifier_score):
         _finish(traj, EpisodeStatus.SUCCESS, FailureCategory.SUCCESS, None)
-    else:
-        _finish(traj, EpisodeStatus.FAILED, FailureCategory.VERIFIER_FAILED, traj.verifier_reason)
+        return
+    substituted = substituted_base_failure(episode.task, episode.policy, traj.verifier_reason)
+    if substituted is not None:
+        _finish(traj, EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR, substituted)
+        return
+    _finish(traj, EpisodeStatus.FAILED, FailureCategory.VERIFIER_FAILED, traj.verifier_reason)

@@ -302,7 +302,12 @@ async def _run_check(
             score=traj.verifier_score or 0.0,
             success=traj.status == EpisodeStatus.SUCCESS,
             status=str(traj.status),
-            reason=traj.verifier_reason or traj.failure_reason or "",
+            # An infrastructure outcome's own reason (a failed build, `substituted-base: …`)
+            # says why; otherwise the verifier's says what it found.
+            reason=(traj.failure_reason if env_broken else None)
+            or traj.verifier_reason
+            or traj.failure_reason
+            or "",
             verifier_error=env_broken,
             content_digest=task.content_digest,
             failed_steps=failed_steps(traj.steps),

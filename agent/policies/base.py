@@ -80,6 +80,10 @@ class Policy(ABC):
     spec: str
     """The spec string this policy was made from (recorded on the trajectory)."""
 
+    replays_reference: bool = False
+    """True for the task's reference solution replayed as written (`scripted:oracle`): its
+    failure judges the environment, never an agent (`agent/substituted_base.py`)."""
+
     endpoint: str | None = None
     """Base URL of the model endpoint the policy calls; None for in-process policies. A
     policy with an endpoint that does not answer in time ends the episode `endpoint_error`

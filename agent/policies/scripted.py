@@ -104,6 +104,8 @@ def _response(text: str, started: float, perturbation: str | None = None) -> Pol
 class OraclePolicy(Policy):
     """Replays the task's reference solution, then `<final>` with the reference final text."""
 
+    replays_reference = True
+
     def __init__(self, spec: str = "scripted:oracle") -> None:
         self.spec = spec
 
