@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.substituted_base import SUBSTITUTED_BASE
 from sandbox.images import ensure_image
 from suites.harbor.suite import HarborSuite, load_harbor_suite
 
@@ -67,6 +68,7 @@ async def _opens(suite: HarborSuite, n: int) -> tuple[list[float], list[float]]:
 # ---- dataset mode (issue 44): a whole Harbor dataset, one outcome per task -------------
 
 ENV_REASONS = (
+    (SUBSTITUTED_BASE, f"{SUBSTITUTED_BASE}: "),
     ("verifier-network", "needs the network"),
     ("verifier-space", "do not fit its jail"),
     ("verifier-timeout", "timed out"),
@@ -75,7 +77,8 @@ ENV_REASONS = (
     ("workdir-too-large", "too large"),
 )
 """`env_error_by_reason` buckets: a bench-side summary of the stored reason text (an
-episode records no structured kind of environment error); the full reason is in `per_task`."""
+episode records no structured kind of environment error); the full reason is in `per_task`.
+`substituted-base` first: its reason quotes the verifier's, which may hold another's words."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "harbor.py"
 
 
-def _run_dataset(args: argparse.Namespace, folder: Path, images: Path) -> Any:
+def _bench() -> Any:
     # bench/ is scripts, not a package: loaded by path (as `python bench/harbor.py` runs it)
     spec = importlib.util.spec_from_file_location("bench_harbor", BENCH)
     assert spec is not None and spec.loader is not None
@@ -24,7 +24,11 @@ def _run_dataset(args: argparse.Namespace, folder: Path, images: Path) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules["bench_harbor"] = module  # its dataclasses look their module up
         spec.loader.exec_module(module)
-    return module._run_dataset(args, folder, images)
+    return module
+
+
+def _run_dataset(args: argparse.Namespace, folder: Path, images: Path) -> Any:
+    return _bench()._run_dataset(args, folder, images)
 
 
 def _task(folder: Path, name: str, dockerfile: str | None, compose: bool = False) -> None:
@@ -83,3 +87,28 @@ def test_no_run_selects_by_name_and_limit(dataset: Path, tmp_path: Path) -> None
 def test_unknown_task_names_the_flag(dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--tasks: no task directory nope"):
         _run_dataset(_args(tasks="fine,nope"), dataset, tmp_path / "images")
+
+
+def test_the_oracle_on_a_substituted_base_is_counted_under_its_own_reason() -> None:
+    from agent.policies.scripted import IdlePolicy, OraclePolicy
+    from agent.substituted_base import substituted_base_failure
+    from sandbox.image_spec import ImageMount
+    from tasks.environment import TaskEnvironment
+    from tasks.types import TaskInstance, VerifierSpec
+
+    env = TaskEnvironment(
+        image=ImageMount(root="/images/img/root", digest="d" * 16), tests_dir="/t",
+        toolkit_dir="/k", base_substitution="ubuntu:24.04 built as Debian trixie",
+    )  # fmt: skip
+    task = TaskInstance(
+        suite="d", suite_version="1", template="t", template_version="1", seed=0,
+        difficulty=1, prompt="p", verifier=VerifierSpec(argv=["true"]), environment=env,
+    )  # fmt: skip
+    # the verifier's own words may look like another bucket's: the category wins
+    reason = substituted_base_failure(task, OraclePolicy(), "tests/test.sh timed out")
+    assert reason is not None and _bench()._env_reason(reason) == "substituted-base"
+    assert substituted_base_failure(task, IdlePolicy(), "reward 0") is None
+    as_named = task.model_copy(
+        update={"environment": env.model_copy(update={"base_substitution": None})}
+    )
+    assert substituted_base_failure(as_named, OraclePolicy(), "reward 0") is None
