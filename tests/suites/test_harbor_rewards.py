@@ -64,7 +64,9 @@ def named_reward_episodes():
         _task(
             root, "multi-reward",
             toml='version = "1.0"\n[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 60\n',
-            dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+            # a base built as named: the oracle's partial score (0.75 < 1.0) is scored, not
+            # stored as `substituted-base` as it would be on ubuntu:24.04 (docs/harbor.md)
+            dockerfile="FROM debian:trixie\nWORKDIR /app\n",
             test_sh=f"#!/bin/bash\necho '{NAMED}' > /logs/verifier/reward.json\n",
             solve="#!/bin/bash\ntrue\n",
         )  # fmt: skip
