@@ -104,3 +104,22 @@ def test_another_agent_failing_on_a_substituted_base_is_failed(suite: HarborSuit
         EpisodeStatus.FAILED, FailureCategory.VERIFIER_FAILED,
     ), (traj.failure_reason, traj.verifier_details)  # fmt: skip
     assert traj.verifier_score == 0.0
+
+
+@needs_builder
+@builds_images
+def test_suites_checks_episode_path_reports_the_substituted_base_reason(
+    suite: HarborSuite,
+) -> None:
+    """`epiflow suites check` (and `bench/harbor.py --dataset`, which runs through it) shows
+    the infrastructure outcome's own reason, not the verifier's "reward 0"."""
+    import asyncio
+
+    from cli.suites import _run_check
+    from sandbox import SandboxSettings
+
+    task = suite.generate("substituted", 0)
+    report = asyncio.run(_run_check(suite, [task], "scripted:oracle", 1, SandboxSettings(), []))
+    (result,) = report.templates[0].failed
+    assert result.verifier_error and result.status == "env_error"
+    assert result.reason.startswith("substituted-base: ") and SUBSTITUTED in result.reason
