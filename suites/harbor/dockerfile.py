@@ -32,7 +32,7 @@ from pathlib import Path
 from sandbox.images import CopyStep, ImagePlan, MkdirStep, Release, RunStep, Step
 from suites.harbor.bases import map_base
 from suites.harbor.errors import RefusalCategory, UnsupportedEnvironment
-from suites.harbor.network import build_fetch
+from suites.harbor.network import build_fetch, build_script_fetch
 
 _IGNORED = {
     "CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER",
@@ -45,6 +45,11 @@ _ARCHIVE = re.compile(r"\.(tar|tar\.gz|tgz|tar\.bz2|tbz2?|tar\.xz|txz|tar\.zst)$
 _GLOB = re.compile(r"[*?\[]")
 BASE = RefusalCategory.BASE_IMAGE
 NETWORK = RefusalCategory.NETWORK_BUILD
+_WORD = re.compile(r"[^\s;&|()<>'\"`=]+")
+"""A word of a shell command that may name a file."""
+_CD = re.compile(r"\bcd\s+([^\s;&|]+)")
+_SCRIPT_CAP = 1_000_000
+"""Characters of a build-context script read for fetches."""
 
 
 class Instruction:
@@ -191,7 +196,9 @@ class _Parser:
             command = self.heredoc_command(line, command, item.heredocs)
         elif self.shell and not exec_form:
             command = shlex.join([*self.shell, command])
-        fetch = build_fetch(command)
+        fetch = (
+            build_fetch(command) or build_fetch(self.expand(command)) or self.script_fetch(command)
+        )
         if fetch:
             raise self.refuse(
                 line, f"RUN {command.splitlines()[0][:80]}",
@@ -203,6 +210,45 @@ class _Parser:
         self.steps.append(
             RunStep(line=line, command=command, workdir=self.workdir, env={**self.args, **self.env})
         )
+
+    def script_fetch(self, command: str) -> str | None:
+        """What a build-context script that `command` runs fetches from the internet
+        (`network.build_script_fetch`): a word of the command naming a file an earlier
+        `COPY` put in the image, from the step's workdir or a `cd` in the command."""
+        folders = [self.workdir, *(m for m in _CD.findall(command) if m.startswith("/"))]
+        for word in _WORD.findall(command):
+            if "/" not in word and "." not in word:
+                continue
+            for folder in folders:
+                path = posixpath.normpath(posixpath.join(folder, word))
+                source = self.copied_file(path)
+                if source is None:
+                    continue
+                try:
+                    text = source.read_text(encoding="utf-8", errors="replace")[:_SCRIPT_CAP]
+                except OSError:
+                    continue
+                found = build_script_fetch(text)
+                if found:
+                    name = source.relative_to(self.context).as_posix()
+                    return f"{found[1]} (in {name}, line {found[0]}, which the step runs)"
+        return None
+
+    def copied_file(self, image_path: str) -> Path | None:
+        """The build-context file the latest `COPY`/`ADD` put at `image_path`, if any."""
+        for step in reversed(self.steps):
+            if not isinstance(step, CopyStep):
+                continue
+            dest = step.dest.rstrip("/") or "/"
+            for source in step.sources:
+                local = self.context / source
+                if local.is_dir():
+                    rest = posixpath.relpath(image_path, dest)
+                    if not rest.startswith("..") and rest != "." and (local / rest).is_file():
+                        return local / rest
+                elif image_path in (dest, posixpath.join(dest, local.name)):
+                    return local
+        return None
 
     def heredoc_command(self, line: int, command: str, docs: list[tuple[str, str, bool]]) -> str:
         if command.startswith("<<"):  # `RUN <<EOF`: the body is the script

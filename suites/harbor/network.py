@@ -10,8 +10,12 @@ its prose:
   `uv python install` (Pythons from GitHub), a model or data set from the Hugging Face hub
   (`from_pretrained(…)`, `hf_hub_download`, `snapshot_download`, `load_dataset(…)` of
   anything but a quoted local path or a file loader such as `"json"`, `huggingface-cli
-  download`). Such a task is refused up front
-  (`network-build`) rather than failing its build.
+  download`). The step is read as its shell runs it: with the Dockerfile's `ARG`/`ENV`
+  values substituted (`ARG URL=https://…` then `RUN curl "$URL"`), and a script of the
+  build context that a `COPY` put in the image and the step runs (`RUN bash
+  /app/setup.sh` whose `setup.sh` does `git clone`) is read line by line
+  (`build_script_fetch`; one level: a script that script calls is not followed). Such a
+  task is refused up front (`network-build`) rather than failing its build.
 - **for the agent** (`agent_network`): `task.toml` names hosts the agent reaches
   (`allowed_hosts` or `network_mode = "allowlist"` in `[agent]` or `[environment]`), or a
   remote MCP server (`[[environment.mcp_servers]]` with a `url`), or the reference
@@ -58,6 +62,18 @@ _INSTALLS: tuple[tuple[re.Pattern[str], str], ...] = (
 def build_fetch(command: str) -> str | None:
     """What in a build's shell `command` fetches from the internet; None when nothing does."""
     return _first(command, _FETCHES)
+
+
+def build_script_fetch(text: str) -> tuple[int, str] | None:
+    """(line, what) of the first internet fetch in a build-context script a `RUN` step
+    runs; package installs are not counted (the build reaches the registries)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        found = _first(line, _FETCHES)
+        if found:
+            return number, found
+    return None
 
 
 def script_fetch(text: str) -> tuple[int, str] | None:

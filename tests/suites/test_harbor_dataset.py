@@ -287,6 +287,38 @@ def test_refusals_are_one_line_with_their_line_and_category(
     assert words in message and caught.value.category == category and caught.value.line == line
 
 
+@pytest.mark.parametrize(
+    ("dockerfile", "files", "words"),
+    [
+        # Terminal-Bench's bn-fit-modify: the URL comes in through an ARG
+        ("FROM ubuntu:24.04\nWORKDIR /app\nARG URL=https://raw.example.com/d.csv\nRUN curl -fsSL \"${URL}\" -o d.csv\n", {}, "curl of raw.example.com"),
+        ("FROM ubuntu:24.04\nENV REPO=https://github.com/a/b\nRUN git clone $REPO /b\n", {}, "git clone"),
+        # fix-git / sanitize-git-repo: the clone is in a script the build context holds
+        ("FROM ubuntu:24.04\nWORKDIR /app\nCOPY setup.sh ./\nRUN bash /app/setup.sh && rm /app/setup.sh\n",
+         {"setup.sh": "git config --global user.name T\n# git clone in a comment\ngit clone https://github.com/a/b.git\n"},
+         "git clone (in setup.sh, line 3, which the step runs)"),
+        ("FROM ubuntu:24.04\nWORKDIR /app\nCOPY scripts /opt/s\nRUN cd /opt/s && sh ./get.sh\n",
+         {"scripts/get.sh": "apt-get install -y curl\nwget https://data.example.org/x.bin\n"},
+         "wget of data.example.org (in scripts/get.sh, line 2, which the step runs)"),
+    ],
+)  # fmt: skip
+def test_a_fetch_through_a_variable_or_a_copied_script_is_a_network_build_refusal(
+    tmp_path: Path, dockerfile: str, files: dict[str, str], words: str
+) -> None:
+    with pytest.raises(UnsupportedEnvironment) as caught:
+        _plan(tmp_path, dockerfile, files)
+    assert caught.value.category == "network-build" and words in str(caught.value)
+
+
+def test_a_copied_script_that_only_installs_packages_builds(tmp_path: Path) -> None:
+    plan = _plan(
+        tmp_path,
+        "FROM ubuntu:24.04\nWORKDIR /app\nCOPY setup.sh ./\nRUN bash setup.sh\n",
+        {"setup.sh": "apt-get update && apt-get install -y git\npip install pandas\n"},
+    )
+    assert isinstance(plan.steps[-1], RunStep) and plan.steps[-1].command == "bash setup.sh"
+
+
 def test_pip_and_apt_from_the_registries_are_not_network_refusals(tmp_path: Path) -> None:
     plan = _plan(
         tmp_path,
