@@ -3,7 +3,7 @@
     python bench/loop.py --json [--recipe loop] [--budget-s 1200] [--iterations 1]
                                 [--train-tasks N] [--noisy-tasks N] [--heldout N]
                                 [--curve-every-s S] [--dump PATH] [--keep] [--quiet]
-                                [--rl-steps N] [--rl-groups N]
+                                [--rl-steps N] [--rl-groups N] [--rl-tokens-per-step N]
 
 Everything not given on the command line comes from the recipe (`training.recipes`,
 default `loop`): templates, oracle and noisy instances per template, the model shape, the
@@ -56,7 +56,10 @@ through `transformers serve` and `openai:`: `sft_completion_rate`, `rl_completio
 `groups_used`, `groups_dropped_zero_variance`, `infrastructure_rollouts`,
 `rollouts_generated`, `rollouts_stored` read from SQL), `rollout_tokens_per_s`,
 `trainer_tokens_per_s` and `rl_s`. Its budget is `--rl-steps` optimiser steps of
-`--rl-groups` groups (default: the recipe's `RlStage`), never seconds. `--recipe loop-rl`
+`--rl-tokens-per-step` tokens (seed 000 §4.4, converted into whole groups from the
+measured rollout length before training; `rl_settings` records the budget and the groups)
+or `--rl-groups` groups (groups win when both are given), default the recipe's `RlStage`
+(smollm2-rl: 5 steps of 32,768 tokens), never seconds. `--recipe loop-rl`
 does the same with the `loop` recipe's small model (`hf:` evaluation): the path in minutes.
 
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
@@ -609,6 +612,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 steps=args.rl_steps,
                 groups_per_step=args.rl_groups,
+                tokens_per_step=args.rl_tokens_per_step,
                 log=lambda message: _log(quiet, message),
             )
             rl_eval = _evaluate(stage.model_dir, heldout, run_key="loop-eval-rl", args=args)
@@ -895,16 +899,31 @@ def main() -> None:
         "--rl-steps", type=_positive, default=None, help="GRPO optimiser steps (the recipe's)"
     )
     parser.add_argument(
-        "--rl-groups", type=_positive, default=None, help="GRPO groups per step (the recipe's)"
+        "--rl-groups",
+        type=_positive,
+        default=None,
+        help="GRPO groups per step (the recipe's); wins over --rl-tokens-per-step",
+    )
+    parser.add_argument(
+        "--rl-tokens-per-step",
+        type=_positive,
+        default=None,
+        help="GRPO batch in tokens per optimiser step (the recipe's; seed 000: 32768-131072), "
+        "converted into whole groups from the measured rollout length",
     )
     args = parser.parse_args()
     from training.recipes import RECIPES
 
     if args.recipe not in RECIPES:
         parser.error(f"--recipe: unknown recipe {args.recipe!r} (known: {', '.join(RECIPES)})")
-    if RECIPES[args.recipe].rl is None and (args.rl_steps or args.rl_groups):
+    if RECIPES[args.recipe].rl is None and (
+        args.rl_steps or args.rl_groups or args.rl_tokens_per_step
+    ):
         with_rl = ", ".join(n for n, r in RECIPES.items() if r.rl is not None)
-        parser.error(f"--rl-steps and --rl-groups need a recipe with an RL stage ({with_rl})")
+        parser.error(
+            "--rl-steps, --rl-groups and --rl-tokens-per-step need a recipe with an RL stage "
+            f"({with_rl})"
+        )
     # A SIGTERM (`timeout`, a supervisor) unwinds like Ctrl-C, so the `finally` blocks stop
     # a server the run started and remove the work directory.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -10,8 +10,11 @@ run records its dataset like every other (`training_run.dataset_id`, lineage thr
 `dataset_episode`); `templates` narrows them. The run:
 
 1. fetches the base (or SFT) checkpoint, refuses it when its chat template cannot render
-   protocol v1 (`check_protocol_template`: nothing opened, no jail started), and opens
-   the `training_run` row (running);
+   protocol v1 (`check_protocol_template`: nothing opened, no jail started); with a token
+   budget (`TrainingSettings.rl_tokens_per_step`) converts it into groups per optimiser
+   step (`plan_rollout_budget`: the mean length of the tasks' source episodes, rendered
+   with the base's tokenizer); opens the `training_run` row (running; its config records
+   the settings the trainer runs with and the budget as `token_budget`);
 2. runs `collection.grpo_rollouts.run_grpo_rollouts` with the rollout run key derived from
    the training run's id (`grpo-rollouts-<training run id>`) and the trainer
    `training.trainers.episode_grpo.run_episode_grpo`, the base as the frozen reference;
@@ -32,6 +35,7 @@ as `training.pipeline.train_checkpoint(algo="grpo")` until it is removed.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +45,8 @@ from sqlalchemy import Engine
 
 from config.settings import Settings
 from expectations.settings import QcConfig
+from storage.episodes import load_trajectory
+from storage.errors import ObjectNotFound
 from storage.objects import ObjectStore
 from tasks.types import TaskInstance
 from training.builders import DatasetKind
@@ -51,13 +57,26 @@ from training.registry import fail_training_run, fetch_checkpoint, start_trainin
 from training.rewards import suite_task_resolver
 from training.settings import TrainingSettings
 from training.snapshots import get_snapshot, read_snapshot
+from training.token_budget import TokenBudget, plan_token_budget, rollout_token_counts
 from training.trainers import Algo
 from training.trainers.common import TrainJob
 
 if TYPE_CHECKING:
     from training.callbacks import MetricsHook
 
-__all__ = ["check_base_checkpoint", "check_protocol_template", "grpo_tasks", "train_grpo_model"]
+__all__ = [
+    "check_base_checkpoint",
+    "check_protocol_template",
+    "grpo_tasks",
+    "plan_rollout_budget",
+    "train_grpo_model",
+]
+
+logger = logging.getLogger(__name__)
+
+MEASURED_EPISODES = 256
+"""Most source episodes the token budget's mean rollout length is measured over (evenly
+spread over the snapshot's order): enough for a mean, a bounded read on a large snapshot."""
 
 
 def grpo_tasks(
@@ -94,6 +113,58 @@ def grpo_tasks(
         wanted = f" of templates {', '.join(templates)}" if templates else ""
         raise TrainerError(f"snapshot {info.id} holds no task{wanted} to train on")
     return tasks
+
+
+def plan_rollout_budget(
+    engine: Engine,
+    store: ObjectStore,
+    *,
+    dataset_id: uuid.UUID,
+    base_dir: Path,
+    training: TrainingSettings,
+    templates: Sequence[str] | None = None,
+) -> TokenBudget | None:
+    """`training.rl_tokens_per_step` as groups per optimiser step
+    (`training.token_budget.plan_token_budget`), the mean rollout length measured on the
+    source episodes of `grpo` snapshot `dataset_id`'s tasks (of `templates`; the episode
+    each task row was built from, up to `MEASURED_EPISODES`), rendered with `base_dir`'s
+    tokenizer in `training.prompt_style`. An episode whose trajectory is no longer stored
+    is skipped; with none left, or a snapshot without source episodes, the estimate
+    `rl_rollout_tokens_estimate` is used. Logs which. None when no budget is set.
+
+    Raises:
+        SnapshotError: the snapshot is missing or corrupt.
+        StorageError: a trajectory cannot be read (other than missing).
+        TrainerError: the tokenizer cannot be loaded.
+    """
+    from training.trainers.common import load_tokenizer
+
+    if training.rl_tokens_per_step is None:
+        return None
+    frame = read_snapshot(store, get_snapshot(engine, dataset_id))
+    ids: list[str] = []
+    if "episode_id" in frame.columns:
+        for template, episode_id in frame.select("template", "episode_id").iter_rows():
+            if episode_id and (not templates or template in templates):
+                ids.append(str(episode_id))
+    if len(ids) > MEASURED_EPISODES:
+        stride = len(ids) / MEASURED_EPISODES
+        ids = [ids[int(i * stride)] for i in range(MEASURED_EPISODES)]
+    trajectories = []
+    for episode_id in ids:
+        try:
+            trajectories.append(load_trajectory(engine, store, uuid.UUID(episode_id)))
+        except ObjectNotFound:
+            continue
+    counts = (
+        rollout_token_counts(trajectories, load_tokenizer(base_dir), training.prompt_style)
+        if trajectories
+        else []
+    )
+    budget = plan_token_budget(training, counts)
+    if budget is not None:
+        logger.info(budget.describe())
+    return budget
 
 
 def check_protocol_template(base_dir: Path, checkpoint_id: uuid.UUID) -> None:
@@ -162,12 +233,24 @@ def train_grpo_model(
     tasks = grpo_tasks(engine, store, dataset_id, settings, templates=templates)
     base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
     check_protocol_template(base_dir, base_checkpoint_id)
+    budget = plan_rollout_budget(
+        engine,
+        store,
+        dataset_id=dataset_id,
+        base_dir=base_dir,
+        training=training,
+        templates=templates,
+    )
+    trained_with = budget.applied(training) if budget is not None else training
+    config = {**trained_with.model_dump(mode="json"), "rollouts": "episodes"}
+    if budget is not None:
+        config["token_budget"] = budget.as_config()
     run_id = start_training_run(
         engine,
         dataset_id=dataset_id,
         algo=Algo.GRPO.value,
         base_model=str(base_checkpoint_id),
-        config={**training.model_dump(mode="json"), "rollouts": "episodes"},
+        config=config,
         prefect_flow_run_id=prefect_flow_run_id,
     )
     job = TrainJob(
@@ -182,7 +265,7 @@ def train_grpo_model(
             str(run_id),
             tasks,
             settings,
-            lambda source: run_episode_grpo(task_ids, job, source),
+            lambda source: run_episode_grpo(task_ids, job, source, budget=budget),
             base_model_dir=base_dir,
             engine=engine,
             store=store,
@@ -203,4 +286,6 @@ def train_grpo_model(
         base_name=str(base_checkpoint_id),
         base_checkpoint_id=base_checkpoint_id,
         result=result,
+        settings=trained_with if budget is not None else None,
+        token_budget=budget,
     )

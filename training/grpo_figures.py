@@ -10,6 +10,9 @@ show the same figures, from here:
 - `kl`, `grad_norm`: TRL's;
 - `dropped_zero_variance`, `dropped_infrastructure`, `dropped_gate`: the batch's groups
   dropped, by why (`training.groups`);
+- `tokens`: the prompt and completion tokens of the step's rollouts, every one generated
+  (trained or dropped: `grpo/rollout_tokens`), what a token budget
+  (`TrainingSettings.rl_tokens_per_step`, `training.token_budget`) is compared with;
 - `tokens/s`: tokens trained per second since the previous log event (TRL's cumulative
   `num_tokens`; `TokenRate`).
 
@@ -67,6 +70,8 @@ def grpo_step_figures(logs: Mapping[str, float], tokens_per_s: float | None) -> 
     }
     for name, metric in GRPO_DROPS.items():
         figures[name] = int(logs[metric]) if metric in logs else None
+    tokens = logs.get("grpo/rollout_tokens")
+    figures["tokens"] = int(tokens) if tokens is not None else None
     figures["tokens/s"] = round(tokens_per_s, 1) if tokens_per_s is not None else None
     return figures
 
@@ -75,9 +80,13 @@ def _number(value: float | int | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _tokens(value: float | int | None) -> str:
+    return "-" if value is None else str(int(value))
+
+
 def step_summary(figures: Figures) -> str:
     """The figures as one phrase: `reward 0.25 ± 0.75, success 0.5, KL 0.01, grad norm 1.5,
-    groups dropped 1 zero-variance / 1 infrastructure / 0 gate, 250 tokens/s`."""
+    groups dropped 1 zero-variance / 1 infrastructure / 0 gate, 24000 tokens, 250 tokens/s`."""
     dropped = " / ".join(
         f"{_number(figures.get(name))} {name.removeprefix('dropped_').replace('_', '-')}"
         for name in GRPO_DROPS
@@ -86,5 +95,5 @@ def step_summary(figures: Figures) -> str:
         f"reward {_number(figures.get('reward'))} ± {_number(figures.get('reward_std'))}, "
         f"success {_number(figures.get('success'))}, KL {_number(figures.get('kl'))}, "
         f"grad norm {_number(figures.get('grad_norm'))}, groups dropped {dropped}, "
-        f"{_number(figures.get('tokens/s'))} tokens/s"
+        f"{_tokens(figures.get('tokens'))} tokens, {_number(figures.get('tokens/s'))} tokens/s"
     )

@@ -35,6 +35,7 @@ from training.registry import (
 from training.rewards import RewardFunction
 from training.settings import TrainingSettings
 from training.snapshots import fetch_snapshot, get_snapshot, read_snapshot
+from training.token_budget import TokenBudget
 from training.trainers import Algo, TrainResult, run_training
 from training.training_config import build_training_config
 
@@ -137,6 +138,12 @@ class TrainedModel(BaseModel):
     """The base checkpoint (None for a local directory)."""
     result: TrainResult
     """Steps, loss, tokens, metrics, the model directory."""
+    settings: TrainingSettings | None = None
+    """The settings the trainer ran with, where it derived some from the caller's
+    (agentic GRPO's batch from a token budget): `register_checkpoint` records these. None:
+    the caller's."""
+    token_budget: TokenBudget | None = None
+    """Agentic GRPO's token budget as groups per step (None: no budget)."""
 
 
 def train_checkpoint(
@@ -270,7 +277,8 @@ def register_checkpoint(
     tools: Sequence[ToolSpec] | None = None,
 ) -> TrainingOutcome:
     """The registration half of `train_checkpoint`: the training config, the checkpoint
-    uploaded and its row, the `training_run` row completed (failed if this raises).
+    uploaded and its row, the `training_run` row completed (failed if this raises). The
+    config records `trained.settings` where the trainer derived its own, else `settings`.
 
     Raises:
         RegistryError: the checkpoint cannot be stored.
@@ -281,7 +289,7 @@ def register_checkpoint(
         config = build_training_config(
             result.output_dir,
             tools=tools if tools is not None else list(BUILTIN_TOOLS.values()),
-            settings=settings,
+            settings=trained.settings if trained.settings is not None else settings,
             algo=trained.algo.value,
             base_model=trained.base_name,
             dataset_id=info.id,

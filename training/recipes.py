@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.errors import TrainerError
 from training.precision import EvalDtype, Precision
@@ -27,23 +27,33 @@ __all__ = ["RECIPES", "Recipe", "RlStage", "get_recipe"]
 
 class RlStage(BaseModel):
     """Agentic GRPO after the SFT stage (`bench/loop.py`'s RL stage): its budget in
-    optimiser steps and groups, never seconds, and its settings."""
+    optimiser steps and, per step, tokens or groups, never seconds, and its settings."""
 
     model_config = ConfigDict(frozen=True)
 
     steps: int = Field(ge=1)
     """Optimiser steps."""
-    groups_per_step: int = Field(ge=1)
+    tokens_per_step: int | None = Field(default=None, ge=1)
+    """The step's batch in tokens (seed 000 §4.4: 32k–128k; `rl_tokens_per_step`),
+    converted into whole groups from the measured mean rollout length before the trainer
+    is built (`training.token_budget`). Exactly one of this and `groups_per_step`."""
+    groups_per_step: int | None = Field(default=None, ge=1)
     """Groups (tasks, each with `rollouts_per_task` rollouts) per optimiser step: the
     step's batch is `groups_per_step × rollouts_per_task` rollouts, one generation batch
     per step (TRL's `steps_per_generation` 1), so a run generates `steps ×
-    groups_per_step` groups."""
+    groups_per_step` groups. Exactly one of this and `tokens_per_step`."""
     concurrency: int = Field(default=8, ge=1)
     """Rollout episodes at a time (the trainer's model generates their turns together)."""
     settings: dict[str, Any] = Field(default_factory=dict)
     """`TrainingSettings` overrides over the SFT stage's: seed 000 §4.4's knobs
     (`rl_learning_rate`, `beta`, `clip_epsilon`, `rollouts_per_task`), sampling, the new
     tokens per turn (`max_completion_length`)."""
+
+    @model_validator(mode="after")
+    def _one_batch_size(self) -> RlStage:
+        if (self.tokens_per_step is None) == (self.groups_per_step is None):
+            raise ValueError("an RL stage sizes its steps by tokens_per_step or groups_per_step")
+        return self
 
 
 class Recipe(BaseModel):
@@ -128,12 +138,20 @@ class Recipe(BaseModel):
         explicit: frozenset[str] | set[str] = frozenset(),
         steps: int | None = None,
         groups_per_step: int | None = None,
+        tokens_per_step: int | None = None,
     ) -> TrainingSettings:
         """The RL stage's settings: the stage's overrides over the SFT stage's settings
         `sft` (except the fields in `explicit`: those the entry point's settings were given
-        explicitly, e.g. `TrainingSettings().model_fields_set`), and its budget:
-        `steps` optimiser steps of `groups_per_step` groups (default: the stage's), no
-        wall-time budget, no gradient accumulation.
+        explicitly, e.g. `TrainingSettings().model_fields_set`), and its budget: `steps`
+        optimiser steps (default: the stage's), no wall-time budget.
+
+        The step's batch, the first given of: `groups_per_step` (`--rl-groups`: groups win
+        over tokens when given explicitly, the budget then unset), `tokens_per_step`
+        (`--rl-tokens-per-step`), an explicit `rl_tokens_per_step`
+        (`EPIFLOW_TRAINING_RL_TOKENS_PER_STEP`), the stage's. Groups set `batch_size` =
+        groups × `rollouts_per_task` and no gradient accumulation; tokens set
+        `rl_tokens_per_step`, which `collection.grpo_training` converts into groups before
+        the trainer is built (`training.token_budget`).
 
         Raises:
             TrainerError: the recipe has no RL stage, or an override or budget is invalid.
@@ -142,21 +160,38 @@ class Recipe(BaseModel):
             raise TrainerError(f"recipe {self.name!r} has no RL stage")
         overrides = {k: v for k, v in self.rl.settings.items() if k not in explicit}
         merged = {**sft.model_dump(), **overrides}
-        groups = groups_per_step if groups_per_step is not None else self.rl.groups_per_step
         n_steps = steps if steps is not None else self.rl.steps
-        if n_steps < 1 or groups < 1:
+        tokens: int | None = None
+        groups: int | None = groups_per_step
+        if groups is None:
+            if tokens_per_step is not None:
+                tokens = tokens_per_step
+            elif "rl_tokens_per_step" in explicit and sft.rl_tokens_per_step is not None:
+                tokens = sft.rl_tokens_per_step
+            elif self.rl.tokens_per_step is not None:
+                tokens = self.rl.tokens_per_step
+            else:
+                groups = self.rl.groups_per_step
+        if (
+            n_steps < 1
+            or (groups is not None and groups < 1)
+            or (tokens is not None and tokens < 1)
+        ):
             raise TrainerError(
-                f"recipe {self.name!r}: the RL budget must be at least 1 step of 1 group "
-                f"(--rl-steps, --rl-groups), got {n_steps} steps of {groups}"
+                f"recipe {self.name!r}: the RL budget must be at least 1 step of 1 group or "
+                f"1 token (--rl-steps, --rl-groups, --rl-tokens-per-step), got {n_steps} steps "
+                f"of {groups if groups is not None else tokens}"
             )
-        budget = {
+        budget: dict[str, Any] = {
             "max_steps": n_steps,
-            "batch_size": groups * int(merged["rollouts_per_task"]),
             "gradient_accumulation_steps": 1,
             "max_time_s": None,
             "save_every_s": None,
             "save_steps": None,
+            "rl_tokens_per_step": tokens,
         }
+        if groups is not None:
+            budget["batch_size"] = groups * int(merged["rollouts_per_task"])
         try:
             return TrainingSettings.model_validate({**merged, **budget})
         except ValueError as e:
@@ -290,11 +325,15 @@ _SMOLLM2_RL = Recipe.model_validate(
         "heldout": 8,
         "base_heldout": 8,
         "rl": RlStage(
-            # 12 steps × 4 groups × 6 rollouts = 288 episodes over the 180 oracle
-            # instances: by the arithmetic of docs/training.md ("What a full RL run costs
-            # here"), ~45-65 min on a 2-core AMX machine, ~4-5 h on the fp32 EPYC.
-            steps=12,
-            groups_per_step=4,
+            # Batches in tokens at seed 000 §4.4's minimum, 32,768 a step. At ~600 tokens a
+            # rollout (the smollm2 SFT examples of these episodes: 400-650; the run measures
+            # its own mean) that is 9 groups × 6 rollouts a step; 5 steps keep the run's
+            # rollouts near the 288 of the earlier 12 × 4 × 6 budget (270 at 600 tokens,
+            # 240-420 over 650-400; 6 steps would be 324 at 600, 288-504): by the arithmetic of
+            # docs/training.md ("What a full RL run costs here"), ~41-61 min on a 2-core
+            # AMX machine, ~4 h on the fp32 EPYC.
+            steps=5,
+            tokens_per_step=32_768,
             # New tokens per turn as in the evaluation (`eval_max_new_tokens`).
             settings={**_SEED_GRPO, "max_completion_length": 256},
         ),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.prompt import PromptStyle
@@ -103,6 +103,15 @@ class TrainingSettings(BaseSettings):
     """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of GRPO rollouts."""
+    rl_tokens_per_step: int | None = None
+    """Agentic GRPO's batch in tokens (`EPIFLOW_TRAINING_RL_TOKENS_PER_STEP`; seed 000 §4.4:
+    32,768 … 131,072): prompt and completion tokens of an optimiser step's rollouts. When
+    set it wins over `batch_size`: converted once, before the trainer is built, into whole
+    groups per step from the measured mean rollout length (`training.token_budget`). None:
+    `batch_size` rollouts a step."""
+    rl_rollout_tokens_estimate: int = Field(default=600, ge=1)
+    """Tokens of a rollout assumed by the token budget when no stored source episode can be
+    measured (600: the smollm2 recipe's SFT examples of the same episodes, 400–650)."""
     zero_variance_warn_share: float = Field(default=0.5, ge=0, le=1)
     """Share of judged GRPO groups dropped for zero reward variance above which the run
     warns (`training.groups.zero_variance_warning`). Past half, most of the generation is
@@ -159,6 +168,23 @@ class TrainingSettings(BaseSettings):
     """Longest silence of training on the terminal, seconds: a progress line (step /
     planned, last loss, rate, ETA) at least this often, a heartbeat while one step runs
     longer (`core.progress`, `training.callbacks.TrainingProgress`)."""
+
+    @field_validator("rl_tokens_per_step", mode="before")
+    @classmethod
+    def _check_tokens_per_step(cls, value: object) -> object:
+        if value is None:
+            return None
+        try:
+            number = int(str(value).strip().replace("_", ""))
+        except ValueError:
+            number = 0
+        if number < 1 or isinstance(value, bool | float):
+            raise ValueError(
+                "EPIFLOW_TRAINING_RL_TOKENS_PER_STEP (rl_tokens_per_step) must be a positive "
+                "integer (tokens per GRPO optimiser step, seed 000 §4.4: 32768 … 131072), "
+                f"got {value!r}"
+            )
+        return number
 
     @model_validator(mode="after")
     def _check_precision(self) -> TrainingSettings:

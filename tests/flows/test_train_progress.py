@@ -1,8 +1,8 @@
 """The train flow's progress under Prefect's test harness: for agentic GRPO the progress
 artifact is updated at every optimiser step (not at most once a second), its description
 carrying the step's reward mean and std, success rate, KL, grad norm, groups dropped by
-why and tokens/s; the loss table has the same figures per step. The metrics hook is fed
-from a worker thread, as the trainer calls it."""
+why, the step's rollout tokens and tokens/s; the loss table has the same figures per
+step. The metrics hook is fed from a worker thread, as the trainer calls it."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def _logs(step: int) -> dict[str, float]:
         "grpo/groups_dropped_zero_variance": 1.0,
         "grpo/groups_dropped_infrastructure": float(step - 1),
         "grpo/groups_dropped_qc": 0.0,
+        "grpo/rollout_tokens": 3000.0 * step,
     }
 
 
@@ -69,11 +70,11 @@ def test_grpo_progress_artifact_is_updated_at_every_optimiser_step(prefect_harne
     first, second, third = (description for _, description in seen)
     assert first == (
         "step 1 / 3: reward 0.1 ± 0.4, success 0.5, KL 0.02, grad norm 1.5, groups dropped "
-        "1 zero-variance / 0 infrastructure / 0 gate, - tokens/s"  # no rate before a second event
+        "1 zero-variance / 0 infrastructure / 0 gate, 3000 tokens, - tokens/s"  # no rate yet
     ), first
     assert second.startswith(
         "step 2 / 3: reward 0.2 ± 0.4, success 0.5, KL 0.04, grad norm 1.5, groups dropped "
-        "1 zero-variance / 1 infrastructure / 0 gate, "
+        "1 zero-variance / 1 infrastructure / 0 gate, 6000 tokens, "
     ), second
     assert re.search(r", \d[\d.e+]* tokens/s$", second), second
     assert third.startswith("step 3 / 3: reward 0.3 ± 0.4"), third
@@ -84,3 +85,4 @@ def test_grpo_progress_artifact_is_updated_at_every_optimiser_step(prefect_harne
     assert rows[2]["dropped_infrastructure"] == 2 and rows[2]["dropped_zero_variance"] == 1
     assert rows[1]["success"] == 0.5 and rows[1]["kl"] == 0.04
     assert rows[0]["tokens/s"] is None and rows[1]["tokens/s"] > 0
+    assert [r["tokens"] for r in rows] == [3000, 6000, 9000]

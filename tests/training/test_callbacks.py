@@ -81,7 +81,8 @@ def test_a_real_training_run_prints_progress_lines_with_step_loss_and_eta(
 
 def test_grpo_progress_lines_carry_the_steps_figures() -> None:
     """Agentic GRPO's line: reward mean and std, success rate, KL, grad norm, the groups
-    dropped (zero variance, infrastructure, gate) and tokens/s between log events."""
+    dropped (zero variance, infrastructure, gate), the step's rollout tokens and tokens/s
+    between log events."""
     from types import SimpleNamespace
 
     from training import callbacks
@@ -104,6 +105,7 @@ def test_grpo_progress_lines_carry_the_steps_figures() -> None:
         "grpo/groups_dropped_zero_variance": 1.0,
         "grpo/groups_dropped_infrastructure": 1.0,
         "grpo/groups_dropped_qc": 0.0,
+        "grpo/rollout_tokens": 24000.0,
     }
     progress.on_log(None, state, None, logs=logs)
     progress.on_log(None, state, None, logs={**logs, "num_tokens": 1500.0})
@@ -121,6 +123,7 @@ def test_grpo_progress_lines_carry_the_steps_figures() -> None:
         "dropped_zero_variance 1",
         "dropped_infrastructure 1",
         "dropped_gate 0",
+        "tokens 24000",
         "tokens/s 250",
     ):
         assert part in line, line

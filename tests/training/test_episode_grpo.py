@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -147,8 +148,34 @@ def test_rollout_func_trains_mixed_groups_and_masks_dropped_ones() -> None:
         "grpo/groups_dropped_qc": 0.0,
         "grpo/qc_discarded_rollouts": 0.0,
         "grpo/sampled_tokens": 8.0,
+        "grpo/rollout_tokens": 45.0,  # 5 rollouts of 7 + 2 ids, dropped ones too; none infra
     }
     assert source.gated == [[mixed, flat, broken]]  # the gate saw the batch before judging
+
+
+def test_a_step_far_from_its_token_budget_warns_once_a_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch whose rollouts hold more than twice the token budget logs one warning for
+    the run, kept for `TrainResult.warnings`; the next such batch adds none."""
+    from training.token_budget import TokenBudget
+
+    groups = [[_tokened(0, i, success=i == 0, sampled=10) for i in range(2)]]
+    budget = TokenBudget(
+        tokens_per_step=8, rollouts_per_task=2, mean_rollout_tokens=4.0, measured_episodes=1,
+        groups_per_step=1,
+    )  # fmt: skip
+    rollouts = EpisodeRollouts(source=_ListSource(groups), rollouts_per_task=2, budget=budget)
+    prompts = [groups[0][0].task_id] * 2
+    with caplog.at_level(logging.WARNING, logger="training.trainers.episode_grpo"):
+        rollouts(prompts, _trainer(step=0))
+        rollouts(prompts, _trainer(step=1))
+    said = [r.getMessage() for r in caplog.records if "token" in r.getMessage()]
+    assert len(said) == 1 and said[0] == rollouts.budget_warning
+    assert said[0].startswith("GRPO step 1: its 2 rollouts held 18 tokens against a budget of 8")
+    unbudgeted = EpisodeRollouts(source=_ListSource(groups), rollouts_per_task=2)
+    unbudgeted(prompts, _trainer())
+    assert unbudgeted.budget_warning is None
 
 
 def test_rollout_func_trains_no_rollout_the_gate_discarded() -> None:
@@ -476,7 +503,9 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
     """What `epiflow train --algo grpo` runs (the train flow's `train` and
     `register-checkpoint` stages): a grpo snapshot's tasks (the templates asked for) from a
     registered checkpoint; the training run, its checkpoint (parent: the base), the
-    rollout run keyed by the training run, every rollout gated and recorded."""
+    rollout run keyed by the training run, every rollout gated and recorded. The batch is
+    a token budget of two groups' worth of the source episodes' measured length: one
+    optimiser step of both groups, one group per micro-batch, recorded in the run's config."""
     from sqlmodel import Session
 
     from agent.trajectory import episode_id_for
@@ -487,6 +516,8 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
     from training.pipeline import register_checkpoint
     from training.registry import get_checkpoint, register_base_model
     from training.snapshots import build_snapshot
+    from training.token_budget import rollout_token_counts
+    from training.trainers.common import load_tokenizer
     from training.training_config import build_training_config
 
     training = TrainingSettings(
@@ -494,7 +525,7 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         batch_size=2, rollouts_per_task=2, max_completion_length=8,
         prompt_style=PromptStyle.COMPACT, logging_steps=1,
     )  # fmt: skip
-    real = builtin_suite().instances(1, templates=["dir_tree", "checksums"])
+    real = builtin_suite().instances(1, templates=["dir_tree", "checksums", "csv_to_json"])
     collected = []
     for i, task in enumerate(real):
         t = episode(task=i, template=task.template)
@@ -515,6 +546,11 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         tiny_base_model, tools=list(BUILTIN_TOOLS.values()), settings=training
     )
     base = register_base_model(engine, store, tiny_base_model, config=config)
+    trained_on = [t for t in collected if t.template in ("dir_tree", "checksums")]
+    lengths = rollout_token_counts(trained_on, load_tokenizer(tiny_base_model), "compact")
+    training = training.model_copy(
+        update={"rl_tokens_per_step": round(2 * 2 * sum(lengths) / len(lengths))}
+    )  # two groups of two rollouts at the measured mean
     settings = dataclasses.replace(
         load_settings(),
         loop=LoopSettings(max_steps=2, max_consecutive_parse_failures=2),
@@ -530,7 +566,7 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         settings=settings,
         qc_config=load_qc_config(),
         base_checkpoint_id=base,
-        templates=["dir_tree"],
+        templates=["dir_tree", "checksums"],
         concurrency=2,
     )
     outcome = register_checkpoint(engine, store, trained, settings=training)
@@ -542,11 +578,18 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         row = session.get(TrainingRun, trained.training_run_id)
         assert row is not None and row.status == "completed" and row.algo == "grpo"
         assert row.dataset_id == snapshot.id and row.config["rollouts"] == "episodes"
+        planned = row.config["token_budget"]
+        assert (planned["rollout_tokens_source"], planned["measured_episodes"]) == ("measured", 2)
+        assert (planned["groups_per_step"], planned["rollouts_per_step"]) == (2, 4)
+        assert (row.config["batch_size"], row.config["gradient_accumulation_steps"]) == (2, 2)
+    assert trained.token_budget is not None and trained.settings is not None
+    assert trained.settings.gradient_accumulation_steps == 2
     run_id = run_id_for(rollout_run_key(str(trained.training_run_id)))
     assert run_status(engine, run_id) == "completed"
     stored = run_trajectories(engine, store, run_id)
-    assert len(stored) == 2 and {t.template for t in stored} == {"dir_tree"}
+    assert len(stored) == 4 and {t.template for t in stored} == {"dir_tree", "checksums"}
     rows = grpo_rollouts_of_run(engine, run_id)
-    assert [r.training_run_id for r in rows] == [trained.training_run_id] * 2
+    assert [r.training_run_id for r in rows] == [trained.training_run_id] * 4
+    assert {r.policy_version for r in rows} == {0}  # both groups in the step's one batch
     assert trained.result.steps == 1
-    assert trained.result.metrics["grpo_run/rollouts_generated"] == 2.0
+    assert trained.result.metrics["grpo_run/rollouts_generated"] == 4.0

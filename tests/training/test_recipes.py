@@ -49,9 +49,10 @@ def test_the_smollm2_recipe_evaluates_what_it_trains() -> None:
     assert style == PromptStyle.COMPACT
 
 
-def test_the_smollm2_rl_recipe_declares_seed_grpo_defaults_in_steps_and_groups() -> None:
-    """Seed 000 §4.4's ranges, a budget of optimiser steps and groups (never seconds), and
-    the 48 held-out episodes (8 per template) that base, SFT and RL are evaluated on."""
+def test_the_smollm2_rl_recipe_declares_seed_grpo_defaults_in_steps_and_tokens() -> None:
+    """Seed 000 §4.4's ranges, a budget of optimiser steps and tokens per step (its 32k
+    minimum; never seconds), and the 48 held-out episodes (8 per template) that base, SFT
+    and RL are evaluated on."""
     recipe = RECIPES["smollm2-rl"]
     sft = recipe.training_settings(TrainingSettings())
     assert sft == RECIPES["smollm2"].training_settings(TrainingSettings())
@@ -63,9 +64,50 @@ def test_the_smollm2_rl_recipe_declares_seed_grpo_defaults_in_steps_and_groups()
     assert 0.2 <= rl.clip_epsilon <= 0.3
     assert 4 <= rl.rollouts_per_task <= 8
     assert rl.max_steps == recipe.rl.steps and rl.max_time_s is None
-    assert rl.batch_size == recipe.rl.groups_per_step * rl.rollouts_per_task
-    assert rl.gradient_accumulation_steps == 1
+    assert recipe.rl.groups_per_step is None
+    assert rl.rl_tokens_per_step == recipe.rl.tokens_per_step == 32_768
+    assert rl.gradient_accumulation_steps == 1  # the budget sets it before the trainer
     assert rl.prompt_style == sft.prompt_style == PromptStyle.COMPACT
+
+
+def test_rl_groups_win_over_tokens_and_tokens_over_the_recipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step's batch: `--rl-groups` first (the budget then unset), then
+    `--rl-tokens-per-step`, then EPIFLOW_TRAINING_RL_TOKENS_PER_STEP, then the recipe's."""
+    recipe = RECIPES["smollm2-rl"]
+    sft = recipe.training_settings(TrainingSettings())
+    by_groups = recipe.rl_settings(sft, groups_per_step=3, tokens_per_step=65_536)
+    assert by_groups.rl_tokens_per_step is None
+    assert by_groups.batch_size == 3 * by_groups.rollouts_per_task
+    assert recipe.rl_settings(sft, tokens_per_step=65_536).rl_tokens_per_step == 65_536
+    monkeypatch.setenv("EPIFLOW_TRAINING_RL_TOKENS_PER_STEP", "40000")
+    base = TrainingSettings()
+    from_env = recipe.rl_settings(recipe.training_settings(base), explicit=base.model_fields_set)
+    assert from_env.rl_tokens_per_step == 40_000
+    loop = RECIPES["loop-rl"]  # a recipe in groups: the explicit variable wins over it too
+    assert (
+        loop.rl_settings(
+            loop.training_settings(base), explicit=base.model_fields_set
+        ).rl_tokens_per_step
+        == 40_000
+    )
+    monkeypatch.delenv("EPIFLOW_TRAINING_RL_TOKENS_PER_STEP")
+    plain = loop.rl_settings(loop.training_settings(TrainingSettings()))
+    assert loop.rl is not None and loop.rl.groups_per_step is not None
+    assert plain.rl_tokens_per_step is None
+    assert plain.batch_size == loop.rl.groups_per_step * plain.rollouts_per_task
+
+
+def test_an_rl_stage_is_sized_by_tokens_or_groups_not_both() -> None:
+    from pydantic import ValidationError
+
+    from training.recipes import RlStage
+
+    with pytest.raises(ValidationError, match="tokens_per_step or groups_per_step"):
+        RlStage(steps=1, tokens_per_step=32_768, groups_per_step=2)
+    with pytest.raises(ValidationError, match="tokens_per_step or groups_per_step"):
+        RlStage(steps=1)
 
 
 def test_rl_settings_take_the_step_and_group_flags_and_keep_explicit_settings(

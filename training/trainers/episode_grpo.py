@@ -26,6 +26,12 @@ passed in) and turns each generation batch into TRL's rollout:
    0 and keeps it out of the group baseline); TRL normalises within each group exactly as
    `training.groups` did.
 
+The batch: `batch_size` rollouts an optimiser step (whole groups), or, with a token
+budget (`TrainingSettings.rl_tokens_per_step`), the groups `training.token_budget` derived
+from it before the trainer is built (passed as `budget`: one group per micro-batch, the
+step's groups accumulated). Each batch logs its rollouts' prompt and completion tokens
+(`grpo/rollout_tokens`); a step outside half to twice the budget warns once a run.
+
 Why TRL's hook and not a hand-written loss: the clipped objective, the KL to a frozen
 reference, the loss normalisation over the batch's tokens, the logging and the trainer's
 schedule and callbacks are TRL's, shared with the other algorithms; `rollout_func` with
@@ -45,7 +51,7 @@ import logging
 import uuid
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, Trajectory
@@ -57,6 +63,7 @@ from training.rollout_tokens import (
     rollout_func_output,
     token_rollout,
 )
+from training.token_budget import TokenBudget, budget_drift_warning, recorded_rollout_tokens
 from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
 
 __all__ = [
@@ -163,7 +170,14 @@ def batch_metrics(judged: JudgedBatch) -> dict[str, float]:
         "grpo/sampled_tokens": sum(
             sum(r.env_mask) for rs in judged.rollouts for r in rs if r is not None
         ),
+        "grpo/rollout_tokens": rollout_tokens(judged),
     }
+
+
+def rollout_tokens(judged: JudgedBatch) -> int:
+    """Prompt and completion tokens of every rollout of the batch as its policy recorded
+    them, trained or dropped (what a token budget sized: `training.token_budget`)."""
+    return sum(recorded_rollout_tokens(t) for group in judged.groups for t in group.trajectories)
 
 
 @dataclass
@@ -179,6 +193,10 @@ class EpisodeRollouts:
     """The latest batch (what the next optimiser step trains on)."""
     warned: bool = False
     """Whether the zero-variance warning was logged (once per run)."""
+    budget: TokenBudget | None = None
+    """The token budget the batch was sized from (None: `batch_size` rollouts)."""
+    budget_warning: str | None = None
+    """The first step outside half to twice the budget, as its warning (logged once)."""
 
     def task_ids(self, prompts: Sequence[Any]) -> list[str]:
         """One task id per group of `prompts` (each repeated `rollouts_per_task` times).
@@ -239,6 +257,13 @@ class EpisodeRollouts:
         if warning is not None and not self.warned:
             logger.warning(warning)
             self.warned = True
+        if self.budget is not None and self.budget_warning is None:
+            drift = budget_drift_warning(
+                self.budget, step=batch.policy_version + 1, tokens=rollout_tokens(judged)
+            )
+            if drift is not None:
+                logger.warning(drift)
+                self.budget_warning = drift
         log_metric = getattr(trainer, "_log_metric", None)  # what TRL hands reward functions
         if callable(log_metric):
             for name, value in batch_metrics(judged).items():
@@ -253,12 +278,19 @@ class EpisodeRollouts:
 
 
 def run_episode_grpo(
-    task_ids: Sequence[str], job: TrainJob, source: RolloutSource
+    task_ids: Sequence[str],
+    job: TrainJob,
+    source: RolloutSource,
+    *,
+    budget: TokenBudget | None = None,
 ) -> tuple[TrainResult, EpisodeRollouts]:
     """GRPO over whole episodes of `task_ids`, from `job.base_model_dir` to `job.output_dir`.
 
     Each optimiser step trains on `batch_size` rollouts (whole groups of
-    `rollouts_per_task`); the KL coefficient is `beta` (reference: `job.ref_model_dir`,
+    `rollouts_per_task`), or with `budget` (`training.token_budget.plan_token_budget` of
+    `job.settings`) on its `groups_per_step` groups, one group per micro-batch
+    (`TokenBudget.applied`: TRL fixes the step's rollouts when the trainer is built, so the
+    budget is converted once, here, never per step); the KL coefficient is `beta` (reference: `job.ref_model_dir`,
     else the base), the clip range `clip_epsilon`, the learning rate `rl_learning_rate`.
 
     Raises:
@@ -273,6 +305,13 @@ def run_episode_grpo(
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
     trl = module("trl")
+    if budget is not None:
+        if budget.rollouts_per_task != job.settings.rollouts_per_task:
+            raise TrainerError(
+                f"the token budget was planned for {budget.rollouts_per_task} rollouts per "
+                f"task, the settings have {job.settings.rollouts_per_task}"
+            )
+        job = replace(job, settings=budget.applied(job.settings))
     settings = job.settings
     generations = settings.rollouts_per_task
     config = grpo_config(job)
@@ -280,6 +319,7 @@ def run_episode_grpo(
         source=source,
         rollouts_per_task=generations,
         zero_variance_warn_share=settings.zero_variance_warn_share,
+        budget=budget,
     )
     reference = job.ref_model_dir if settings.beta > 0 else None
     with warnings.catch_warnings():
@@ -297,7 +337,8 @@ def run_episode_grpo(
             rollout_func=rollouts,
         )
     warning = zero_variance_warning(rollouts.counts, warn_above=settings.zero_variance_warn_share)
-    if warning is not None and warning not in result.warnings:
-        result.warnings.append(warning)
+    for said in (warning, rollouts.budget_warning):
+        if said is not None and said not in result.warnings:
+            result.warnings.append(said)
     result.metrics.update({f"grpo_run/{k}": float(v) for k, v in rollouts.counts.as_dict().items()})
     return result, rollouts

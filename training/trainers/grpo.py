@@ -66,8 +66,12 @@ def run_grpo(
 
 def grpo_config(job: TrainJob) -> Any:
     """TRL's `GRPOConfig` of `job` (the one-turn and the episode GRPO alike): seed 000
-    §4.4's knobs from its settings (learning rate, β, ε, rollouts per task); one optimiser
-    step consumes `batch_size` completions, rounded down to whole groups."""
+    §4.4's knobs from its settings (learning rate, β, ε, rollouts per task). One optimiser
+    step consumes `batch_size` completions, rounded down to whole groups, times
+    `gradient_accumulation_steps`: TRL generates once per optimiser step (its
+    `steps_per_generation` defaults to the accumulation steps) and feeds the generation
+    batch to the model in `batch_size` slices; a token budget sets both
+    (`training.token_budget.TokenBudget.applied`)."""
     settings = job.settings
     generations = settings.rollouts_per_task
     batch = max(settings.batch_size, generations)
