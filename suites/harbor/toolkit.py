@@ -41,7 +41,7 @@ from pathlib import Path
 
 from sandbox.images import ImageBuildError, ImagePlan, RunStep, _locked
 
-TOOLKIT_VERSION = "2"
+TOOLKIT_VERSION = "3"
 
 _WITH = re.compile(
     r"(?:^|\s)(?:--with|-w)[\s=]+['\"]?([A-Za-z0-9_.\-\[\],]+(?:[=<>!~]=?[^\s'\"]+)?)"
@@ -241,6 +241,74 @@ def ensure_toolkit(images_dir: Path, requirements: tuple[str, ...], python: str)
     return folder
 
 
+def _download(
+    wheels: Path, requirements: tuple[str, ...], python: str, *, deps: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """pip's download of `requirements` as wheels for CPython `python` on x86-64 Linux
+    (wheels already in `wheels` count: `--find-links`)."""
+    tag = python.replace(".", "")
+    argv = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+        "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+        "--abi", f"cp{tag}", "--abi", "abi3", "--abi", "none",
+        "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
+        "--platform", "manylinux_2_17_x86_64", "--platform", "any",
+        "--find-links", str(wheels), *([] if deps else ["--no-deps"]),
+        "-d", str(wheels), *requirements,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _download_wheels(wheels: Path, requirements: tuple[str, ...], python: str) -> None:
+    """Every requirement and its dependencies as wheels in `wheels`, for Python `python`.
+
+    A requirement PyPI serves only as a source distribution (`chess==1.11.2`) has no wheel
+    to download for another Python: it is built into a wheel on the host (`pip wheel
+    --no-deps`), kept only when the wheel is pure Python (`py3-none-any`, which any Python
+    3 installs), and the download is tried again with it found locally. A source
+    distribution with compiled code cannot be built for the image's Python here: that
+    stays the error below.
+
+    Raises:
+        ImageBuildError: a requirement or a dependency could not be provisioned.
+    """
+    done = _download(wheels, requirements, python)
+    if done.returncode != 0:
+        missing = [
+            r for r in requirements if _download(wheels, (r,), python, deps=False).returncode
+        ]
+        built = [_pure_wheel(wheels, r) for r in missing]
+        if built and all(built):
+            done = _download(wheels, requirements, python)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ImageBuildError(
+            f"cannot provision the verifier's requirements {' '.join(requirements)} "
+            f"for Python {python} from PyPI: {tail[:300]}"
+        )
+
+
+def _pure_wheel(wheels: Path, requirement: str) -> bool:
+    """Build `requirement`'s source distribution into a wheel on the host and keep it in
+    `wheels` when it is pure Python; whether it was kept."""
+    scratch = wheels.parent / f".sdist-{uuid.uuid4().hex[:8]}"
+    try:
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+             "--no-deps", "--no-binary=:all:", "-w", str(scratch), requirement],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        made = sorted(scratch.glob("*.whl")) if built.returncode == 0 else []
+        if len(made) != 1 or not re.search(
+            r"-py3(?:\.py\d+)*-none-any\.whl$|-py2\.py3-none-any\.whl$", made[0].name
+        ):
+            return False
+        shutil.move(str(made[0]), wheels / made[0].name)
+        return True
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _build(
     staging: Path, requirements: tuple[str, ...], python: str, uv: tuple[Path, Path]
 ) -> None:
@@ -249,22 +317,7 @@ def _build(
     shutil.copy2(uv[0], staging / "bin" / "uv")
     shutil.copy2(uv[1], staging / "bin" / "uvx")
     if requirements:
-        tag = python.replace(".", "")
-        argv = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-            "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-            "--abi", f"cp{tag}", "--abi", "abi3", "--abi", "none",
-            "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-            "--platform", "manylinux_2_17_x86_64", "--platform", "any",
-            "-d", str(staging / "wheels"), *requirements,
-        ]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ImageBuildError(
-                f"cannot provision the verifier's requirements {' '.join(requirements)} "
-                f"for Python {python} from PyPI: {tail[:300]}"
-            )
+        _download_wheels(staging / "wheels", requirements, python)
     scripts = {
         "shims/apt-get": _APT, "shims/apt": _APT, "shims/curl": _FETCH, "shims/wget": _FETCH,
         "uv-install.sh": _UV_INSTALL,

@@ -117,3 +117,44 @@ def test_uvx_of_a_python_the_image_lacks_is_an_env_error_naming_it(offline_episo
     assert "the verifier needs Python 3.12, which the image does not have" in (
         traj.failure_reason or ""
     ), traj.failure_reason
+
+
+def _project(root: Path, name: str, *, c_extension: bool) -> Path:
+    folder = root / name
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text("VALUE = 1\n")
+    ext = ""
+    if c_extension:
+        (folder / "fast.c").write_text(
+            "#include <Python.h>\n"
+            'static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "fast", 0, -1, 0};\n'
+            "PyMODINIT_FUNC PyInit_fast(void) { return PyModule_Create(&m); }\n"
+        )
+        ext = ", ext_modules=[Extension('fast', ['fast.c'])]"
+    (folder / "setup.py").write_text(
+        "from setuptools import Extension, setup\n"
+        f"setup(name={name!r}, version='1.0', packages=[{name!r}]{ext})\n"
+    )
+    return folder
+
+
+def test_a_source_only_requirement_is_built_on_the_host_only_when_pure(tmp_path: Path) -> None:
+    """A pin PyPI serves only as an sdist (Terminal-Bench's regex-chess pins
+    `chess==1.11.2`) is built into a wheel on the host and provisioned when the wheel is
+    pure Python; an sdist with compiled code is not (its wheel would be the host's
+    Python's), and the download error stays. Reaches PyPI (setuptools for the builds, the
+    other pins), as the toolkit's builds do."""
+    from suites.harbor.toolkit import _download_wheels, _pure_wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    assert _pure_wheel(wheels, str(_project(tmp_path, "purepkg", c_extension=False)))
+    assert [p.name for p in wheels.iterdir()] == ["purepkg-1.0-py3-none-any.whl"]
+    if shutil.which("gcc"):
+        assert not _pure_wheel(wheels, str(_project(tmp_path, "cpkg", c_extension=True)))
+        assert [p.name for p in wheels.iterdir()] == ["purepkg-1.0-py3-none-any.whl"]
+    chess = tmp_path / "chess-wheels"
+    chess.mkdir()
+    _download_wheels(chess, ("chess==1.11.2", "pytest==8.4.1"), "3.13")
+    names = {p.name for p in chess.iterdir()}
+    assert "chess-1.11.2-py3-none-any.whl" in names and "pytest-8.4.1-py3-none-any.whl" in names
