@@ -97,6 +97,7 @@ def fixed_rollouts(
                 completion_ids=completion,
                 env_mask=env_mask,
                 logprobs=[None if m else 0.0 for m in env_mask],
+                turn_index=[0] * len(completion),
             )
         )
         rewards.append(1.0 if i % group_size < (group_size + 1) // 2 else 0.0)

@@ -23,7 +23,8 @@ re-encoding drift measured with the trainer's tokenizer) and stores its verdicts
 gate's: one `qc_run` per batch on the rollout collection run, a `qc_result` and a
 `judgement` per episode; the episodes it discards are not trained on
 (`training.groups`). After the trainer judged the batch, `record` writes each episode's
-`grpo_rollout` row (group, policy version, reward, advantage, fate).
+`grpo_rollout` row (group, policy version, reward, advantage, fate; with per-turn
+returns, each turn's advantage).
 
 The online gate evaluates the suites with the `polars` engine by default: the same suite
 files and verdicts as Great Expectations (the gate's reference evaluation), without
@@ -251,8 +252,9 @@ class CollectionRolloutSource:
         rows: list[GrpoRollout] = []
         for index, (group, rollouts) in enumerate(zip(judged.groups, judged.rollouts, strict=True)):
             advantages = group.advantages or [None] * len(group.trajectories)
-            for t, reward, advantage, tokens in zip(
-                group.trajectories, group.rewards, advantages, rollouts, strict=True
+            turns = group.turn_advantages or [None] * len(group.trajectories)
+            for t, reward, advantage, per_turn, tokens in zip(
+                group.trajectories, group.rewards, advantages, turns, rollouts, strict=True
             ):
                 # A discarded rollout keeps its episode's reward here; qc_result says why
                 # it was not trained on.
@@ -267,6 +269,7 @@ class CollectionRolloutSource:
                         group_fate=group.fate.value,
                         reward=reward,
                         advantage=advantage,
+                        turn_advantages=list(per_turn) if per_turn is not None else None,
                         **_token_counts(tokens),
                     )
                 )

@@ -3,7 +3,8 @@
 A rollout of agentic GRPO is an ordinary episode of the training run's collection run
 (`episode`, `step`, the trajectory object with its token ids and logprobs); this row adds
 what only the trainer knows: which group it was in, which policy version sampled it, its
-advantage, and whether its group was trained or dropped (and why). Written once the group
+advantage (and, with per-turn returns, each turn's: one float per turn, so a JSON cell,
+not an object), and whether its group was trained or dropped (and why). Written once the group
 is judged, before the optimiser step that uses it.
 """
 
@@ -13,7 +14,7 @@ import uuid
 
 from sqlmodel import SQLModel
 
-from models.columns import doc, fk
+from models.columns import doc, fk, json_col
 
 
 class GrpoRollout(SQLModel, table=True):
@@ -50,7 +51,8 @@ class GrpoRollout(SQLModel, table=True):
         default=None,
     )
     advantage: float | None = doc(
-        "Group-normalised advantage the loss used; NULL when the group was dropped.",
+        "Group-normalised advantage the loss used (with per-turn returns: its first turn's); "
+        "NULL when the group was dropped.",
         default=None,
     )
     sampled_tokens: int | None = doc(
@@ -62,4 +64,9 @@ class GrpoRollout(SQLModel, table=True):
         "Tokens the environment wrote between turns (never in the loss); NULL when the "
         "episode recorded no token ids.",
         default=None,
+    )
+    turn_advantages: list[float] | None = json_col(
+        "With per-turn returns (EPIFLOW_TRAINING_RETURNS_GAMMA), the advantage the loss gave "
+        "each assistant turn's tokens, in step order; NULL without them or when not trained.",
+        nullable=True,
     )

@@ -8,7 +8,10 @@ with TRL's `GRPOTrainer` formula (`scale_rewards="group"`):
 
     A_i = (r_i - mean(r)) / (std(r) + 1e-4),   std with Bessel's correction
 
-so the advantage stored with each episode is the one the trainer uses.
+so the advantage stored with each episode is the one the trainer uses. With per-turn
+returns (`judge_group(gamma=…)`, opt-in: `training.returns`), each turn gets its own
+advantage from its discounted reward-to-go, normalised by the group's start returns; the
+fates below are the same, zero variance judged on the start returns.
 
 Before a group is judged, the online QC gate has judged its episodes
 (`expectations.gate.run_gate` over the generation batch, verdicts stored in `qc_result`
@@ -53,7 +56,6 @@ they contribute nothing to the loss. Pure: no torch, no TRL, no SQL.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -61,6 +63,7 @@ from enum import StrEnum
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory
 from training.errors import TrainerError
+from training.returns import ADVANTAGE_EPSILON, bessel_std, turn_advantages, turn_returns
 
 __all__ = [
     "ADVANTAGE_EPSILON",
@@ -71,9 +74,6 @@ __all__ = [
     "judge_group",
     "zero_variance_warning",
 ]
-
-ADVANTAGE_EPSILON = 1e-4
-"""Added to the group's standard deviation before dividing (TRL's constant)."""
 
 ZERO_STD_TOLERANCE = 1e-8
 """A group whose reward standard deviation is at most this has zero variance (TRL's
@@ -107,6 +107,10 @@ class Group:
     rollout: not trained on); None when the group is dropped."""
     discarded: tuple[bool, ...] = ()
     """Whether the online QC gate discarded each rollout (empty: none was)."""
+    turn_advantages: tuple[tuple[float, ...] | None, ...] | None = None
+    """With per-turn returns (`gamma` given to `judge_group`), each rollout's advantage
+    per assistant turn (None for a discarded rollout); `advantages` then holds each
+    rollout's first turn's. None without per-turn returns or when the group is dropped."""
 
     @property
     def n_discarded(self) -> int:
@@ -121,26 +125,22 @@ class Group:
         return self.fate is GroupFate.TRAINED
 
 
-def _std(values: Sequence[float]) -> float:
-    """Standard deviation with Bessel's correction (NaN for fewer than two values)."""
-    if len(values) < 2:
-        return math.nan
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
 def group_advantages(rewards: Sequence[float]) -> list[float]:
-    """The group-normalised advantages of `rewards` (TRL's formula, see the module)."""
-    mean = sum(rewards) / len(rewards)
-    std = _std(rewards)
-    return [(r - mean) / (std + ADVANTAGE_EPSILON) for r in rewards]
+    """The group-normalised advantages of `rewards` (TRL's formula, see the module):
+    `training.returns.turn_advantages` with one return per rollout."""
+    return [turns[0] for turns in turn_advantages([[r] for r in rewards])]
 
 
 def judge_group(
-    trajectories: Sequence[Trajectory], *, discarded: Collection[uuid.UUID] = frozenset()
+    trajectories: Sequence[Trajectory],
+    *,
+    discarded: Collection[uuid.UUID] = frozenset(),
+    gamma: float | None = None,
 ) -> Group:
     """The fate, rewards and advantages of one task's rollouts; `discarded` holds the
-    episode ids the online QC gate discarded (see the module).
+    episode ids the online QC gate discarded (see the module). With `gamma`, the
+    advantages are per turn, from discounted returns (`training.returns`): the group is
+    compared, and judged for zero variance, on its rollouts' start returns.
 
     Raises:
         TrainerError: the group is empty or mixes tasks, or an agent outcome carries no
@@ -165,20 +165,24 @@ def judge_group(
     if any(r is None for r in rewards):
         return Group(task_id, group, GroupFate.INFRASTRUCTURE, tuple(rewards), None, flags)
     scored = tuple(None if flags and flags[i] else r for i, r in enumerate(rewards))
-    admitted = [r for r in scored if r is not None]
-    if len(admitted) < 2 and flags and any(flags):
+    kept = [(t, r) for t, r in zip(group, scored, strict=True) if r is not None]
+    if len(kept) < 2 and flags and any(flags):
         return Group(task_id, group, GroupFate.QC_DISCARDED, scored, None, flags)
-    if not _std(admitted) > ZERO_STD_TOLERANCE:
+    # Without gamma, one return per rollout: its total_reward (the episode advantage).
+    returns = [turn_returns(t, gamma) if gamma is not None else [r] for t, r in kept]
+    if not bessel_std([r[0] for r in returns]) > ZERO_STD_TOLERANCE:
         # NaN for a group of one: nothing to compare
         return Group(task_id, group, GroupFate.ZERO_VARIANCE, scored, None, flags)
-    advantages = iter(group_advantages(admitted))
+    per_turn = iter(turn_advantages(returns))
+    turns = tuple(None if r is None else tuple(next(per_turn)) for r in scored)
     return Group(
         task_id,
         group,
         GroupFate.TRAINED,
         scored,
-        tuple(None if r is None else next(advantages) for r in scored),
+        tuple(None if a is None else a[0] for a in turns),
         flags,
+        turns if gamma is not None else None,
     )
 
 

@@ -12,6 +12,8 @@ environment wrote, which stay out of the loss. A multi-turn episode maps onto th
 where `c_k` is turn k's `Step.completion_token_ids` (exactly as sampled) and `o_k` is what
 turn k+1's prompt adds after `prompt_k + c_k`: the tool result and the chat template's
 turn markers. Nothing after the last turn is part of the rollout (the model never saw it).
+Each completion id also carries its turn k (`turn_index`: c_k and o_k are k), which
+per-turn returns (`training.returns`) use to give a turn's tokens its advantage.
 
 This needs a policy whose prompts extend: turn k+1's prompt ids start with turn k's prompt
 ids followed by its completion ids. That is checked on every turn, and a turn that breaks
@@ -51,6 +53,10 @@ class TokenRollout:
     logprobs: list[float | None]
     """The sampling logprob of each sampled id (None where the policy recorded none),
     0.0 on observation ids."""
+    turn_index: list[int]
+    """The assistant turn k (the episode's k-th step) of each completion id: its sampled ids and
+    the observation ids that follow them (its tool result) are k. Per-turn advantages
+    (`training.returns`) are given to tokens by it."""
 
     @property
     def sampled_ids(self) -> list[int]:
@@ -76,10 +82,11 @@ def token_rollout(trajectory: Trajectory) -> TokenRollout:
         )
     completion: list[int] = []
     mask: list[int] = []
+    turns: list[int] = []
     logprobs: list[float | None] = []
     first_prompt: list[int] = []
     seen: list[int] = []  # prompt + completion of the previous turn
-    for step in trajectory.steps:
+    for turn, step in enumerate(trajectory.steps):
         prompt, sampled = step.prompt_token_ids, step.completion_token_ids
         if prompt is None or sampled is None:
             missing = "prompt" if prompt is None else "completion"
@@ -114,9 +121,11 @@ def token_rollout(trajectory: Trajectory) -> TokenRollout:
             observation = prompt[len(seen) :]
             completion += observation
             mask += [0] * len(observation)
+            turns += [turn - 1] * len(observation)  # the previous turn's tool result
             logprobs += [0.0] * len(observation)
         completion += sampled
         mask += [1] * len(sampled)
+        turns += [turn] * len(sampled)
         logprobs += list(step.logprobs) if step.logprobs is not None else [None] * len(sampled)
         seen = [*prompt, *sampled]
     return TokenRollout(
@@ -125,6 +134,7 @@ def token_rollout(trajectory: Trajectory) -> TokenRollout:
         completion_ids=completion,
         env_mask=mask,
         logprobs=logprobs,
+        turn_index=turns,
     )
 
 
@@ -137,6 +147,7 @@ def placeholder_rollout(token_id: int) -> TokenRollout:
         completion_ids=[token_id],
         env_mask=[0],
         logprobs=[0.0],
+        turn_index=[0],
     )
 
 

@@ -117,6 +117,12 @@ class TrainingSettings(BaseSettings):
     warns (`training.groups.zero_variance_warning`). Past half, most of the generation is
     wasted: seed 000 §5.3 wants a task difficulty of 30-70 % success, where most groups of
     4-8 rollouts see both outcomes."""
+    returns_gamma: float | None = None
+    """Per-turn discounted returns for agentic GRPO (seed 000 §4.3: γ 0.95 … 0.99): each
+    assistant turn's tokens get the advantage of its reward-to-go, normalised by the
+    group's start returns (`training.returns`). None (the default): one advantage per
+    episode, from its total reward. Must be in (0, 1]; not the default because it was not
+    measured at the recipe's scale (docs/training.md, "Per-turn returns")."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO weight of desirable (successful) examples."""
     kto_undesirable_weight: float = Field(default=1.0, gt=0)
@@ -185,6 +191,16 @@ class TrainingSettings(BaseSettings):
                 f"got {value!r}"
             )
         return number
+
+    @field_validator("returns_gamma")
+    @classmethod
+    def _check_returns_gamma(cls, gamma: float | None) -> float | None:
+        if gamma is not None and not 0 < gamma <= 1:
+            raise ValueError(
+                f"EPIFLOW_TRAINING_RETURNS_GAMMA must be in (0, 1] (seed 000 §4.3: 0.95 … "
+                f"0.99), or unset for one advantage per episode; got {gamma}"
+            )
+        return gamma
 
     @model_validator(mode="after")
     def _check_precision(self) -> TrainingSettings:

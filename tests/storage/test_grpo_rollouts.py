@@ -34,6 +34,7 @@ def _row(t_id: uuid.UUID, *, version: int, fate: str, advantage: float | None) -
         group_fate=fate,
         reward=None if fate == "infrastructure" else 1.0,
         advantage=advantage,
+        turn_advantages=None if advantage is None else [advantage, advantage + 0.25],
         sampled_tokens=12,
         observation_tokens=30,
     )
@@ -69,6 +70,8 @@ def test_rows_round_trip_and_go_with_a_purged_episode(
         (good.episode_id, "trained", 0.7),
         (broken.episode_id, "infrastructure", None),
     ]
+    # Per-turn advantages (EPIFLOW_TRAINING_RETURNS_GAMMA) round-trip as a JSON array.
+    assert [r.turn_advantages for r in read] == [[0.7, 0.95], None]
 
     # A re-run of the key redoes the infrastructure episode: its rows go with it.
     todo = remaining_episodes(migrated_engine, [good.episode_id, broken.episode_id])

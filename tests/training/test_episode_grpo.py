@@ -448,6 +448,144 @@ def test_grpo_over_episodes_in_real_jails(
     assert all(isinstance(s, Step) for t in solved for s in t.steps)
 
 
+class _LengthsPolicy(_ScriptedTrainerPolicy):
+    """`dir_tree` by seed mod 3: the reference solution (3 turns); the reference with its
+    last call repeated (4 turns, also a success); its last (read-only) call then a wrong
+    answer (2 turns, a failure: nothing was created)."""
+
+    def forced(self, request: PolicyRequest) -> str | None:
+        kind, k = request.seed % 3, request.step_index
+        reference = request.task.reference_solution
+        calls = {0: reference, 1: [*reference, reference[-1]], 2: reference[-1:]}[kind]
+        if k < len(calls):
+            return render_tool_call(f"c{k + 1}", calls[k].tool, calls[k].args)
+        return render_final(request.task.reference_final if kind < 2 else "not the answer")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_grpo_with_per_turn_returns_in_real_jails(
+    tiny_base_model: Path,
+    engine: Engine,
+    store: LocalObjectStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `returns_gamma`, the advantages TRL's loss receives are (B, T): each sampled
+    token of turn t carries its rollout's A_{i,t}, as judged and stored with the episode
+    (`grpo_rollout.advantage` = A_{i,0}, `turn_advantages` every turn's)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from training.returns import token_advantages
+    from training.trainers.step_returns import StepReturnsMixin
+
+    trained_on: list[dict[str, Any]] = []
+    trainers: list[type] = []
+    compute_loss = GRPOTrainer._compute_loss
+
+    def keep_inputs(trainer: Any, model: Any, inputs: dict[str, Any]) -> Any:
+        trainers.append(type(trainer))
+        trained_on.append({k: v.tolist() for k, v in inputs.items() if hasattr(v, "tolist")})
+        return compute_loss(trainer, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", keep_inputs)
+    tasks = builtin_suite().instances(1, templates=["dir_tree"])
+    settings = dataclasses.replace(
+        load_settings(),
+        loop=LoopSettings(max_steps=4, max_consecutive_parse_failures=2),
+        policy=PolicySettings(outage_episodes=0),
+    )
+    training = TrainingSettings(
+        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
+        batch_size=3, rollouts_per_task=3, max_completion_length=16,
+        prompt_style=PromptStyle.COMPACT, logging_steps=1, returns_gamma=0.9,
+    )  # fmt: skip
+    by_id = {t.task_id: t for t in tasks}
+
+    def policy(batch: RolloutBatch) -> _LengthsPolicy:
+        return _LengthsPolicy(
+            batch.model,
+            batch.tokenizer,
+            spec=f"hf:grpo/returns@{batch.policy_version}",
+            prompt_style=PromptStyle.COMPACT,
+            max_new_tokens=16,
+            tasks=by_id,
+        )
+
+    judged: list[JudgedBatch] = []
+    job = TrainJob(base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training)
+
+    def train(source: CollectionRolloutSource) -> Any:
+        record = source.record
+
+        def keep(batch: JudgedBatch) -> None:
+            judged.append(batch)
+            record(batch)
+
+        monkeypatch.setattr(source, "record", keep)
+        return run_episode_grpo([t.task_id for t in tasks], job, source)
+
+    key = f"returns-{uuid.uuid4().hex[:8]}"
+    result, _ = run_grpo_rollouts(
+        key,
+        tasks,
+        settings,
+        train,
+        base_model_dir=tiny_base_model,
+        engine=engine,
+        store=store,
+        qc_config=load_qc_config(),
+        concurrency=3,
+        make_policy=policy,
+    )
+    run_id = run_id_for(rollout_run_key(key))
+    assert result.steps == 1 and len(judged) == 1 and len(trained_on) == 1
+    assert all(issubclass(cls, StepReturnsMixin) for cls in trainers)
+    stored = {t.episode_id: t for t in run_trajectories(engine, store, run_id)}
+    rows = {r.episode_id: r for r in grpo_rollouts_of_run(engine, run_id)}
+    (group,) = judged[0].groups
+    assert group.fate is GroupFate.TRAINED and group.turn_advantages is not None
+    lengths = sorted(t.n_steps for t in stored.values())
+    assert lengths == [2, 3, 4]
+    assert [t.status for t in stored.values()].count(EpisodeStatus.SUCCESS) == 2
+    short, long = sorted(
+        (t for t in group.trajectories if t.status is EpisodeStatus.SUCCESS),
+        key=lambda t: t.n_steps,
+    )
+    index = {t.episode_id: i for i, t in enumerate(group.trajectories)}
+    a_short, a_long = (group.turn_advantages[index[t.episode_id]] for t in (short, long))
+    assert a_short is not None and a_long is not None
+    assert a_short[0] > a_long[0]  # the shorter success is reinforced more
+
+    # What TRL trained with: one row per rollout (shuffled), advantages (B, T).
+    inputs = trained_on[0]
+    mask = [
+        [c * m for c, m in zip(cr, mr, strict=True)]
+        for cr, mr in zip(inputs["completion_mask"], inputs["tool_mask"], strict=True)
+    ]
+    found = 0
+    for t in group.trajectories:
+        turns = group.turn_advantages[index[t.episode_id]]
+        assert turns is not None and len(turns) == t.n_steps
+        row = rows[t.episode_id]
+        assert row.turn_advantages == pytest.approx(list(turns))  # stored, every turn
+        assert row.advantage == pytest.approx(turns[0])  # the stored one is A_{i,0}
+        tokens = token_rollout(stored[t.episode_id])
+        n = len(tokens.completion_ids)
+        (b,) = [
+            b for b, ids in enumerate(inputs["completion_ids"]) if ids[:n] == tokens.completion_ids
+        ]
+        expected = token_advantages(tokens, turns)
+        assert inputs["advantages"][b][:n] == pytest.approx(expected, abs=1e-6)
+        trained = [a for a, m in zip(inputs["advantages"][b], mask[b], strict=True) if m]
+        assert trained == pytest.approx(
+            [expected[k] for k in range(n) if tokens.env_mask[k]], abs=1e-6
+        )
+        assert sum(mask[b]) == sum(tokens.env_mask)
+        found += 1
+    assert found == len(inputs["advantages"]) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_the_default_rollout_policy_is_the_token_exact_hf_policy(

@@ -44,6 +44,8 @@ def test_turns_and_observations_in_order_with_observations_masked() -> None:
     assert r.prompt_ids == [1, 2, 3, 4]
     assert r.completion_ids == [10, 11, 2, 50, 51, 12, 2, 52, 13, 14, 2]
     assert r.env_mask == [1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1]
+    # Each id's turn: a turn's sampled ids, then its tool result's observation ids.
+    assert r.turn_index == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
     # The prompt plus the completion is the last turn's prompt plus what it sampled.
     last = traj.steps[-1]
     assert last.prompt_token_ids is not None and last.completion_token_ids is not None

@@ -32,6 +32,11 @@ from it before the trainer is built (passed as `budget`: one group per micro-bat
 step's groups accumulated). Each batch logs its rollouts' prompt and completion tokens
 (`grpo/rollout_tokens`); a step outside half to twice the budget warns once a run.
 
+With `TrainingSettings.returns_gamma` set (opt-in), the groups are judged on per-turn
+discounted returns (`training.returns`) and the trainer is TRL's with
+`training.trainers.step_returns.StepReturnsMixin`, which replaces TRL's one advantage per
+rollout with one per token (each turn's); the reward TRL logs stays the episode's.
+
 Why TRL's hook and not a hand-written loss: the clipped objective, the KL to a frozen
 reference, the loss normalisation over the batch's tokens, the logging and the trainer's
 schedule and callbacks are TRL's, shared with the other algorithms; `rollout_func` with
@@ -187,6 +192,9 @@ class EpisodeRollouts:
     source: RolloutSource
     rollouts_per_task: int
     zero_variance_warn_share: float = 0.5
+    returns_gamma: float | None = None
+    """γ of per-turn discounted returns (`training.returns`); None: one advantage per
+    episode (the default)."""
     counts: GroupCounts = field(default_factory=GroupCounts)
     """What happened to the groups so far."""
     last: JudgedBatch | None = None
@@ -240,7 +248,7 @@ class EpisodeRollouts:
                 f"{len(batch.task_ids)} groups of {batch.rollouts_per_task}"
             )
         discarded = self.source.admit(batch, episodes)
-        groups = [judge_group(g, discarded=discarded) for g in episodes]
+        groups = [judge_group(g, discarded=discarded, gamma=self.returns_gamma) for g in episodes]
         rollouts: list[list[TokenRollout | None]] = [
             [
                 token_rollout(t) if group.trained and group.admitted(i) else None
@@ -320,6 +328,15 @@ def run_episode_grpo(
         rollouts_per_task=generations,
         zero_variance_warn_share=settings.zero_variance_warn_share,
         budget=budget,
+        returns_gamma=settings.returns_gamma,
+    )
+    mixins: tuple[type, ...] = ()
+    if settings.returns_gamma is not None:
+        from training.trainers.step_returns import StepReturnsMixin
+
+        mixins += (StepReturnsMixin,)
+    trainer_cls = (
+        type("EpisodeGRPOTrainer", (*mixins, trl.GRPOTrainer), {}) if mixins else trl.GRPOTrainer
     )
     reference = job.ref_model_dir if settings.beta > 0 else None
     with warnings.catch_warnings():
@@ -327,7 +344,7 @@ def run_episode_grpo(
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         result = train_with(
             Algo.GRPO,
-            trl.GRPOTrainer,
+            trainer_cls,
             config,
             Dataset.from_list([{"prompt": t} for t in task_ids]),
             job,
