@@ -58,6 +58,7 @@ from training.rollout_tokens import (
     token_rollout,
 )
 from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
+from training.trainers.cpu_logps import ChunkedLogpsMixin
 
 __all__ = [
     "EpisodeRollouts",
@@ -65,6 +66,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutSource",
     "batch_metrics",
+    "episode_grpo_trainer",
     "episode_reward",
     "run_episode_grpo",
 ]
@@ -252,6 +254,12 @@ class EpisodeRollouts:
         return output
 
 
+def episode_grpo_trainer() -> Any:
+    """The trainer class of episode GRPO: TRL's `GRPOTrainer`, scoring log-probabilities
+    without its fused LM head on CPU (`training.trainers.cpu_logps`)."""
+    return type("EpisodeGRPOTrainer", (ChunkedLogpsMixin, module("trl").GRPOTrainer), {})
+
+
 def run_episode_grpo(
     task_ids: Sequence[str], job: TrainJob, source: RolloutSource
 ) -> tuple[TrainResult, EpisodeRollouts]:
@@ -272,7 +280,6 @@ def run_episode_grpo(
 
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
-    trl = module("trl")
     settings = job.settings
     generations = settings.rollouts_per_task
     config = grpo_config(job)
@@ -287,7 +294,7 @@ def run_episode_grpo(
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         result = train_with(
             Algo.GRPO,
-            trl.GRPOTrainer,
+            episode_grpo_trainer(),
             config,
             Dataset.from_list([{"prompt": t} for t in task_ids]),
             job,
