@@ -15,7 +15,9 @@ observation, the final answer); no sandbox is involved.
 - `trl_tokens_per_s`: `training.trainers.run_training("sft", …)` with the recipe's
   settings: non-padding tokens / wall time of `trainer.train()`.
 - `torch_tokens_per_s`: the same tokenized examples, batch size, padding, precision,
-  thread count and step count in a bare `forward / backward / clip / AdamW` loop.
+  thread count and step count in a bare `forward / backward / clip / AdamW` loop. Both
+  paths run at one thread count, chosen once before the warm-up (the recipe's
+  `torch_threads`, else the idle cores then): `threads`.
 - `trl_tokens_per_cpu_s`: the same tokens over the process's CPU time during training,
   i.e. the speed with the cores to itself; `trl_cpu_share` = CPU time / wall time, the
   cores training actually got from the shared machine.
@@ -279,12 +281,19 @@ def sft_report(
     pad_id: int,
     bf16: bool,
 ) -> dict[str, Any]:
-    """The SFT part: TRL's SFT against the bare loop, the FLOP bound, the variants."""
+    """The SFT part: TRL's SFT against the bare loop, the FLOP bound, the variants.
+
+    Both paths run at one thread count, chosen once (`torch_threads`, or the idle cores
+    now), as the GRPO part does: the trainer's automatic thread tuning would otherwise
+    move TRL to two threads mid-run on a quiet machine while the bare loop ran TRL's
+    first count. The variants still force their own counts."""
     import polars as pl
 
     from training.threads import choose_threads
     from training.trainers import run_training
 
+    threads = choose_threads(settings.torch_threads)
+    settings = settings.model_copy(update={"torch_threads": threads})
     frame = pl.DataFrame({"messages": chats, "weight": [1.0] * len(chats)})
     mean_length = sum(len(e["input_ids"]) for e in examples) / len(examples)
     trained = sum(sum(e["mask"]) for e in examples) / sum(len(e["mask"]) for e in examples)
@@ -318,8 +327,8 @@ def sft_report(
 
     # One-time costs (imports, kernel selection, allocator warm-up) hit whichever path
     # runs first in the process; a short untimed run of each keeps them out of the numbers.
-    warm = trl({"max_steps": 2}, "warm")
-    bare(warm["threads"][0])
+    trl({"max_steps": 2}, "warm")
+    bare(threads)
     trl_best: dict[str, Any] = {
         "tokens_per_s": 0.0,
         "tokens_per_cpu_s": 0.0,
@@ -331,7 +340,7 @@ def sft_report(
         measured = trl({}, f"trl{i}")
         if measured["tokens_per_s"] > trl_best["tokens_per_s"]:
             trl_best = measured
-        torch_best = max(torch_best, bare(measured["threads"][0]))
+        torch_best = max(torch_best, bare(threads))
     variants: dict[str, float] = {}
     if args.variants:
         for name, update in (
@@ -340,7 +349,6 @@ def sft_report(
             ("fp32", {"precision": "fp32", "bf16": None}),
         ):
             variants[name] = round(trl(update, name)["tokens_per_s"], 1)
-    threads = trl_best["threads"][0] if trl_best["threads"] else choose_threads(0)
     gflops = matmul_gflops(threads=threads, bf16=bf16)
     per_token = flops_per_token(base, mean_length=mean_length, trained_fraction=trained)
     bound = gflops * 1e9 / per_token

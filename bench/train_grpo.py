@@ -10,8 +10,10 @@ update (reference forward, policy forward and backward, clip, AdamW), not genera
   not cover (tool results, turn markers); the rewards are fixed (half the rollouts of each
   group succeed), the advantages `training.groups.group_advantages` of them. Every step
   trains on the same batch.
-- TRL: `GRPOTrainer` built as `run_episode_grpo` builds it (`grpo_config`, `train_with`,
-  the reference from the base, `episode_reward` reading the rollout's reward field) with
+- TRL: `GRPOTrainer` built as `run_episode_grpo` builds it (its trainer class
+  `episode_grpo_trainer`: on CPU, log-probabilities without TRL's fused LM head,
+  `training.trainers.cpu_logps`; `grpo_config`, `train_with`, the reference from the
+  base, `episode_reward` reading the rollout's reward field) with
   a `rollout_func` returning the fixed batch through `rollout_func_output`;
   tokens / wall time of `trainer.train()`.
 - bare torch: TRL's objective written out on the same tensors: the same padding (prompts
@@ -152,8 +154,8 @@ def trl_grpo(
 
     from datasets import Dataset
 
-    from training.trainers.common import Algo, TrainJob, module, train_with
-    from training.trainers.episode_grpo import REWARD_FIELD, episode_reward
+    from training.trainers.common import Algo, TrainJob, train_with
+    from training.trainers.episode_grpo import REWARD_FIELD, episode_grpo_trainer, episode_reward
     from training.trainers.grpo import grpo_config
 
     losses: list[float] = []
@@ -181,7 +183,7 @@ def trl_grpo(
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         result = train_with(
             Algo.GRPO,
-            module("trl").GRPOTrainer,
+            episode_grpo_trainer(),
             grpo_config(job),
             Dataset.from_list([{"prompt": f"task-{g}"} for g in range(groups)]),
             job,

@@ -70,6 +70,7 @@ from training.rollout_tokens import (
 )
 from training.token_budget import TokenBudget, budget_drift_warning, recorded_rollout_tokens
 from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
+from training.trainers.cpu_logps import ChunkedLogpsMixin
 
 __all__ = [
     "EpisodeRollouts",
@@ -77,6 +78,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutSource",
     "batch_metrics",
+    "episode_grpo_trainer",
     "episode_reward",
     "run_episode_grpo",
 ]
@@ -285,6 +287,18 @@ class EpisodeRollouts:
         return output
 
 
+def episode_grpo_trainer(*, step_returns: bool = False) -> Any:
+    """The trainer class of episode GRPO: TRL's `GRPOTrainer`, scoring log-probabilities
+    without its fused LM head on CPU (`training.trainers.cpu_logps`) and, with
+    `step_returns`, training on per-turn advantages (`training.trainers.step_returns`)."""
+    mixins: tuple[type, ...] = (ChunkedLogpsMixin,)
+    if step_returns:
+        from training.trainers.step_returns import StepReturnsMixin
+
+        mixins = (StepReturnsMixin, *mixins)
+    return type("EpisodeGRPOTrainer", (*mixins, module("trl").GRPOTrainer), {})
+
+
 def run_episode_grpo(
     task_ids: Sequence[str],
     job: TrainJob,
@@ -312,7 +326,6 @@ def run_episode_grpo(
 
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
-    trl = module("trl")
     if budget is not None:
         if budget.rollouts_per_task != job.settings.rollouts_per_task:
             raise TrainerError(
@@ -330,21 +343,13 @@ def run_episode_grpo(
         budget=budget,
         returns_gamma=settings.returns_gamma,
     )
-    mixins: tuple[type, ...] = ()
-    if settings.returns_gamma is not None:
-        from training.trainers.step_returns import StepReturnsMixin
-
-        mixins += (StepReturnsMixin,)
-    trainer_cls = (
-        type("EpisodeGRPOTrainer", (*mixins, trl.GRPOTrainer), {}) if mixins else trl.GRPOTrainer
-    )
     reference = job.ref_model_dir if settings.beta > 0 else None
     with warnings.catch_warnings():
         # TRL marks `rollout_func` experimental; it is the hook this trainer is built on.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         result = train_with(
             Algo.GRPO,
-            trainer_cls,
+            episode_grpo_trainer(step_returns=settings.returns_gamma is not None),
             config,
             Dataset.from_list([{"prompt": t} for t in task_ids]),
             job,
