@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-__all__ = ["ChunkedLogpsMixin", "completion_logps_and_entropies"]
+__all__ = ["ChunkedLogpsMixin", "completion_logps_and_entropies", "plain_parts"]
 
 # Config fields by which a model scales its logits inside its own forward; TRL's fused
 # head reproduces them, this path does not (it calls TRL's method for such models).
@@ -194,21 +194,28 @@ class ChunkedLogpsMixin:
         return logps, entropies, None
 
     def _plain_parts(self, model: Any) -> tuple[Any, Any] | None:
-        """The backbone and LM head of `model`, or None when this path does not apply:
-        a PEFT or wrapped model, an fp32-cast head, or logits scaled in the model's forward."""
+        """`plain_parts` of `model`, or None with an fp32-cast head."""
         if getattr(self.args, "cast_lm_head_to_fp32", False):
             return None
-        unwrapped = self.accelerator.unwrap_model(model)
-        config = getattr(unwrapped, "config", None)
-        if config is None or hasattr(unwrapped, "peft_config"):
-            return None
-        text_config = config.get_text_config()
-        if text_config is not config or any(
-            getattr(text_config, name, None) is not None for name in _LOGIT_SCALING_FIELDS
-        ):
-            return None
-        lm_head = unwrapped.get_output_embeddings()
-        backbone = getattr(unwrapped, "base_model", None)
-        if lm_head is None or backbone is None or backbone is unwrapped:
-            return None
-        return backbone, lm_head
+        return plain_parts(model, self.accelerator)
+
+
+def plain_parts(model: Any, accelerator: Any) -> tuple[Any, Any] | None:
+    """The backbone and LM head of `model` (unwrapped by `accelerator`), or None when a
+    plain backbone-then-head forward would not compute what TRL's fused head computes:
+    a PEFT or wrapped model, a model whose text config is not its config (vision-language
+    models), or logits scaled or soft-capped in the model's forward."""
+    unwrapped = accelerator.unwrap_model(model)
+    config = getattr(unwrapped, "config", None)
+    if config is None or hasattr(unwrapped, "peft_config"):
+        return None
+    text_config = config.get_text_config()
+    if text_config is not config or any(
+        getattr(text_config, name, None) is not None for name in _LOGIT_SCALING_FIELDS
+    ):
+        return None
+    lm_head = unwrapped.get_output_embeddings()
+    backbone = getattr(unwrapped, "base_model", None)
+    if lm_head is None or backbone is None or backbone is unwrapped:
+        return None
+    return backbone, lm_head

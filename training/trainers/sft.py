@@ -9,6 +9,9 @@ proportional to their `weight` column (with replacement, seeded), so a downweigh
 episode is seen less often rather than with a scaled loss. `template_weights` multiplies
 them per task template (the data mix: a template that takes longer to learn is drawn
 more often).
+
+On CPU the loss comes from a plain forward (backbone, then the LM head over the trained
+positions only) instead of TRL's fused LM head: `training.trainers.cpu_sft_loss`.
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ def sft_config(settings: TrainingSettings, output_dir: Path, *, conversational: 
 def _weighted_trainer_class() -> Any:
     import torch
 
-    class WeightedSFTTrainer(module("trl").SFTTrainer):  # type: ignore[misc]
-        """`SFTTrainer` whose train sampler draws rows in proportion to their weights."""
+    from training.trainers.cpu_sft_loss import PlainSFTLossMixin
+
+    class WeightedSFTTrainer(PlainSFTLossMixin, module("trl").SFTTrainer):  # type: ignore[misc]
+        """`SFTTrainer` whose train sampler draws rows in proportion to their weights and
+        whose loss, on CPU, skips TRL's fused LM head (`training.trainers.cpu_sft_loss`)."""
 
         def __init__(self, *args: Any, sample_weights: list[float], seed: int, **kwargs: Any):
             self._sample_weights = sample_weights
