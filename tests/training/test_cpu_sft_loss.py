@@ -47,7 +47,7 @@ def _model() -> Any:
     return LlamaForCausalLM(config).float()
 
 
-def _build(base: type, output_dir: Path) -> Any:
+def _build(base: type, output_dir: Path, *, bf16: bool = False) -> Any:
     from datasets import Dataset
 
     trl = module("trl")
@@ -57,7 +57,7 @@ def _build(base: type, output_dir: Path) -> Any:
         output_dir=str(output_dir),
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         max_steps=1,
         save_strategy="no",
         activation_checkpointing=False,
@@ -164,6 +164,25 @@ def test_accumulated_batches_sum_to_the_loss_of_the_whole(trainer: Any) -> None:
     ]
     whole = _run(trainer, trainer.compute_loss, batch)[0]
     torch.testing.assert_close(sum(parts), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_under_bf16_autocast_the_head_runs_in_bf16_and_agrees_with_trls(tmp_path: Path) -> None:
+    # The prepared model's forward runs TRL's fused head under the accelerator's autocast;
+    # the override enters that autocast itself, around the backbone and the head.
+    trainer = _build(module("trl").SFTTrainer, tmp_path, bf16=True)
+    assert trainer.accelerator.native_amp
+    dtypes: list[torch.dtype] = []
+    trainer.model.lm_head.register_forward_hook(lambda _m, _a, output: dtypes.append(output.dtype))
+    trainer.model.train()
+    batch = _batch()
+    ours = _run(trainer, trainer.compute_loss, batch)
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    with trainer.accelerator.autocast():
+        theirs = _run(trainer, _trl(trainer), batch)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=2e-2, atol=1e-3)
+    for mine, trl in zip(ours[1], theirs[1], strict=True):
+        assert (mine - trl).norm() <= 0.05 * trl.norm()
+    assert ours[2]["mean_token_accuracy"] == pytest.approx(theirs[2]["mean_token_accuracy"])
 
 
 def test_a_batch_without_labels_gives_a_zero_loss_connected_to_the_model(trainer: Any) -> None:
