@@ -13,7 +13,9 @@ for the recipe's templates (system prompt in the recipe's style, task, each call
 observation, the final answer); no sandbox is involved.
 
 - `trl_tokens_per_s`: `training.trainers.run_training("sft", …)` with the recipe's
-  settings: non-padding tokens / wall time of `trainer.train()`.
+  settings (its trainer, `WeightedSFTTrainer`: on CPU, the loss without TRL's fused LM
+  head, `training.trainers.cpu_sft_loss`): non-padding tokens / wall time of
+  `trainer.train()`.
 - `torch_tokens_per_s`: the same tokenized examples, batch size, padding, precision,
   thread count and step count in a bare `forward / backward / clip / AdamW` loop. Both
   paths run at one thread count, chosen once before the warm-up (the recipe's
