@@ -168,14 +168,15 @@ class PlainSFTLossMixin:
         compute, parallelism, a batch that is not a padded text batch, an MoE model."""
         parallelism = getattr(self.accelerator, "parallelism_config", None)
         if (
-            inputs["input_ids"].device.type != "cpu"
+            "input_ids" not in inputs
+            or "attention_mask" not in inputs
+            or not _BATCH_KEYS.issuperset(inputs)
+            or inputs["input_ids"].device.type != "cpu"
             or self.compute_loss_func is not None
             or self.label_smoother is not None
             or self.args.loss_type != "nll"
             or self.aux_loss_enabled
             or parallelism is not None
-            or "attention_mask" not in inputs
-            or not _BATCH_KEYS.issuperset(inputs)
         ):
             return None
         parts = plain_parts(model, self.accelerator)
