@@ -32,7 +32,7 @@ _LOGIT_SCALING_FIELDS = (
     "logits_scaling",
 )
 
-_FP32_BYTES = 4
+FP32_BYTES = 4
 
 
 def completion_logps_and_entropies(
@@ -72,7 +72,7 @@ def completion_logps_and_entropies(
 
     rows = input_ids.size(0)
     vocabulary = lm_head.weight.size(0)
-    row_bytes = logits_to_keep * vocabulary * _FP32_BYTES
+    row_bytes = logits_to_keep * vocabulary * FP32_BYTES
     head_rows = max(1, budget_bytes // row_bytes)
     recompute = torch.is_grad_enabled() and rows * row_bytes > budget_bytes
     step = batch_size or rows

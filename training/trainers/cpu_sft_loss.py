@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from training.trainers.cpu_logps import _FP32_BYTES, plain_parts
+from training.trainers.cpu_logps import FP32_BYTES, plain_parts
 
 __all__ = ["PlainSFTLossMixin", "masked_token_losses"]
 
@@ -58,7 +58,7 @@ def masked_token_losses(
     from torch.utils.checkpoint import checkpoint
 
     rows = hidden.size(0)
-    row_bytes = lm_head.weight.size(0) * _FP32_BYTES
+    row_bytes = lm_head.weight.size(0) * FP32_BYTES
     head_rows = max(1, budget_bytes // row_bytes)
     recompute = torch.is_grad_enabled() and rows * row_bytes > budget_bytes
 
