@@ -161,7 +161,19 @@ class _Episode:
                 EpisodeStatus.POLICY_ERROR, FailureCategory.POLICY_ERROR, reason
             ) from e
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return record_response(step, response, latency_ms=latency_ms, settings=self.settings)
+        text = record_response(step, response, latency_ms=latency_ms, settings=self.settings)
+        if step.raw_output_truncated and self.policy.replays_reference:
+            # A cut reference step cannot be replayed whole: the oracle would be scored on
+            # half a solution, which says nothing about the task or an agent.
+            cap = self.settings.max_output_chars
+            raise _EpisodeEnd(
+                EpisodeStatus.ENV_ERROR,
+                FailureCategory.ENV_ERROR,
+                f"the reference solution's step {step.index} is {len(response.text):,} "
+                f"characters, over the loop's cap of {cap:,} (max_output_chars): it cannot "
+                "be replayed whole (raise EPIFLOW_AGENT_LOOP_MAX_OUTPUT_CHARS)",
+            )
+        return text
 
     def parse(self, step: Step, text: str) -> None:
         started = time.perf_counter()
@@ -241,7 +253,15 @@ class _Episode:
         for index in range(self.settings.max_steps):
             if await self.one_step(index):
                 return
-        reason = f"no <final> after {self.settings.max_steps} steps"
+        limit = self.settings.max_steps
+        if self.policy.replays_reference:
+            raise _EpisodeEnd(
+                EpisodeStatus.ENV_ERROR,
+                FailureCategory.ENV_ERROR,
+                f"the reference solution has more steps than the loop's max_steps ({limit}): "
+                "it cannot be replayed whole (raise EPIFLOW_AGENT_LOOP_MAX_STEPS)",
+            )
+        reason = f"no <final> after {limit} steps"
         raise _EpisodeEnd(EpisodeStatus.FAILED, FailureCategory.MAX_STEPS, reason)
 
     async def run_verifier(self, verify: Verifier) -> None:

@@ -43,6 +43,11 @@ TMPFS_MIB = 256
 SOLUTION_DIR = "/solution"
 """Where Harbor's oracle agent uploads `solution/` (`EnvironmentPaths.solution_dir`); a
 writable tmpfs in every image jail (`ImageMount.writable`)."""
+SOLUTION_CHUNK_CHARS = 60_000
+"""Base64 characters of a solution file written per oracle step (a multiple of 4). A step is
+one assistant answer, which the loop caps (`LoopSettings.max_output_chars`, 65,536 by
+default): a larger file (Terminal-Bench's regex-chess ships a 72 KB `solve.sh`) is written
+in several steps rather than cut."""
 
 
 class HarborDatasetError(SuiteError):
@@ -95,7 +100,8 @@ def limits(task: HarborTask) -> tuple[dict[str, Any], list[str]]:
 
 
 def oracle_steps(task: HarborTask, workdir: str) -> list[ReferenceCall]:
-    """`solution/` through `execute_shell`: each file written under /solution, then solve.sh."""
+    """`solution/` through `execute_shell`: each file written under /solution (in pieces of
+    at most `SOLUTION_CHUNK_CHARS` of base64 a step), then solve.sh."""
     if task.solve_script is None:
         return []
     folder = task.path / "solution"
@@ -104,15 +110,21 @@ def oracle_steps(task: HarborTask, workdir: str) -> list[ReferenceCall]:
         rel = path.relative_to(folder).as_posix()
         encoded = base64.b64encode(path.read_bytes()).decode()
         target = f"{SOLUTION_DIR}/{rel}"
-        steps.append(
-            call(
-                "execute_shell",
-                command=(
-                    f"mkdir -p \"$(dirname '{target}')\" && base64 -d > '{target}' <<'EPIFLOW_EOF'\n"
-                    f"{encoded}\nEPIFLOW_EOF"
-                ),
+        # Each piece is a whole number of base64 quanta, so it decodes on its own; the first
+        # creates the file, the others append.
+        pieces = [
+            encoded[i : i + SOLUTION_CHUNK_CHARS]
+            for i in range(0, len(encoded), SOLUTION_CHUNK_CHARS)
+        ] or [""]
+        for n, piece in enumerate(pieces):
+            write = (
+                f"mkdir -p \"$(dirname '{target}')\" && base64 -d > '{target}'"
+                if n == 0
+                else f"base64 -d >> '{target}'"
             )
-        )
+            steps.append(
+                call("execute_shell", command=f"{write} <<'EPIFLOW_EOF'\n{piece}\nEPIFLOW_EOF")
+            )
     timeout = int(min(task.agent_timeout_s, 3600))
     steps.append(
         call(

@@ -338,6 +338,44 @@ def test_a_10_mb_answer_is_capped_and_recorded(task, spec) -> None:
     assert len(traj.model_dump_json()) < 1_000_000
 
 
+def test_a_reference_step_over_the_answer_cap_is_an_env_error_not_a_cut_oracle(task, spec) -> None:
+    # The oracle replays the task's reference solution: a step the loop would have to cut
+    # cannot be replayed whole, and half a solution says nothing about the task.
+    calls = list(task.reference_solution)
+    at = next(i for i, c in enumerate(calls) if c.tool == "execute_shell")
+    calls[at] = calls[at].model_copy(
+        update={"args": {**calls[at].args, "command": "echo " + "x" * 5000}}
+    )
+    long_task = task.model_copy(update={"reference_solution": calls})
+    settings = LoopSettings(max_output_chars=2048)
+    oracle = make_policy("scripted:oracle", settings=PolicySettings())
+    traj = run(long_task, oracle, spec, settings, MemoryOpener())
+    assert (traj.status, traj.failure_category) == (
+        EpisodeStatus.ENV_ERROR,
+        FailureCategory.ENV_ERROR,
+    )
+    reason = traj.failure_reason or ""
+    assert f"reference solution's step {at}" in reason and "2,048" in reason, reason
+    assert "EPIFLOW_AGENT_LOOP_MAX_OUTPUT_CHARS" in reason
+    assert traj.steps[-1].raw_output_truncated and traj.verifier_score is None
+    # Any other policy's long answer is cut and scored as usual.
+    texts = [render_tool_call("c1", "execute_shell", {"command": "echo " + "x" * 5000})]
+    other = run(task, ScriptedTextPolicy(texts), spec, settings, MemoryOpener())
+    assert other.status != EpisodeStatus.ENV_ERROR and other.steps[0].raw_output_truncated
+
+
+def test_a_reference_solution_longer_than_max_steps_is_an_env_error(task, spec) -> None:
+    oracle = make_policy("scripted:oracle", settings=PolicySettings())
+    limit = len(task.reference_solution) - 1
+    traj = run(task, oracle, spec, LoopSettings(max_steps=limit), MemoryOpener())
+    assert (traj.status, traj.failure_category) == (
+        EpisodeStatus.ENV_ERROR,
+        FailureCategory.ENV_ERROR,
+    )
+    assert f"max_steps ({limit})" in (traj.failure_reason or ""), traj.failure_reason
+    assert len(traj.steps) == limit
+
+
 def test_broken_verifier_is_an_env_error(task, spec, loop_settings) -> None:
     async def broken(sandbox, task):
         return VerifierOutcome(score=0.0, reason="verifier error: crashed", error=True)

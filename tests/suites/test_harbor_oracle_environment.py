@@ -12,6 +12,9 @@ real episode loop in real jails.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,10 +23,16 @@ import pytest
 
 from suites.harbor.errors import RefusalCategory
 from suites.harbor.privilege import script_root
-from suites.harbor.suite import load_harbor_suite
+from suites.harbor.suite import SOLUTION_CHUNK_CHARS, load_harbor_suite, oracle_steps
+from suites.harbor.task import load_task
 from tests.suites.test_harbor_tasks import IMAGES, _episode, _task, builds_images, needs_builder
 
 TOML = 'version = "1.0"\n[verifier]\ntimeout_sec = 120\n[agent]\ntimeout_sec = 60\n'
+
+# A solution file larger than one assistant answer may be (`max_output_chars`, 65,536 by
+# default; Terminal-Bench's regex-chess ships a 72 KB solve.sh): the oracle writes it in
+# several steps.
+BIG = random.Random(44).randbytes(150_000)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +50,33 @@ def test_commands_that_need_root_are_found_where_a_command_starts(
     script: str, found: tuple[int, str] | None
 ) -> None:
     assert script_root(script) == found
+
+
+def test_a_solution_file_larger_than_an_answer_is_written_in_pieces(tmp_path: Path) -> None:
+    from agent.render import render_tool_call
+    from agent.settings import LoopSettings
+
+    folder = _task(
+        tmp_path, "big", toml=TOML, dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+        test_sh="echo 1 > /logs/verifier/reward.txt\n", solve="#!/bin/bash\ntrue\n",
+    )  # fmt: skip
+    (folder / "solution" / "big.bin").write_bytes(BIG)
+    (folder / "solution" / "empty.txt").write_bytes(b"")
+    steps = oracle_steps(load_task(folder), "/app")
+    cap = LoopSettings().max_output_chars
+    pieces: dict[str, list[bytes]] = {}
+    for n, step in enumerate(steps[:-1]):
+        command = step.args["command"]
+        assert len(render_tool_call(f"c{n}", step.tool, step.args)) < cap
+        head, body = command.split("\n", 1)
+        target = head.split(" <<")[0].split("'")[-2]
+        assert (">>" in head) == (target in pieces), head
+        payload = body.removesuffix("\nEPIFLOW_EOF")
+        assert len(payload) <= SOLUTION_CHUNK_CHARS
+        pieces.setdefault(target, []).append(base64.b64decode(payload))
+    assert b"".join(pieces["/solution/big.bin"]) == BIG and len(pieces["/solution/big.bin"]) == 4
+    assert pieces["/solution/empty.txt"] == [b""]
+    assert steps[-1].args["command"] == "cd /app && bash /solution/solve.sh"
 
 
 def test_a_solution_that_needs_root_is_refused_up_front(tmp_path: Path) -> None:
@@ -196,6 +232,7 @@ SOLVE = """\
 #!/bin/bash
 set -e
 cp /solution/answer.txt /app/answer.txt
+cp /solution/big.bin /app/big.bin
 mkdir -p /app/keys /app/repo/refs/heads /app/repo/refs/tags
 printf secret > /app/keys/server.key
 chmod 600 /app/keys/server.key
@@ -205,6 +242,7 @@ TEST_SH = """\
 #!/bin/bash
 ok=1
 [ "$(cat /app/answer.txt)" = 42 ] || { echo "answer: no /solution/answer.txt"; ok=0; }
+[ "$(sha256sum < /app/big.bin | cut -d' ' -f1)" = "$BIG_SHA256" ] || { echo "big.bin differs"; ok=0; }
 [ "$(stat -c %a /app/keys/server.key)" = 600 ] || { echo "key mode lost"; ok=0; }
 [ -d /app/repo/refs/tags ] || { echo "empty folder lost"; ok=0; }
 [ "$(readlink /app/latest)" = answer.txt ] || { echo "symlink lost"; ok=0; }
@@ -226,12 +264,14 @@ def oracle_episode():
                 "FROM ubuntu:24.04\nWORKDIR /app\nCOPY tool.sh /app/tool.sh\n"
                 "RUN chmod 755 /app/tool.sh\n"
             ),
-            test_sh=TEST_SH, solve=SOLVE,
+            test_sh=TEST_SH.replace("$BIG_SHA256", hashlib.sha256(BIG).hexdigest()), solve=SOLVE,
         )  # fmt: skip
         (task / "environment" / "tool.sh").write_text("#!/bin/sh\necho tool\n")
         (task / "environment" / "tool.sh").chmod(0o644)
         (task / "solution" / "answer.txt").write_text("42\n")
         (task / "solution" / "answer.txt").chmod(0o644)
+        (task / "solution" / "big.bin").write_bytes(BIG)
+        (task / "solution" / "big.bin").chmod(0o644)
         IMAGES.mkdir(exist_ok=True)
         suite = load_harbor_suite(root, name="oracle-env", images_dir=IMAGES)
         yield _episode(suite.generate("shaped", 0), "scripted:oracle")
