@@ -228,7 +228,7 @@ def train_grpo_model(
         CollectError, StorageError: the rollout run cannot be opened or stored.
     """
     from collection.grpo_rollouts import run_grpo_rollouts
-    from training.trainers.episode_grpo import run_episode_grpo
+    from training.trainers.episode_grpo import episode_grpo_settings, run_episode_grpo
 
     tasks = grpo_tasks(engine, store, dataset_id, settings, templates=templates)
     base_dir = fetch_checkpoint(engine, store, base_checkpoint_id, work_dir / "base")
@@ -241,7 +241,7 @@ def train_grpo_model(
         training=training,
         templates=templates,
     )
-    trained_with = budget.applied(training) if budget is not None else training
+    trained_with = episode_grpo_settings(training, budget)
     config = {**trained_with.model_dump(mode="json"), "rollouts": "episodes"}
     if budget is not None:
         config["token_budget"] = budget.as_config()

@@ -44,6 +44,7 @@ from training.trainers.episode_grpo import (
     EpisodeRollouts,
     JudgedBatch,
     RolloutBatch,
+    episode_grpo_settings,
     episode_reward,
     run_episode_grpo,
 )
@@ -219,6 +220,27 @@ def test_rollout_func_refuses_a_batch_that_is_not_whole_groups() -> None:
     short = EpisodeRollouts(source=_ListSource([[episode()]]), rollouts_per_task=2)
     with pytest.raises(TrainerError, match="returned \\[1\\] episodes for 1 groups of 2"):
         short(["a", "a"], _trainer())
+
+
+def test_episode_grpo_recomputes_activations_unless_told_and_applies_the_budget() -> None:
+    # A micro-batch is a group of whole multi-turn rollouts: SmolLM2's first smollm2-rl step
+    # was killed for memory without recomputation (TrainingSettings.activation_checkpointing).
+    from training.token_budget import TokenBudget
+
+    settings = TrainingSettings(rollouts_per_task=4)
+    assert settings.activation_checkpointing is None
+    assert episode_grpo_settings(settings).activation_checkpointing is True
+    off = settings.model_copy(update={"activation_checkpointing": False})
+    assert episode_grpo_settings(off).activation_checkpointing is False
+    budget = TokenBudget(
+        tokens_per_step=4_800, rollouts_per_task=4, mean_rollout_tokens=600.0,
+        measured_episodes=3, groups_per_step=2,
+    )  # fmt: skip
+    applied = episode_grpo_settings(settings, budget)
+    assert (applied.batch_size, applied.gradient_accumulation_steps) == (4, 2)
+    assert applied.activation_checkpointing is True
+    with pytest.raises(TrainerError, match="planned for 4 rollouts per task"):
+        episode_grpo_settings(TrainingSettings(rollouts_per_task=6), budget)
 
 
 # ------------------------------------------------------------------ end to end
@@ -720,6 +742,7 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
         assert (planned["rollout_tokens_source"], planned["measured_episodes"]) == ("measured", 2)
         assert (planned["groups_per_step"], planned["rollouts_per_step"]) == (2, 4)
         assert (row.config["batch_size"], row.config["gradient_accumulation_steps"]) == (2, 2)
+        assert row.config["activation_checkpointing"] is True
     assert trained.token_budget is not None and trained.settings is not None
     assert trained.settings.gradient_accumulation_steps == 2
     run_id = run_id_for(rollout_run_key(str(trained.training_run_id)))

@@ -201,7 +201,7 @@ def base_args(
         "dataloader_num_workers": 0,
         "use_cpu": not _accelerator_available(),
         "bf16": use_bf16(settings),
-        "activation_checkpointing": settings.activation_checkpointing,
+        "activation_checkpointing": bool(settings.activation_checkpointing),
     }
 
 

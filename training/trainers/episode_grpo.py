@@ -68,6 +68,7 @@ from training.rollout_tokens import (
     rollout_func_output,
     token_rollout,
 )
+from training.settings import TrainingSettings
 from training.token_budget import TokenBudget, budget_drift_warning, recorded_rollout_tokens
 from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
 from training.trainers.cpu_logps import ChunkedLogpsMixin
@@ -78,6 +79,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutSource",
     "batch_metrics",
+    "episode_grpo_settings",
     "episode_grpo_trainer",
     "episode_reward",
     "run_episode_grpo",
@@ -299,6 +301,29 @@ def episode_grpo_trainer(*, step_returns: bool = False) -> Any:
     return type("EpisodeGRPOTrainer", (*mixins, module("trl").GRPOTrainer), {})
 
 
+def episode_grpo_settings(
+    settings: TrainingSettings, budget: TokenBudget | None = None
+) -> TrainingSettings:
+    """The settings GRPO over episodes trains with: `budget`'s batch applied
+    (`TokenBudget.applied`), and activation checkpointing on unless set: a micro-batch is
+    a group of whole multi-turn rollouts, whose activations (attention included) outgrow a
+    CPU machine's memory without recomputation (`TrainingSettings.activation_checkpointing`).
+
+    Raises:
+        TrainerError: the budget was planned for another number of rollouts per task.
+    """
+    if budget is not None:
+        if budget.rollouts_per_task != settings.rollouts_per_task:
+            raise TrainerError(
+                f"the token budget was planned for {budget.rollouts_per_task} rollouts per "
+                f"task, the settings have {settings.rollouts_per_task}"
+            )
+        settings = budget.applied(settings)
+    if settings.activation_checkpointing is None:
+        settings = settings.model_copy(update={"activation_checkpointing": True})
+    return settings
+
+
 def run_episode_grpo(
     task_ids: Sequence[str],
     job: TrainJob,
@@ -326,13 +351,7 @@ def run_episode_grpo(
 
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
-    if budget is not None:
-        if budget.rollouts_per_task != job.settings.rollouts_per_task:
-            raise TrainerError(
-                f"the token budget was planned for {budget.rollouts_per_task} rollouts per "
-                f"task, the settings have {job.settings.rollouts_per_task}"
-            )
-        job = replace(job, settings=budget.applied(job.settings))
+    job = replace(job, settings=episode_grpo_settings(job.settings, budget))
     settings = job.settings
     generations = settings.rollouts_per_task
     config = grpo_config(job)
@@ -347,6 +366,13 @@ def run_episode_grpo(
     with warnings.catch_warnings():
         # TRL marks `rollout_func` experimental; it is the hook this trainer is built on.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
+        # TRL 1.16 turns activation checkpointing off around generation through
+        # transformers' deprecated `gradient_checkpointing_*` aliases (transformers 5).
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(gradient_checkpointing_\w+|is_gradient_checkpointing)` is deprecated",
+            category=FutureWarning,
+        )
         result = train_with(
             Algo.GRPO,
             episode_grpo_trainer(step_returns=settings.returns_gamma is not None),
