@@ -50,6 +50,7 @@ from sqlalchemy import Engine
 from config.settings import Settings, load_qc_config
 from models import run_id_for
 from storage.objects import ObjectStore
+from training.precision import rollout_dtype
 from training.recipes import Recipe
 from training.settings import TrainingSettings
 
@@ -175,6 +176,12 @@ def run_rl_stage(
         f"RL: {settings.max_steps} GRPO steps × {per_step} over {snapshot.n_rows} tasks "
         f"(lr {settings.rl_learning_rate}, β {settings.beta}, ε {settings.clip_epsilon})"
     )
+    # Episodes at a time (their turns batched): the recipe's, at most a step's rollouts.
+    concurrency = (
+        recipe.rl.concurrency
+        if settings.rl_tokens_per_step is not None
+        else min(recipe.rl.concurrency, settings.batch_size)
+    )
     curve = _StepCurve()
     trained = train_grpo_model(
         engine,
@@ -187,9 +194,7 @@ def run_rl_stage(
         base_checkpoint_id=sft_checkpoint_id,
         templates=list(templates),
         on_metrics=curve.on_metrics,
-        concurrency=recipe.rl.concurrency
-        if settings.rl_tokens_per_step is not None
-        else min(recipe.rl.concurrency, settings.batch_size),
+        concurrency=concurrency,
     )
     outcome = register_checkpoint(engine, store, trained, settings=settings)
     budget = trained.token_budget
@@ -257,6 +262,8 @@ def run_rl_stage(
             }
             | {
                 "rl_groups_per_step": groups,
+                "rollout_concurrency": concurrency,
+                "rollout_dtype": rollout_dtype(ran) or "the trainer's model",
                 "token_budget": budget.as_config() if budget is not None else None,
             },
             "rl_training_run_id": str(trained.training_run_id),

@@ -31,9 +31,10 @@ files and verdicts as Great Expectations (the gate's reference evaluation), with
 building a GX context for every optimiser step; `gate_engine="gx"` uses GX.
 
 The policy of a batch is built from the trainer's current model by `make_policy`
-(default: `agent.policies.hf.HFPolicy.from_loaded` over the trainer's model, sampling,
-the batch's concurrent episodes generated together; it records each step's prompt and
-sampled ids and logprobs token-exact). A policy that keeps its record apart instead
+(default: `agent.policies.hf.HFPolicy.from_loaded` over the trainer's model, or over a
+copy of it in `generation_dtype` synced at each policy version, `agent.policies.hf_replica`;
+sampling, the batch's concurrent episodes generated together; it records each step's
+prompt and sampled ids and logprobs token-exact). A policy that keeps its record apart instead
 (`TokenRecorder`) writes it onto each episode before it is stored.
 
 Each batch runs with its own policy (`run_episodes(policy=…)`, the model as it is at
@@ -54,6 +55,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from agent.policies.base import Policy
+from agent.policies.hf_replica import GenerationDtype
 from agent.prompt import PromptStyle
 from agent.trajectory import INFRASTRUCTURE_STATUSES, Trajectory, episode_id_for, utcnow
 from collection.errors import CollectError
@@ -105,15 +107,27 @@ def trainer_model_policy(
     max_new_tokens: int,
     batch_size: int,
     settings: Settings,
+    generation_dtype: GenerationDtype | None = None,
 ) -> PolicyFactory:
     """The default `PolicyFactory`: the trainer's model in-process (`HFPolicy.from_loaded`),
     sampling at `temperature`, up to `batch_size` episodes' turns generated together, its
-    spec naming the run and the policy version."""
+    spec naming the run and the policy version. With `generation_dtype`, the turns are
+    sampled from one copy of the model in that dtype, its weights copied from the
+    trainer's at each policy version (`agent.policies.hf_replica`); None: from the
+    trainer's model itself."""
     from agent.policies.hf import HFGeneration, HFPolicy
+    from agent.policies.hf_replica import GenerationReplica
+
+    replica = GenerationReplica(generation_dtype) if generation_dtype is not None else None
 
     def make(batch: RolloutBatch) -> Policy:
+        model = (
+            batch.model
+            if replica is None
+            else replica.sync(batch.model, version=batch.policy_version)
+        )
         return HFPolicy.from_loaded(
-            batch.model,
+            model,
             batch.tokenizer,
             settings.policy.model_copy(update={"max_tokens": max_new_tokens}),
             spec=f"hf:grpo/{run_key}@{batch.policy_version}",
@@ -305,6 +319,7 @@ def run_grpo_rollouts(
     prompt_style: PromptStyle = PromptStyle.FULL,
     temperature: float = 1.0,
     max_new_tokens: int = 256,
+    generation_dtype: GenerationDtype | None = None,
     training_run_id: uuid.UUID | None = None,
 ) -> T:
     """Run `train` (the trainer, given the rollout source) as the work of the training
@@ -338,6 +353,7 @@ def run_grpo_rollouts(
         max_new_tokens=max_new_tokens,
         batch_size=concurrency,
         settings=settings,
+        generation_dtype=generation_dtype,
     )
     trained: list[T] = []
 

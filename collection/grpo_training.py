@@ -228,6 +228,7 @@ def train_grpo_model(
         CollectError, StorageError: the rollout run cannot be opened or stored.
     """
     from collection.grpo_rollouts import run_grpo_rollouts
+    from training.precision import rollout_dtype
     from training.trainers.episode_grpo import episode_grpo_settings, run_episode_grpo
 
     tasks = grpo_tasks(engine, store, dataset_id, settings, templates=templates)
@@ -274,6 +275,7 @@ def train_grpo_model(
             prompt_style=training.prompt_style,
             temperature=training.temperature,
             max_new_tokens=training.max_completion_length,
+            generation_dtype=rollout_dtype(training),
             training_run_id=run_id,
         )
     except BaseException as e:  # cancelled or interrupted runs are closed too

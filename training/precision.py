@@ -32,6 +32,7 @@ __all__ = [
     "bf16_native",
     "checkpoint_dtype",
     "precision_report",
+    "rollout_dtype",
     "use_bf16",
 ]
 
@@ -61,6 +62,15 @@ def use_bf16(settings: TrainingSettings) -> bool:
     if settings.precision == "auto":
         return bf16_native()
     return settings.precision == "bf16"
+
+
+def rollout_dtype(settings: TrainingSettings) -> EvalDtype | None:
+    """The dtype of the copy GRPO's in-process rollouts sample from
+    (`TrainingSettings.rollout_dtype`), None for the trainer's model itself: `auto` is a
+    bf16 copy when training runs under bf16 autocast (`use_bf16`), else None."""
+    if settings.rollout_dtype == "auto":
+        return "bfloat16" if use_bf16(settings) else None
+    return settings.rollout_dtype
 
 
 def checkpoint_dtype(model_dir: Path) -> str:

@@ -441,3 +441,72 @@ def test_a_template_that_rewrites_earlier_turns_falls_back_to_a_full_render(
     # The fallback prompt is the whole history rendered and encoded, as before.
     assert traj.steps[2].prompt_token_ids is not None
     assert tokenizer.decode(traj.steps[2].prompt_token_ids).count("[earlier answer]") == 2
+
+
+def test_a_generation_replica_holds_the_trainers_current_weights(tiny_checkpoint: Path, task):
+    """`GenerationReplica`: a copy of the trainer's model in the generation dtype, its
+    weights copied again when the policy version changes (not when it does not); an fp32
+    replica answers exactly as the model; a bf16 one holds the weights rounded to bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agent.policies.hf_replica import GenerationReplica
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    model.train()
+    request = PolicyRequest(
+        task=task,
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}],
+        tools=list(BUILTIN_TOOLS.values()),
+    )
+
+    def answer(m):
+        policy = HFPolicy.from_loaded(m, tokenizer, PolicySettings(max_tokens=8), spec="hf:t")
+
+        async def go():
+            try:
+                return await policy.respond(request)
+            finally:
+                await policy.aclose()
+
+        return asyncio.run(go())
+
+    fp32 = GenerationReplica("float32")
+    replica = fp32.sync(model, version=0)
+    assert replica is not model and not replica.training
+    assert not any(p.requires_grad for p in replica.parameters())
+    assert answer(replica).completion_token_ids == answer(model).completion_token_ids
+    with torch.no_grad():  # an optimiser step
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    assert fp32.sync(model, version=0) is replica and fp32.syncs == 1  # same version: no copy
+    assert not torch.equal(replica.lm_head.weight, model.lm_head.weight)
+    assert fp32.sync(model, version=1) is replica and fp32.syncs == 2
+    theirs = model.state_dict()
+    for name, mine in replica.state_dict().items():
+        assert torch.equal(mine, theirs[name]), name
+    assert answer(replica).completion_token_ids == answer(model).completion_token_ids
+    assert model.training  # the trainer's model is left as it was
+
+    bf16 = GenerationReplica("bfloat16").sync(model, version=1)
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    assert torch.equal(bf16.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+    assert answer(bf16).completion_token_ids  # it generates, token ids recorded
+
+
+def test_a_replica_refuses_weights_of_another_model(tiny_checkpoint: Path):
+    """Weights that do not fit the replica's model are a `PolicyLoadError`, not a crash."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agent.errors import PolicyLoadError
+    from agent.policies.hf_replica import GenerationReplica
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), local_files_only=True)
+    replica = GenerationReplica("float32")
+    replica.sync(model, version=0)
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(torch.zeros(3, 3))
+    with pytest.raises(PolicyLoadError, match="float32 replica"):
+        replica.sync(model, version=1)

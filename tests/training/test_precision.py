@@ -177,3 +177,21 @@ def test_fp32_and_bf16_autocast_give_the_same_greedy_answers(tmp_path: Path) -> 
             a != b for a, b in zip(answers[(name, False)], answers[(name, True)], strict=True)
         )
         assert moved <= PROMPTS // 8, (name, moved)
+
+
+def test_rollouts_sample_from_a_bf16_copy_when_training_runs_under_bf16() -> None:
+    """`rollout_dtype`: `auto` is a bf16 copy exactly when training autocasts to bf16,
+    else the trainer's model itself (None); a dtype given wins."""
+    from training.precision import rollout_dtype
+
+    assert rollout_dtype(TrainingSettings(precision="bf16")) == "bfloat16"
+    assert rollout_dtype(TrainingSettings(precision="fp32")) is None
+    assert rollout_dtype(TrainingSettings(precision="auto")) == (
+        "bfloat16" if bf16_native() else None
+    )
+    assert rollout_dtype(TrainingSettings(precision="fp32", rollout_dtype="bfloat16")) == (
+        "bfloat16"
+    )
+    assert rollout_dtype(TrainingSettings(precision="bf16", rollout_dtype="float32")) == ("float32")
+    with pytest.raises(ValueError, match="rollout_dtype"):
+        TrainingSettings(rollout_dtype="float16")
