@@ -23,19 +23,29 @@ def _main_checkout() -> Path | None:
     return root.resolve().parent
 
 
-def interop_dir() -> Path:
-    """`shared/interop`, or a loud skip when it is absent."""
+def _candidates() -> list[Path]:
     candidates = [REPO.parent / "shared" / "interop"]
     main = _main_checkout()
     if main is not None:
         candidates.append(main.parent / "shared" / "interop")
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
+    return candidates
+
+
+def find_interop_dir() -> Path | None:
+    """`shared/interop`, or None when it is absent (for a `skipif`)."""
+    return next((c for c in _candidates() if c.is_dir()), None)
+
+
+def interop_dir() -> Path:
+    """`shared/interop`, or a loud skip when it is absent (call it inside a test)."""
+    candidates = _candidates()
+    found = find_interop_dir()
+    if found is not None:
+        return found
     pytest.skip(
         "interop files NOT FOUND (looked in "
         + ", ".join(str(c) for c in candidates)
-        + "): the ATIF interop tests are NOT running"
+        + "): the tests that read them are NOT running"
     )
 
 
@@ -65,8 +75,27 @@ def atif_file(name: str) -> Path:
     return path
 
 
+LINKED_NAMES = [
+    "terminus_2__hello-world-context-summarization-linear-history.trajectory.cont-1.json",
+    "terminus_2__hello-world-context-summarization-linear-history.trajectory.json",
+    "terminus_2__hello-world-context-summarization.trajectory.json",
+    "terminus_2__hello-world-context-summarization.trajectory.summarization-1-questions.json",
+    "terminus_2__hello-world-context-summarization.trajectory.summarization-1-summary.json",
+]
+"""The Harbor sub-agent and continuation files (`atif-linked/`), sorted: names, so a
+module can parametrise over them at collection without the folder (read with
+`linked_file`, which skips loudly when it is absent)."""
+
+
+def linked_file(name: str) -> Path:
+    path = interop_dir() / "atif-linked" / name
+    assert path.is_file(), f"{path} is listed in tests/interop.py LINKED_NAMES but missing"
+    return path
+
+
 def linked_files() -> list[Path]:
-    """The Harbor sub-agent and continuation files (`atif-linked/`), sorted by name."""
+    """The Harbor sub-agent and continuation files (`atif-linked/`), sorted by name
+    (inside a test: skips loudly without the folder)."""
     files = sorted((interop_dir() / "atif-linked").glob("*.json"))
-    assert len(files) == 5, files
+    assert [f.name for f in files] == LINKED_NAMES, files
     return files

@@ -9,7 +9,6 @@ on other steps are refused as Harbor's validator refuses them.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +17,12 @@ from pydantic import ValidationError
 from agent.atif import AtifTrajectory
 from agent.export import from_atif, to_atif
 from tests.agent.test_atif_interop import without_epiflow
-from tests.interop import ATIF_NAMES, atif_file, linked_files, load
+from tests.interop import ATIF_NAMES, LINKED_NAMES, atif_file, linked_file, linked_files, load
 
 
-@pytest.mark.parametrize("path", linked_files(), ids=lambda p: p.name)
-def test_linked_files_import_and_export_back(path: Path) -> None:
-    document = load(path)
+@pytest.mark.parametrize("name", LINKED_NAMES)
+def test_linked_files_import_and_export_back(name: str) -> None:
+    document = load(linked_file(name))
     t = from_atif(document)
     assert without_epiflow(to_atif(t)) == document
     assert from_atif(to_atif(t)) == t

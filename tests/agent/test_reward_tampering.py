@@ -63,10 +63,11 @@ from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
 from tasks.verify import VerifierOutcome, run_verifier
 from tests.agent.doubles import ScriptedTextPolicy
+from tests.interop import find_interop_dir
 
 sandbox_pkg = pytest.importorskip("sandbox", reason="the sandbox package is not importable")
 
-INTEROP = Path(__file__).resolve().parents[2].parent / "shared" / "interop" / "harbor-tasks"
+INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
 IMAGES = Path(tempfile.gettempdir()) / "epiflow-test-images"
 REWARDS = RewardSettings()
 

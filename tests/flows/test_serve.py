@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.chromium import run_chromium
+from tests.services.chromium import live_page_dom, run_chromium
 from tests.services.prefect_server import PrefectServer
 
 EXPECTED = {
@@ -107,8 +107,8 @@ def test_deployments_page_screenshot(
         )
     target = Path(os.environ.get("EPIFLOW_SCREENSHOT_DIR", tmp_path)) / "prefect-deployments.png"
     page = f"http://127.0.0.1:{server.port}/deployments"
-    dom = run_chromium(chromium, "--dump-dom", page)
+    dom = live_page_dom(chromium, page, showing=list(EXPECTED))
     for name in EXPECTED:
-        assert name in dom.stdout, f"{name} not on the deployments page"
+        assert name in dom, f"{name} not on the deployments page"
     run_chromium(chromium, f"--screenshot={target}", page)
     assert target.exists() and target.stat().st_size > 10_000

@@ -45,7 +45,7 @@ from sqlalchemy import Engine, text
 from collection.request import CollectRequest
 from storage.objects import LocalObjectStore
 from tests.flows.forced_evaluation import forced_evaluation
-from tests.services.chromium import require_chromium, run_chromium
+from tests.services.chromium import live_page_dom, require_chromium, run_chromium
 from tests.services.prefect_server import PrefectServer
 
 pytestmark = pytest.mark.slow
@@ -273,7 +273,7 @@ def _ui_pages(ui: str, latest: str, tmp_path: Path) -> None:
     chromium = require_chromium("the promotion artifact's page")
     shots = Path(os.environ.get("EPIFLOW_SCREENSHOT_DIR", tmp_path))
     artifact = f"{ui}/artifacts/artifact/{latest}"
-    dom = run_chromium(chromium, "--dump-dom", artifact, budget_ms=30000).stdout
+    dom = live_page_dom(chromium, artifact, showing=["kept the champion"])
     assert "kept the champion" in dom, dom[-2000:]
     run_chromium(
         chromium,
@@ -283,8 +283,9 @@ def _ui_pages(ui: str, latest: str, tmp_path: Path) -> None:
         budget_ms=30000,
     )
     runs = f"{ui}/runs"
-    dom = run_chromium(chromium, "--dump-dom", runs, budget_ms=30000).stdout
-    for name in ("night-1", "qc-night-1", "night-2-champion", "qc-night-2-explore"):
+    names = ("night-1", "qc-night-1", "night-2-champion", "qc-night-2-explore")
+    dom = live_page_dom(chromium, runs, showing=[f">{name}<" for name in names])
+    for name in names:
         assert f">{name}<" in dom, (name, dom[-2000:])
     run_chromium(
         chromium,

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.services.chromium import require_chromium, run_chromium
+from tests.services.chromium import live_page_dom, require_chromium, run_chromium
 from tests.services.prefect_server import PrefectServer
 
 pytestmark = pytest.mark.slow
@@ -417,7 +417,7 @@ def test_collect_run_form_shows_dropdowns_and_help(story: Story, tmp_path: Path)
     chromium = require_chromium("the collect run form")
     deployment = story.deployments["nightly-collect"]["id"]
     page = f"http://127.0.0.1:{story.server.port}/deployments/deployment/{deployment}/run"
-    dom = run_chromium(chromium, "--dump-dom", page, budget_ms=30000).stdout
+    dom = live_page_dom(chromium, page, showing=["<select"])
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
     for phrase in (
         "Task instances per template.",  # CollectRequest field descriptions
@@ -446,7 +446,7 @@ def test_train_flow_run_page_shows_its_task_runs(story: Story, tmp_path: Path) -
     chromium = require_chromium("the train flow run page")
     run_id = story.runs["train"]["id"]
     page = f"http://127.0.0.1:{story.server.port}/runs/flow-run/{run_id}?tab=Task+Runs"
-    dom = run_chromium(chromium, "--dump-dom", page).stdout
+    dom = live_page_dom(chromium, page, showing=list(STAGES["train"]))
     assert "did not generate any task" not in dom
     for name in STAGES["train"]:
         assert name in dom, name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 
 import pytest
 
@@ -52,3 +53,28 @@ def run_chromium(
         shutil.rmtree(profile, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-2000:]
     return done
+
+
+def live_page_dom(
+    chromium: str,
+    url: str,
+    *,
+    showing: Sequence[str],
+    attempts: int = 4,
+    budget_ms: int = 30000,
+) -> str:
+    """The DOM of a page a live server renders from its API (the Prefect UI), dumped again
+    until it holds every string of `showing` or `attempts` dumps were made; the last dump
+    is returned and the caller asserts on it.
+
+    `--virtual-time-budget` advances the page's clock faster than a loaded server answers
+    its API calls, so one dump can be taken before the data arrived (CI saw the runs page
+    without 'night-1' at load ~3 on 2 cores while the same test passed alone). What the
+    page must show is asserted by the caller; only when it shows it is left to load.
+    """
+    dom = ""
+    for _ in range(attempts):
+        dom = run_chromium(chromium, "--dump-dom", url, budget_ms=budget_ms).stdout
+        if all(s in dom for s in showing):
+            break
+    return dom

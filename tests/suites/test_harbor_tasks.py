@@ -30,12 +30,18 @@ from suites.harbor.task import load_task
 from suites.harbor.toolkit import verifier_requirements
 from tasks.harbor_reward import reward_from
 from tasks.harbor_verify import ctrf_tests
+from tests.interop import find_interop_dir, interop_dir
 
-INTEROP = Path(__file__).resolve().parents[2].parent / "shared" / "interop" / "harbor-tasks"
+
+def interop_tasks() -> Path:
+    """`shared/interop/harbor-tasks` (a loud skip without it: `tests.interop`)."""
+    return interop_dir() / "harbor-tasks"
+
+
 IMAGES = Path(tempfile.gettempdir()) / "epiflow-test-images"
 
 needs_builder = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("mmdebstrap") is None or not INTEROP.is_dir(),
+    os.geteuid() != 0 or shutil.which("mmdebstrap") is None or find_interop_dir() is None,
     reason="needs root, mmdebstrap (scripts/system-deps.sh) and ../shared/interop/harbor-tasks",
 )
 builds_images = pytest.mark.slow(reason="builds Harbor task images with mmdebstrap")
@@ -60,8 +66,8 @@ def _task(
 
 
 def test_both_interop_tasks_parse_with_their_limits_and_metadata() -> None:
-    hello = load_task(INTEROP / "hello-world")
-    csv = load_task(INTEROP / "csv-filter")
+    hello = load_task(interop_tasks() / "hello-world")
+    csv = load_task(interop_tasks() / "csv-filter")
     assert (hello.memory_mib, hello.storage_mib, hello.cpus) == (2048, 10240, 1)  # memory = "2G"
     assert (csv.memory_mib, csv.storage_mib, csv.cpus) == (4096, 10240, 2)  # memory_mb
     assert (hello.agent_timeout_s, csv.verifier_timeout_s) == (120.0, 300.0)
@@ -145,8 +151,8 @@ def test_a_docker_compose_environment_is_refused(tmp_path: Path) -> None:
 
 
 def test_bases_map_to_the_debian_releases_served_here() -> None:
-    hello = parse_dockerfile(INTEROP / "hello-world" / "environment" / "Dockerfile")
-    csv = parse_dockerfile(INTEROP / "csv-filter" / "environment" / "Dockerfile")
+    hello = parse_dockerfile(interop_tasks() / "hello-world" / "environment" / "Dockerfile")
+    csv = parse_dockerfile(interop_tasks() / "csv-filter" / "environment" / "Dockerfile")
     assert (hello.release, csv.release) == ("trixie", "trixie")
     # python:* bases carry CPython's headers as the official image does (C extensions
     # build), so the python task's base is the ubuntu one's plus python3-dev
@@ -200,7 +206,7 @@ def test_rewards_ctrf_and_requirements_are_read_as_harbor_writes_them() -> None:
         '{"results": {"tests": [{"name": "t::a", "status": "failed", "duration": 3, "message": "boom"}]}}'
     )
     assert tests == [{"name": "t::a", "status": "failed", "duration_ms": 3.0, "message": "boom"}]
-    script = (INTEROP / "csv-filter" / "tests" / "test.sh").read_text()
+    script = (interop_tasks() / "csv-filter" / "tests" / "test.sh").read_text()
     assert verifier_requirements(script) == ("pytest-json-ctrf==0.3.5", "pytest==8.4.1")
     assert verifier_requirements("pip install requests==2.32.3 -q\nuv run --with 'numpy' x") == (
         "numpy",
@@ -233,7 +239,7 @@ def _episode(task, policy_spec: str):
 def interop_suite():
     IMAGES.mkdir(exist_ok=True)
     IMAGES.chmod(0o755)
-    return load_harbor_suite(INTEROP, name="harbor-tasks", images_dir=IMAGES)
+    return load_harbor_suite(interop_tasks(), name="harbor-tasks", images_dir=IMAGES)
 
 
 @needs_builder
