@@ -211,10 +211,21 @@ class TimedSaves(TrainerCallback):
 
 
 class ThreadCallback(TrainerCallback):
-    """Re-chooses the thread count between steps (`training.threads.ThreadTuner`)."""
+    """Re-chooses the thread count (`training.threads.ThreadTuner`, at most every
+    `interval_s`) when a step begins and ends and after each micro-batch of gradient
+    accumulation: a GRPO step over episodes (its rollouts generated when it begins, then
+    one micro-batch per group) takes minutes."""
 
     def __init__(self, tuner: ThreadTuner) -> None:
         self.tuner = tuner
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.tuner.maybe_retune()
+        return control
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.tuner.maybe_retune()
+        return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self.tuner.maybe_retune()

@@ -69,7 +69,33 @@ def test_wall_time_stop_estimates_the_steps_that_fit() -> None:
 def test_automatic_threads_leave_busy_cores_alone(monkeypatch, load, own, expected) -> None:
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     monkeypatch.setattr("training.threads.os.getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(threads, "others_busy_now", lambda: 1.0)  # one core taken now
     assert threads.choose_threads(0, own_threads=own) == expected
+
+
+@pytest.mark.parametrize(("now", "expected"), [(0.1, 2), (0.45, 2), (0.8, 1), (None, 1)])
+def test_a_load_average_of_work_that_ended_does_not_cost_a_core(monkeypatch, now, expected) -> None:
+    """The load average still says one core is taken (a minute's memory of an evaluation
+    that just ended); what others used in the last moment decides, unless /proc is
+    unreadable (None)."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr("training.threads.os.getloadavg", lambda: (2.2, 2.0, 1.5))
+    monkeypatch.setattr(threads, "others_busy_now", lambda: now)
+    assert threads.choose_threads(0, own_threads=1) == expected
+
+
+def test_others_busy_now_leaves_this_process_out(monkeypatch) -> None:
+    """The machine's busy ticks less this process's over the window, in cores (the
+    counters scripted: 1.5 core-seconds busy in 1 s, 0.5 of them this process's); on
+    this Linux machine the real counters read."""
+    counters = iter([(1_000, 100), (1_150, 150)])
+    monkeypatch.setattr(threads, "_busy_ticks", lambda: next(counters))
+    monkeypatch.setattr("training.threads.time.sleep", lambda s: None)
+    monkeypatch.setattr("training.threads.os.sysconf", lambda name: 100)
+    assert threads.others_busy_now(1.0) == pytest.approx(1.0)
+    monkeypatch.undo()
+    real = threads.others_busy_now(0.1)
+    assert real is not None and real >= 0.0
 
 
 def test_explicit_thread_count_wins(monkeypatch) -> None:
