@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -324,6 +325,32 @@ class _Capture:
         return generate_and_score
 
 
+def _judged_training(
+    tasks: list[TaskInstance],
+    job: TrainJob,
+    judged: list[JudgedBatch],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    sources: list[CollectionRolloutSource] | None = None,
+) -> Callable[[CollectionRolloutSource], Any]:
+    """The `train` of `run_grpo_rollouts`: GRPO over `tasks`, every judged batch kept in
+    `judged` before the source records it (and the source in `sources`)."""
+
+    def train(source: CollectionRolloutSource) -> Any:
+        if sources is not None:
+            sources.append(source)
+        record = source.record
+
+        def keep(batch: JudgedBatch) -> None:
+            judged.append(batch)
+            record(batch)
+
+        monkeypatch.setattr(source, "record", keep)
+        return run_episode_grpo([t.task_id for t in tasks], job, source)
+
+    return train
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_grpo_over_episodes_in_real_jails(
@@ -377,16 +404,7 @@ def test_grpo_over_episodes_in_real_jails(
     job = TrainJob(base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training)
     sources: list[CollectionRolloutSource] = []
 
-    def train(source: CollectionRolloutSource) -> Any:
-        sources.append(source)
-        record = source.record
-
-        def keep(batch: JudgedBatch) -> None:
-            judged.append(batch)
-            record(batch)
-
-        monkeypatch.setattr(source, "record", keep)
-        return run_episode_grpo([t.task_id for t in tasks], job, source)
+    train = _judged_training(tasks, job, judged, monkeypatch, sources=sources)
 
     result, rollouts = run_grpo_rollouts(
         training_key,
@@ -538,15 +556,7 @@ def test_grpo_with_per_turn_returns_in_real_jails(
     judged: list[JudgedBatch] = []
     job = TrainJob(base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training)
 
-    def train(source: CollectionRolloutSource) -> Any:
-        record = source.record
-
-        def keep(batch: JudgedBatch) -> None:
-            judged.append(batch)
-            record(batch)
-
-        monkeypatch.setattr(source, "record", keep)
-        return run_episode_grpo([t.task_id for t in tasks], job, source)
+    train = _judged_training(tasks, job, judged, monkeypatch)
 
     key = f"returns-{uuid.uuid4().hex[:8]}"
     result, _ = run_grpo_rollouts(
