@@ -4,6 +4,7 @@
                                 [--train-tasks N] [--noisy-tasks N] [--heldout N]
                                 [--curve-every-s S] [--dump PATH] [--keep] [--quiet]
                                 [--rl-steps N] [--rl-groups N] [--rl-tokens-per-step N]
+    python bench/loop.py --recipe smollm2-rl --json --rl-from DIR [--rl-steps N] …
 
 Everything not given on the command line comes from the recipe (`training.recipes`,
 default `loop`): templates, oracle and noisy instances per template, the model shape, the
@@ -61,6 +62,11 @@ measured rollout length before training; `rl_settings` records the budget and th
 or `--rl-groups` groups (groups win when both are given), default the recipe's `RlStage`
 (smollm2-rl: 5 steps of 32,768 tokens), never seconds. `--recipe loop-rl`
 does the same with the `loop` recipe's small model (`hf:` evaluation): the path in minutes.
+`--rl-from DIR` runs only the RL stage and its evaluation again, from the SFT checkpoint
+and oracle collection of a work directory such a run kept (`--keep`), on the same
+held-out instances; the base and SFT figures are that run's stored evaluations, re-read
+from SQL (`run_rl_from`): an RL setting can be tried, or the RL stage repeated, without
+the ~50 minutes of base evaluation, SFT and SFT evaluation before it.
 
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
@@ -241,7 +247,6 @@ def _evaluate(
     """Greedy episodes on the held-out tasks (`hf:` in process, or `openai:` on the served
     checkpoint): completion, per template, turn rates; infrastructure outcomes apart."""
     from collection.evaluation import run_model_evaluation
-    from training.evaluation import evaluation_metrics
 
     started = time.perf_counter()
     serving: dict[str, Any] | None = None
@@ -260,11 +265,23 @@ def _evaluate(
                 store=args.store,
             )
         )
-    metrics = evaluation_metrics(trajectories, tasks)
     if args.dump is not None:
         with args.dump.open("a", encoding="utf-8") as out:
             for t in trajectories:
                 out.write(t.model_dump_json() + "\n")
+    return _evaluation_summary(
+        trajectories, tasks, eval_s=time.perf_counter() - started, serving=serving
+    )
+
+
+def _evaluation_summary(
+    trajectories: list[Any], tasks: list[Any], *, eval_s: float | None, serving: Any
+) -> dict[str, Any]:
+    """What the JSON says of one evaluation: completion overall and per template, turn
+    rates, statuses; infrastructure outcomes counted apart (`training.evaluation`)."""
+    from training.evaluation import evaluation_metrics
+
+    metrics = evaluation_metrics(trajectories, tasks)
 
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
@@ -282,7 +299,7 @@ def _evaluate(
         "statuses": dict(Counter(t.status.value for t in trajectories)),
         "episodes": len(trajectories),
         "infrastructure_episodes": metrics.n_infrastructure,
-        "eval_s": round(time.perf_counter() - started, 1),
+        "eval_s": round(eval_s, 1) if eval_s is not None else None,
         "serving": serving,
         "sample_first_turn": trajectories[0].steps[0].raw_output[:300]
         if trajectories and trajectories[0].steps
@@ -308,28 +325,145 @@ class _Curve:
             )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+class LoopInputError(Exception):
+    """A command line `bench/loop.py` cannot run (exit 2, the message names what to fix)."""
+
+
+def _stored_evaluation(
+    engine: Any, store: Any, run_key: str, tasks: list[Any], where: Path
+) -> dict[str, Any]:
+    """The summary of evaluation run `run_key` as it is stored in a kept work directory,
+    over exactly `tasks` (each must have its episode there)."""
+    from models import run_id_for
+    from storage.run_reads import run_trajectories
+
+    stored = {t.task_id: t for t in run_trajectories(engine, store, run_id_for(run_key))}
+    missing = [t.task_id for t in tasks if t.task_id not in stored]
+    if missing:
+        raise LoopInputError(
+            f"--rl-from {where}: evaluation run {run_key} has no episode of {len(missing)} of "
+            f"the {len(tasks)} held-out instances (e.g. {missing[0]}); give the recipe, "
+            "--templates, --heldout and --base-heldout the run was made with"
+        )
+    return _evaluation_summary([stored[t.task_id] for t in tasks], tasks, eval_s=None, serving=None)
+
+
+def _newest_sft(engine: Any) -> uuid.UUID | None:
+    """The newest checkpoint an SFT training run saved."""
+    from sqlmodel import Session, col, select
+
+    from models import Checkpoint, TrainingRun
+
+    query = (
+        select(Checkpoint.id)
+        .join(TrainingRun, col(Checkpoint.training_run_id) == col(TrainingRun.id))
+        .where(TrainingRun.algo == "sft")
+        .order_by(col(Checkpoint.created_at).desc())
+    )
+    with Session(engine) as session:
+        return session.exec(query).first()
+
+
+def _newest_gate(engine: Any, run_id: uuid.UUID) -> uuid.UUID | None:
+    """The newest gate run over collection run `run_id`."""
+    from sqlmodel import Session, col, select
+
+    from models import QcRun
+
+    query = (
+        select(QcRun.id).where(col(QcRun.run_id) == run_id).order_by(col(QcRun.started_at).desc())
+    )
+    with Session(engine) as session:
+        return session.exec(query).first()
+
+
+def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
+    """`--rl-from DIR`: the RL stage and the RL evaluation again, in DIR, a work directory
+    an earlier `--recipe smollm2-rl` (or `smollm2`) run kept (`--keep`): from its SFT
+    checkpoint and oracle collection, on the same held-out instances. The base and SFT
+    figures are its stored evaluations, re-read from SQL (not re-run: `base_eval_s` and
+    the SFT's `eval_s` are None); `rl_from` names DIR. Each call is a new training run, a
+    new rollout run and a new evaluation run (`loop-eval-rl-<time>`), beside the earlier ones.
+
+    Raises:
+        LoopInputError: DIR is not such a directory, or the recipe has no RL stage.
+    """
     from loop_rl import cpu_flags
 
-    from config.settings import load_qc_config
-    from core.home import epiflow_home
+    from models import run_id_for
     from storage.db import make_engine
     from storage.migrate import upgrade
     from storage.objects import LocalObjectStore
     from storage.settings import DatabaseSettings
     from suites.builtin import builtin_suite
-    from training.base_model import protocol_corpus
-    from training.builders import DatasetKind, build_rows
-    from training.pipeline import prepare_base_model, train_checkpoint
-    from training.precision import precision_report
-    from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
-    from training.recipes import get_recipe
-    from training.registry import fetch_checkpoint, get_checkpoint
-    from training.settings import TrainingSettings
-    from training.snapshots import select_episodes, write_snapshot
-    from training.threads import tuned_threads
 
-    quiet = args.quiet
+    recipe, settings, templates, _, _, heldout_n = _setup(args)
+    where = Path(args.rl_from).resolve()
+    if recipe.rl is None:
+        raise LoopInputError(f"--rl-from needs a recipe with an RL stage, not {recipe.name}")
+    if not (where / "loop.db").is_file() or not (where / "objects").is_dir():
+        raise LoopInputError(
+            f"--rl-from {where}: no loop.db and objects/ there; give a work directory "
+            "that bench/loop.py --recipe smollm2-rl --keep left"
+        )
+    load_start = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    engine = make_engine(DatabaseSettings(url=f"sqlite:///{where / 'loop.db'}"))
+    try:
+        upgrade(engine)
+        store = LocalObjectStore(where / "objects")
+        args.work, args.engine, args.store = where, engine, store
+        heldout = builtin_suite().heldout_instances(heldout_n, templates=templates)
+        base_tasks = _base_tasks(heldout, templates, args.base_heldout)
+        base_eval = _stored_evaluation(engine, store, "loop-eval-base", base_tasks, where)
+        sft_eval = _stored_evaluation(engine, store, "loop-eval-1", heldout, where)
+        sft_id = _newest_sft(engine)
+        oracle_run = run_id_for("loop-oracle")
+        gate_id = _newest_gate(engine, oracle_run)
+        if sft_id is None or gate_id is None:
+            raise LoopInputError(
+                f"--rl-from {where}: no SFT checkpoint or no gated oracle collection "
+                "(loop-oracle) in loop.db; give a directory whose run got past its SFT stage"
+            )
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        _log(args.quiet, f"RL again from {where}: SFT checkpoint {sft_id}, run {stamp}")
+        rl_keys = _rl_stage(
+            args,
+            recipe=recipe,
+            settings=settings,
+            sft_checkpoint_id=sft_id,
+            oracle_run_id=oracle_run,
+            oracle_gate_id=gate_id,
+            templates=templates,
+            heldout=heldout,
+            work=where / f"rl-from-{stamp}",
+            evaluations=(base_eval, sft_eval),
+            eval_run_key=f"loop-eval-rl-{stamp}",
+        )
+    finally:
+        engine.dispose()
+    return {
+        "recipe": recipe.name,
+        "rl_from": str(where),
+        "sft_checkpoint_id": str(sft_id),
+        "total_s": round(time.perf_counter() - t0, 1),
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "templates": templates,
+        "heldout_instances": len(heldout),
+        "base_heldout_instances": len(base_tasks),
+        "base": {k: v for k, v in base_eval.items() if k != "sample_first_turn"},
+        "sft": {k: v for k, v in sft_eval.items() if k != "sample_first_turn"},
+        "cpu_flags": cpu_flags(),
+    } | rl_keys
+
+
+def _setup(args: argparse.Namespace) -> tuple[Any, Any, list[str], int, int, int]:
+    """The recipe, its training settings with the command line's overrides, the templates,
+    oracle, noisy and held-out instances per template; the evaluation's limits set on
+    `args`."""
+    from training.recipes import get_recipe
+    from training.settings import TrainingSettings
+
     recipe = get_recipe(args.recipe)
     settings = recipe.training_settings(TrainingSettings())
     overrides = {
@@ -359,6 +493,78 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.serve_threads = recipe.serve_threads
     args.prompt_style = settings.prompt_style.value
     args.base_heldout = args.base_heldout or recipe.base_heldout or 2
+    return recipe, settings, templates, train_tasks, noisy_tasks, heldout_n
+
+
+def _base_tasks(heldout: list[Any], templates: list[str], per_template: int) -> list[Any]:
+    """The first `per_template` held-out instances of each template (the base's)."""
+    return [
+        t for name in templates for t in [h for h in heldout if h.template == name][:per_template]
+    ]
+
+
+def _rl_stage(
+    args: argparse.Namespace,
+    *,
+    recipe: Any,
+    settings: Any,
+    sft_checkpoint_id: uuid.UUID,
+    oracle_run_id: uuid.UUID,
+    oracle_gate_id: uuid.UUID,
+    templates: list[str],
+    heldout: list[Any],
+    work: Path,
+    evaluations: tuple[dict[str, Any], dict[str, Any]],
+    eval_run_key: str,
+) -> dict[str, Any]:
+    """GRPO from the SFT checkpoint (`bench/loop_rl.py`), the RL checkpoint evaluated on
+    `heldout`, and the RL keys of the JSON beside the base and SFT `evaluations`."""
+    # bench/loop_rl.py: this script's folder is sys.path[0] (as mypy maps bench/)
+    from loop_rl import rl_report, run_rl_stage
+
+    stage = run_rl_stage(
+        args.engine,
+        args.store,
+        recipe=recipe,
+        sft_settings=settings,
+        sft_checkpoint_id=sft_checkpoint_id,
+        oracle_run_id=oracle_run_id,
+        oracle_gate_id=oracle_gate_id,
+        templates=templates,
+        work=work,
+        rollout_settings=_eval_settings(args, max_parse_failures=args.eval_max_parse_failures),
+        steps=args.rl_steps,
+        groups_per_step=args.rl_groups,
+        tokens_per_step=args.rl_tokens_per_step,
+        log=lambda message: _log(args.quiet, message),
+    )
+    rl_eval = _evaluate(stage.model_dir, heldout, run_key=eval_run_key, args=args)
+    _log(args.quiet, f"RL eval: {rl_eval}")
+    base_eval, sft_eval = evaluations
+    return rl_report(base_eval, sft_eval, rl_eval, stage, templates=templates)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from loop_rl import cpu_flags
+
+    from config.settings import load_qc_config
+    from core.home import epiflow_home
+    from storage.db import make_engine
+    from storage.migrate import upgrade
+    from storage.objects import LocalObjectStore
+    from storage.settings import DatabaseSettings
+    from suites.builtin import builtin_suite
+    from training.base_model import protocol_corpus
+    from training.builders import DatasetKind, build_rows
+    from training.pipeline import prepare_base_model, train_checkpoint
+    from training.precision import precision_report
+    from training.pretrained import PRETRAINED, prepare_pretrained, register_pretrained
+    from training.registry import fetch_checkpoint, get_checkpoint
+    from training.snapshots import select_episodes, write_snapshot
+    from training.threads import tuned_threads
+
+    quiet = args.quiet
+    recipe, settings, templates, train_tasks, noisy_tasks, heldout_n = _setup(args)
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-loop-"))
@@ -490,11 +696,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _log(quiet, f"base model in {base_build_s:.1f}s (copy warm-up: {warmup_s})")
 
         # 5. the base on a few held-out instances
-        base_tasks = [
-            t
-            for name in templates
-            for t in [h for h in heldout if h.template == name][: args.base_heldout]
-        ]
+        base_tasks = _base_tasks(heldout, templates, args.base_heldout)
         base_eval = _evaluate(base_dir, base_tasks, run_key="loop-eval-base", args=args)
         _log(quiet, f"base eval: {base_eval}")
 
@@ -594,31 +796,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             parent_id = outcome.checkpoint_id
         rl_keys: dict[str, Any] = {}
         if recipe.rl is not None and result is not None:
-            # bench/loop_rl.py: this script's folder is sys.path[0] (as mypy maps bench/)
-            from loop_rl import rl_report, run_rl_stage
-
-            stage = run_rl_stage(
-                engine,
-                store,
+            rl_keys = _rl_stage(
+                args,
                 recipe=recipe,
-                sft_settings=settings,
+                settings=settings,
                 sft_checkpoint_id=parent_id,
                 oracle_run_id=runs["oracle"],
                 oracle_gate_id=gates["oracle"][0],
                 templates=templates,
+                heldout=heldout,
                 work=work,
-                rollout_settings=_eval_settings(
-                    args, max_parse_failures=args.eval_max_parse_failures
-                ),
-                steps=args.rl_steps,
-                groups_per_step=args.rl_groups,
-                tokens_per_step=args.rl_tokens_per_step,
-                log=lambda message: _log(quiet, message),
-            )
-            rl_eval = _evaluate(stage.model_dir, heldout, run_key="loop-eval-rl", args=args)
-            _log(quiet, f"RL eval: {rl_eval}")
-            rl_keys = rl_report(
-                base_eval, iterations[-1]["eval"], rl_eval, stage, templates=templates
+                evaluations=(base_eval, iterations[-1]["eval"]),
+                eval_run_key="loop-eval-rl",
             )
         bare_torch = None
         if recipe.bare_torch_steps > 0 and result is not None:
@@ -911,6 +1100,15 @@ def main() -> None:
         help="GRPO batch in tokens per optimiser step (the recipe's; seed 000: 32768-131072), "
         "converted into whole groups from the measured rollout length",
     )
+    parser.add_argument(
+        "--rl-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run only the RL stage and its evaluation again, from the SFT checkpoint of a "
+        "work directory an earlier --recipe smollm2-rl run kept (--keep); base and SFT "
+        "figures are its stored evaluations",
+    )
     args = parser.parse_args()
     from training.recipes import RECIPES
 
@@ -935,7 +1133,11 @@ def main() -> None:
         progress.addHandler(logging.StreamHandler(sys.stderr))
     # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
     with contextlib.redirect_stdout(sys.stderr):
-        report = run(args)
+        try:
+            report = run_rl_from(args) if args.rl_from is not None else run(args)
+        except LoopInputError as e:
+            print(f"bench/loop.py: {e}", file=sys.stderr)
+            sys.exit(2)
     if args.json:
         print(json.dumps(report))
     else:
