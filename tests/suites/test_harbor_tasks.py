@@ -33,6 +33,10 @@ from tasks.harbor_verify import ctrf_tests
 from tests.interop import find_interop_dir, interop_dir
 
 
+INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
+"""The interop tasks' folder (absent without ../shared: use it behind `needs_builder`)."""
+
+
 def interop_tasks() -> Path:
     """`shared/interop/harbor-tasks` (a loud skip without it: `tests.interop`)."""
     return interop_dir() / "harbor-tasks"
