@@ -32,7 +32,6 @@ from tasks.harbor_reward import reward_from
 from tasks.harbor_verify import ctrf_tests
 from tests.interop import find_interop_dir, interop_dir
 
-
 INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
 """The interop tasks' folder (absent without ../shared: use it behind `needs_builder`)."""
 
