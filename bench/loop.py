@@ -66,7 +66,9 @@ does the same with the `loop` recipe's small model (`hf:` evaluation): the path 
 and oracle collection of a work directory such a run kept (`--keep`), on the same
 held-out instances; the base and SFT figures are that run's stored evaluations, re-read
 from SQL (`run_rl_from`): an RL setting can be tried, or the RL stage repeated, without
-the ~50 minutes of base evaluation, SFT and SFT evaluation before it.
+the ~50 minutes of base evaluation, SFT and SFT evaluation before it. A whole run does its
+own RL stage that way too, in a fresh process (`_rl_stage_in_child`): on top of what the
+earlier stages left in this one, `smollm2-rl`'s GRPO was killed for memory.
 
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
@@ -92,6 +94,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -375,6 +378,48 @@ def _newest_gate(engine: Any, run_id: uuid.UUID) -> uuid.UUID | None:
     )
     with Session(engine) as session:
         return session.exec(query).first()
+
+
+_RUN_KEYS = frozenset(
+    {
+        "recipe",
+        "rl_from",
+        "total_s",
+        "load_avg",
+        "templates",
+        "heldout_instances",
+        "base_heldout_instances",
+        "base",
+        "sft",
+        "cpu_flags",
+    }
+)
+"""Keys of `run_rl_from`'s report that describe its own run, not the RL stage."""
+
+
+def _rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
+    """The RL stage and its evaluation in a fresh process: this command line again with
+    `--rl-from work` (`run_rl_from`), its progress on this stderr; returns the RL keys of
+    its JSON.
+
+    Why a process: after the base evaluation, SFT and the SFT evaluation this process
+    held ~17 GB (freed memory glibc keeps), and `smollm2-rl`'s GRPO on top of it was
+    killed for memory at its third optimiser step (anon RSS 24.2 GB, 24 GiB machine);
+    alone, the stage's first step peaked at 10.4 GiB (docs/training.md).
+
+    Raises:
+        RuntimeError: the child failed (its stderr, on this stderr, says why).
+    """
+    argv = [a for a in sys.argv[1:] if a not in ("--json", "--keep")]
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--json"]
+    command += ["--rl-from", str(work)]
+    _log(quiet, f"RL stage in a fresh process: {' '.join(command[1:])}")
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the RL stage ({' '.join(command[1:])}) exited {done.returncode}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    return {k: v for k, v in report.items() if k not in _RUN_KEYS}
 
 
 def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -796,19 +841,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             parent_id = outcome.checkpoint_id
         rl_keys: dict[str, Any] = {}
         if recipe.rl is not None and result is not None:
-            rl_keys = _rl_stage(
-                args,
-                recipe=recipe,
-                settings=settings,
-                sft_checkpoint_id=parent_id,
-                oracle_run_id=runs["oracle"],
-                oracle_gate_id=gates["oracle"][0],
-                templates=templates,
-                heldout=heldout,
-                work=work,
-                evaluations=(base_eval, iterations[-1]["eval"]),
-                eval_run_key="loop-eval-rl",
-            )
+            rl_keys = _rl_stage_in_child(work, quiet=quiet)
         bare_torch = None
         if recipe.bare_torch_steps > 0 and result is not None:
             bare_torch = _bare_torch(
