@@ -159,9 +159,9 @@ def test_stale_jail_cgroups_of_dead_pids_are_pruned(
     """A jail whose nsjail was SIGKILLed leaves its empty NSJAIL.<pid> cgroup; preparing
     the host removes those of pids no longer running (and keeps those of live ones)."""
     settings, dirs = private_parent
-    dead = max(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()) + 1
-    while Path(f"/proc/{dead}").exists():
-        dead += 1
+    # Above pid_max: no process can ever have it (the next free pid after the highest
+    # running one was taken by a process of the other test worker before the prune ran).
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     stale = [d / f"NSJAIL.{dead}" for d in dirs]
     live = [d / f"NSJAIL.{os.getpid()}" for d in dirs]
     for d in stale + live:
