@@ -36,6 +36,10 @@ def find_interop_dir() -> Path | None:
     return next((c for c in _candidates() if c.is_dir()), None)
 
 
+HARBOR_TASKS = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
+"""`shared/interop/harbor-tasks` (absent without ../shared: use it behind a `skipif`)."""
+
+
 def interop_dir() -> Path:
     """`shared/interop`, or a loud skip when it is absent (call it inside a test)."""
     candidates = _candidates()

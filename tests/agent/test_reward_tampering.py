@@ -63,11 +63,11 @@ from scoring.settings import RewardSettings
 from tasks.types import TaskInstance
 from tasks.verify import VerifierOutcome, run_verifier
 from tests.agent.doubles import ScriptedTextPolicy
-from tests.interop import find_interop_dir
+from tests.interop import HARBOR_TASKS
 
 sandbox_pkg = pytest.importorskip("sandbox", reason="the sandbox package is not importable")
 
-INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
+INTEROP = HARBOR_TASKS
 IMAGES = Path(tempfile.gettempdir()) / "epiflow-test-images"
 REWARDS = RewardSettings()
 

@@ -29,10 +29,10 @@ from suites.harbor.dockerfile import expand, parse_dockerfile
 from suites.harbor.errors import RefusalCategory, UnsupportedEnvironment
 from suites.harbor.suite import HarborDatasetError, load_harbor_suite
 from suites.settings import SuitesSettings
-from tests.interop import find_interop_dir
+from tests.interop import HARBOR_TASKS
 
 REPO = Path(__file__).resolve().parents[2]
-INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
+INTEROP = HARBOR_TASKS
 IMAGES = Path(tempfile.gettempdir()) / "epiflow-test-images"
 GOOD_TOML = 'version = "1.0"\n[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 60\n'
 

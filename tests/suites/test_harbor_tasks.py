@@ -30,9 +30,9 @@ from suites.harbor.task import load_task
 from suites.harbor.toolkit import verifier_requirements
 from tasks.harbor_reward import reward_from
 from tasks.harbor_verify import ctrf_tests
-from tests.interop import find_interop_dir, interop_dir
+from tests.interop import HARBOR_TASKS, find_interop_dir, interop_dir
 
-INTEROP = (find_interop_dir() or Path("shared-interop-not-found")) / "harbor-tasks"
+INTEROP = HARBOR_TASKS
 """The interop tasks' folder (absent without ../shared: use it behind `needs_builder`)."""
 
 
