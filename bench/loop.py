@@ -397,6 +397,11 @@ _RUN_KEYS = frozenset(
 """Keys of `run_rl_from`'s report that describe its own run, not the RL stage."""
 
 
+CHILD_STOP_S = 120.0
+"""Seconds a stopping run gives its RL child to stop before killing it (a GRPO trainer stops
+within a micro-batch, or at once while it waits for rollouts)."""
+
+
 def _rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     """The RL stage and its evaluation in a fresh process: this command line again with
     `--rl-from work` (`run_rl_from`), its progress on this stderr; returns the RL keys of
@@ -414,10 +419,24 @@ def _rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), *argv, "--json"]
     command += ["--rl-from", str(work)]
     _log(quiet, f"RL stage in a fresh process: {' '.join(command[1:])}")
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the RL stage ({' '.join(command[1:])}) exited {done.returncode}")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            out, _ = child.communicate()
+        except BaseException as e:
+            # This run is stopping (SIGTERM, Ctrl-C): so does the child, the same way, so
+            # that its rollout run ends `interrupted`, its training run `failed` and its
+            # jails closed; killed only if it does not end in CHILD_STOP_S. Ctrl-C reached
+            # it already (its terminal's process group): a second signal would cut its stop.
+            if not isinstance(e, KeyboardInterrupt):
+                child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(CHILD_STOP_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        raise RuntimeError(f"the RL stage ({' '.join(command[1:])}) exited {child.returncode}")
     report: dict[str, Any] = json.loads(lines[-1])
     return {k: v for k, v in report.items() if k not in _RUN_KEYS}
 

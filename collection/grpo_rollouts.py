@@ -46,6 +46,8 @@ decides the episodes batch by batch.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -65,6 +67,7 @@ from collection.request import CollectRequest
 from collection.runner import run_episodes
 from config.settings import Settings
 from core.errors import reason_line
+from core.worker_threads import in_worker_thread
 from expectations.gate import GateEngine, run_gate
 from expectations.settings import QcConfig
 from models import GrpoRollout
@@ -76,6 +79,7 @@ from storage.grpo_rollouts import record_grpo_rollouts, rollout_run_key
 from storage.objects import ObjectStore
 from storage.qc import write_qc_run
 from tasks.types import TaskInstance
+from training.errors import TrainingStopped
 from training.rollout_tokens import TokenRollout
 from training.trainers.episode_grpo import JudgedBatch, RolloutBatch
 
@@ -87,6 +91,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+STOP_POLL_S = 0.5
+"""How often a thread waiting for a batch's episodes looks at `CollectionRolloutSource.stop`."""
+STOP_UNWIND_S = 60.0
+"""Most seconds a stopped batch's episodes are given to unwind (jails closed) before the
+training thread ends."""
 
 PolicyFactory = Callable[[RolloutBatch], Policy]
 """Builds the policy of one batch from the trainer's current model."""
@@ -152,6 +162,7 @@ class CollectionRolloutSource:
         qc_config: QcConfig,
         gate_engine: GateEngine = "polars",
         training_run_id: uuid.UUID | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.collection = collection
         self.tasks = dict(tasks)
@@ -169,6 +180,10 @@ class CollectionRolloutSource:
         self.loop: asyncio.AbstractEventLoop | None = None
         """The collection's event loop, where the batches' episodes run (set while the
         training runs)."""
+        self.stop = stop if stop is not None else threading.Event()
+        """Set when the training is to stop (its collection was cancelled): a batch being
+        generated is cancelled (its episodes unwind: jails closed, finished ones kept) and
+        `generate` raises `TrainingStopped`."""
 
     def plan(self, batch: RolloutBatch) -> list[PlannedEpisode]:
         """The batch's episodes: each task's next `rollouts_per_task` rollout indices."""
@@ -200,7 +215,12 @@ class CollectionRolloutSource:
                 policy.record_tokens(trajectory)
             finished[trajectory.episode_id] = trajectory
 
+        tasks: list[asyncio.Task[None]] = []
+
         async def run() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.append(task)
             try:
                 await run_episodes(self.collection, planned, on_episode=keep, policy=policy)
             finally:
@@ -208,7 +228,7 @@ class CollectionRolloutSource:
 
         if self.loop is None:
             raise CollectError("the rollout source is not running (run_grpo_rollouts runs it)")
-        asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+        self._wait(asyncio.run_coroutine_threadsafe(run(), self.loop), tasks, batch)
         missing = [p.episode_id for p in planned if p.episode_id not in finished]
         if missing:
             raise CollectError(f"{len(missing)} GRPO rollout(s) did not finish, e.g. {missing[0]}")
@@ -216,6 +236,39 @@ class CollectionRolloutSource:
         size = batch.rollouts_per_task
         ordered = [finished[p.episode_id] for p in planned]
         return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+    def _wait(
+        self,
+        running: concurrent.futures.Future[None],
+        tasks: list[asyncio.Task[None]],
+        batch: RolloutBatch,
+    ) -> None:
+        """Wait for a batch's episodes (`running`, its task on the loop in `tasks` once it
+        started), or for `stop`: then cancel the task, wait (at most `STOP_UNWIND_S`) for
+        its episodes to unwind, and raise `TrainingStopped`."""
+        while True:
+            try:
+                running.result(timeout=STOP_POLL_S)
+                return
+            except concurrent.futures.TimeoutError:
+                if not self.stop.is_set():
+                    continue
+            except (concurrent.futures.CancelledError, asyncio.CancelledError) as e:
+                # Cancelled on the loop itself (a signal cancels every task of `asyncio.run`).
+                raise TrainingStopped(
+                    f"GRPO stopped while generating the rollouts of policy version "
+                    f"{batch.policy_version}: they were cancelled"
+                ) from e
+            if tasks and self.loop is not None:
+                # Cancelled on its loop, so `running` ends only once the episodes unwound.
+                self.loop.call_soon_threadsafe(tasks[0].cancel)
+                concurrent.futures.wait([running], timeout=STOP_UNWIND_S)
+            else:  # not started yet: it never will
+                running.cancel()
+            raise TrainingStopped(
+                f"GRPO stopped while generating the rollouts of policy version "
+                f"{batch.policy_version}: asked to stop"
+            )
 
     def admit(self, batch: RolloutBatch, groups: list[list[Trajectory]]) -> frozenset[uuid.UUID]:
         """The online QC gate over the batch's episodes (see the module): its verdicts
@@ -321,12 +374,17 @@ def run_grpo_rollouts(
     max_new_tokens: int = 256,
     generation_dtype: GenerationDtype | None = None,
     training_run_id: uuid.UUID | None = None,
+    stop: threading.Event | None = None,
 ) -> T:
     """Run `train` (the trainer, given the rollout source) as the work of the training
     run's rollout collection, and return what it returns. `qc_config` is the online QC
     gate's (the entry point's `load_qc_config()`). The collection is opened
     through the lifecycle and run by `Collection.run`: `completed` when `train` returns,
-    `failed` (or `interrupted`) when it raises, which propagates.
+    `failed` (or `interrupted`) when it raises, which propagates. When the run is
+    cancelled (Ctrl-C, SIGTERM, a flow's cancel), `stop` (the source's; give the trainer's
+    `TrainJob.stop` the same event) is set and the training thread is waited for: it ends
+    within a micro-batch, or at once while it waits for rollouts (those are cancelled and
+    unwind), so no thread outlives the run's jails, database and store.
 
     Raises:
         CollectError: no task, or tasks of several suites.
@@ -368,11 +426,12 @@ def run_grpo_rollouts(
                 qc_config=qc_config,
                 gate_engine=gate_engine,
                 training_run_id=training_run_id,
+                stop=stop,
             )
             source.loop = asyncio.get_running_loop()
 
             async def training(collection: Collection, todo: list[PlannedEpisode]) -> Executed:
-                trained.append(await asyncio.to_thread(train, source))
+                trained.append(await in_worker_thread(lambda: train(source), stop=source.stop))
                 written = collection.written
                 return Executed(episodes=len(written.inserted), steps=written.steps)
 

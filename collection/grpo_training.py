@@ -36,6 +36,7 @@ as `training.pipeline.train_checkpoint(algo="grpo")` until it is removed.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -215,10 +216,14 @@ def train_grpo_model(
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
     concurrency: int = 4,
+    stop: threading.Event | None = None,
 ) -> TrainedModel:
     """Agentic GRPO from checkpoint `base_checkpoint_id` over the tasks of `grpo` snapshot
     `dataset_id` (see the module): the `training_run` row (running) and the trained model
     in `work_dir/model`, to be registered with `training.pipeline.register_checkpoint`.
+    Setting `stop` (a caller that was cancelled) ends the training within a micro-batch,
+    or at once while it waits for rollouts (`TrainingStopped`); a cancellation of the
+    rollout run sets it too.
 
     Raises:
         TrainerError: not a `grpo` snapshot, no task, or the trainer failed.
@@ -259,6 +264,7 @@ def train_grpo_model(
         output_dir=work_dir / "model",
         settings=training,
         on_metrics=on_metrics,
+        stop=stop if stop is not None else threading.Event(),
     )
     task_ids = [t.task_id for t in tasks]
     try:
@@ -277,6 +283,7 @@ def train_grpo_model(
             max_new_tokens=training.max_completion_length,
             generation_dtype=rollout_dtype(training),
             training_run_id=run_id,
+            stop=job.stop,
         )
     except BaseException as e:  # cancelled or interrupted runs are closed too
         fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")

@@ -52,6 +52,7 @@ from collection.plan import Plan, PlannedEpisode, Shard, plan_collection, plan_t
 from collection.request import CollectRequest, CollectResult
 from collection.stored_policy import STORED_POLICY_PREFIXES, stored_policy
 from config.settings import Settings
+from core.errors import EpiflowError
 from models import run_id_for
 from storage.ingest import IngestReport
 from storage.objects import ObjectStore
@@ -118,12 +119,15 @@ def start_run(engine: Engine, request: CollectRequest) -> uuid.UUID:
 def run_ending(error: BaseException | None) -> RunEnding:
     """How a run that stopped with `error` ended: `completed` without one; `interrupted`
     when it was cancelled or interrupted (a signal, Ctrl-C, the UI; also an error raised
-    because of a cancellation, like the CLI's `Interrupted`, or any error while the
-    current task is being cancelled); `failed` otherwise."""
+    because of a cancellation, like the CLI's `Interrupted`, an error that says it is a
+    stop (`EpiflowError.stopped`: training asked to stop), or any error while the current
+    task is being cancelled); `failed` otherwise."""
     if error is None:
         return "completed"
     stops = (asyncio.CancelledError, KeyboardInterrupt)
     if isinstance(error, stops) or isinstance(error.__cause__, stops):
+        return "interrupted"
+    if isinstance(error, EpiflowError) and error.stopped:
         return "interrupted"
     try:
         task = asyncio.current_task()

@@ -23,6 +23,10 @@ same thing again fails the same way. Prefect flows fail such a run once, with th
 one line and no traceback, and neither a task's nor the flow run's retries run it again
 (`orchestration.retries`). Every other error may be an outage and is retried where retries are
 declared.
+
+Stops: an error whose class sets `stopped = True` (`training.errors.TrainingStopped`) was
+raised because the work was asked to stop (a cancelled flow, a signal), not because it
+failed: a run it ends is recorded `interrupted` (`collection.lifecycle.run_ending`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class EpiflowError(Exception):
 
     retryable: ClassVar[bool] = True
     """Whether running the same thing again may succeed (False: the input is wrong)."""
+    stopped: ClassVar[bool] = False
+    """Raised because the work was asked to stop, not because it failed."""
 
     def __init__(self, message: str = "", *, setting: str | None = None) -> None:
         super().__init__(message)

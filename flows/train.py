@@ -20,9 +20,8 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prefect import flow, get_run_logger, tags, task
 from prefect.artifacts import (
@@ -37,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from config.settings import Settings, load_qc_config, load_settings
 from core.scratch import scratch_dir
+from core.worker_threads import in_worker_thread
 from expectations.settings import QcConfig
 from flows import artifact_key, link_objects, route_library_logs
 from flows.evaluate import EvaluationOptions, EvaluationResult
@@ -47,8 +47,6 @@ from training.pipeline import TrainedModel
 from training.recipes import get_recipe
 from training.settings import TrainingSettings
 from training.trainers import Algo
-
-T = TypeVar("T")
 
 LOSS_TABLE_EVERY_S = 15.0
 """How often the loss table artifact gets a new version while training runs, seconds."""
@@ -153,21 +151,6 @@ async def dataset_snapshot(
     return info.id
 
 
-async def _in_work_thread(fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
-    """`fn()` in a worker thread that writes into the flow's work folder. A cancelled
-    await would leave the thread running, writing into a folder the flow is about to
-    remove (and could create again): on cancellation, `stop` is set (a thread that checks
-    it ends early) and the thread is waited for before the cancellation goes on."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        if stop is not None:
-            stop.set()
-        await asyncio.wait([work])
-        raise
-
-
 @task(name="base-model", cache_policy=NONE, retries=1, retry_delay_seconds=2)
 async def base_model(
     settings: Settings,
@@ -190,13 +173,13 @@ async def base_model(
     try:
         store = make_object_store(settings.objects)
         if for_dataset is not None:
-            base = await _in_work_thread(
+            base = await in_worker_thread(
                 lambda: prepare_base_for_snapshot(
                     engine, store, dataset_id=for_dataset, work_dir=work, settings=training
                 )
             )
         else:
-            base = await _in_work_thread(lambda: ensure_base_model(engine, store, training, work))
+            base = await in_worker_thread(lambda: ensure_base_model(engine, store, training, work))
     finally:
         engine.dispose()
     get_run_logger().info("base-model: checkpoint %s", base)
@@ -227,7 +210,8 @@ class _TrainingMonitor:
         self._lock = threading.Lock()
         self._pending: list[concurrent.futures.Future[Any]] = []
         self.stop = threading.Event()
-        """Set when the flow is cancelled: the training thread stops at its next log event."""
+        """Set when the flow is cancelled: the training thread stops at its next micro-batch
+        (`TrainJob.stop`) or log event."""
 
     def on_metrics(self, step: int, max_steps: int, logs: dict[str, float]) -> None:
         if self.stop.is_set():
@@ -327,7 +311,7 @@ async def train_task(
             if qc_config is None:
                 raise TrainerError("agentic GRPO needs the online QC gate's settings")
             gate = qc_config
-            trained = await _in_work_thread(
+            trained = await in_worker_thread(
                 lambda: train_grpo_model(
                     engine,
                     store,
@@ -340,11 +324,12 @@ async def train_task(
                     templates=templates,
                     prefect_flow_run_id=flow_run_id,
                     on_metrics=monitor.on_metrics,
+                    stop=monitor.stop,
                 ),
                 stop=monitor.stop,
             )
         else:
-            trained = await _in_work_thread(
+            trained = await in_worker_thread(
                 lambda: train_model(
                     engine,
                     store,
@@ -355,6 +340,7 @@ async def train_task(
                     base_checkpoint_id=base,
                     prefect_flow_run_id=flow_run_id,
                     on_metrics=monitor.on_metrics,
+                    stop=monitor.stop,
                 ),
                 stop=monitor.stop,
             )

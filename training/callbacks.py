@@ -15,6 +15,8 @@ Imports transformers at module level: import this module only where a trainer is
 - `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
   save, how long training had run.
 - `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
+- `StopWhenAsked` ends training with `TrainingStopped` at the next micro-batch once its
+  event is set (a cancelled flow or command: `core.worker_threads.in_worker_thread`).
 - `lr_factor` is the warm-up + decay shape; `lr_lambda` turns it into a `LambdaLR`
   function over steps, or over elapsed time when a wall-time budget is set.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +35,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from core.progress import ProgressReporter, log_lines
+from training.errors import TrainingStopped
 from training.grpo_figures import TokenRate, grpo_step_figures, is_grpo_step
 from training.threads import ThreadTuner
 
@@ -39,6 +43,7 @@ __all__ = [
     "ELAPSED_FILE",
     "MetricsHook",
     "MetricsLogger",
+    "StopWhenAsked",
     "ThreadCallback",
     "TimedSaves",
     "TrainingProgress",
@@ -92,6 +97,32 @@ class WallTimeStop(TrainerCallback):
             control.should_training_stop = True
             # The last step's metrics still reach the hook (the loss table ends there).
             control.should_log = True
+        return control
+
+
+class StopWhenAsked(TrainerCallback):
+    """Raises `TrainingStopped` at the first step or micro-batch boundary after `stop` is
+    set: a trainer in a worker thread whose caller was cancelled ends within one
+    micro-batch instead of at the end of its run (`control.should_training_stop` would
+    wait for the optimiser step, minutes of GRPO rollouts and updates)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def _check(self, state: Any) -> None:
+        if self.stop.is_set():
+            raise TrainingStopped(f"training stopped at step {state.global_step}: asked to stop")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._check(state)
+        return control
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._check(state)
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._check(state)
         return control
 
 

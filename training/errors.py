@@ -56,6 +56,8 @@ class TrainerError(TrainingError):
 class TrainingStopped(TrainerError):
     """Training was stopped because its flow was cancelled (Ctrl-C, SIGTERM, a UI cancel)."""
 
+    stopped = True
+
 
 class RolloutTokenError(TrainerError):
     """An episode cannot be turned into a token-exact GRPO rollout. Names the episode and

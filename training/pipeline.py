@@ -10,6 +10,7 @@ Every step is a plain function; the flow wraps them as tasks.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -206,9 +207,11 @@ def train_model(
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     prefect_flow_run_id: str | None = None,
     on_metrics: MetricsHook | None = None,
+    stop: threading.Event | None = None,
 ) -> TrainedModel:
     """The training half of `train_checkpoint`: the `training_run` row (running) and the
     trained model in `work_dir/model`; the row is closed failed if training does not end.
+    Setting `stop` ends training at its next micro-batch (`TrainingStopped`).
 
     Raises:
         TrainerError, SnapshotError, RegistryError, CheckpointNotFound: as `train_checkpoint`.
@@ -254,6 +257,7 @@ def train_model(
             settings=settings,
             reward_fn=reward_fn,
             on_metrics=on_metrics,
+            stop=stop,
         )
     except BaseException as e:  # cancelled or interrupted runs are closed too
         fail_training_run(engine, run_id, error=f"{type(e).__name__}: {e}")

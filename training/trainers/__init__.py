@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ def run_training(
     reward_fn: RewardFunction | Sequence[RewardFunction] | None = None,
     ref_model_dir: Path | None = None,
     on_metrics: MetricsHook | None = None,
+    stop: threading.Event | None = None,
 ) -> TrainResult:
     """Train `base_model_dir` on `dataset` (a snapshot's parquet file or frame) with `algo`.
 
@@ -46,7 +48,8 @@ def run_training(
     settings: real sandboxes and verifiers);
     `ref_model_dir` is the frozen reference of DPO, KTO and GRPO (default: the base model).
     `on_metrics(step, max_steps, logs)` is called on every TRL log event (loss, learning
-    rate, grad norm, tokens/s, …); nothing is printed on stdout.
+    rate, grad norm, tokens/s, …); nothing is printed on stdout. Setting `stop` ends
+    training with `TrainingStopped` at the next micro-batch (`TrainJob.stop`).
 
     Raises:
         TrainerError: unknown algorithm, unusable dataset, GRPO without `reward_fn`, or a
@@ -59,7 +62,7 @@ def run_training(
         raise TrainerError(f"unknown training algorithm {algo!r} (known: {known})") from e
     rows = read_rows(dataset)
     output_dir.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(base_model_dir, output_dir, settings, on_metrics, ref_model_dir)
+    job = TrainJob(base_model_dir, output_dir, settings, on_metrics, ref_model_dir, stop)
     result = _run(chosen, rows, job, reward_fn)
     write_training_config(output_dir, settings=settings, algo=chosen.value)
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -317,6 +318,9 @@ class TrainJob:
     """Called on every TRL log event."""
     ref_model_dir: Path | None = None
     """Frozen reference of DPO, KTO and GRPO (None: the base model)."""
+    stop: threading.Event | None = None
+    """Set by whoever was waiting for the training when it was cancelled: the trainer ends
+    with `TrainingStopped` at its next micro-batch (`training.callbacks.StopWhenAsked`)."""
 
 
 def train_with(
@@ -348,6 +352,7 @@ def train_with(
 
     from training.callbacks import (
         MetricsLogger,
+        StopWhenAsked,
         ThreadCallback,
         TimedSaves,
         TrainingProgress,
@@ -392,6 +397,8 @@ def train_with(
     trainer.add_callback(progress)
     if budget is not None:
         trainer.add_callback(budget)
+    if job.stop is not None:
+        trainer.add_callback(StopWhenAsked(job.stop))
     if settings.save_every_s is not None:
         trainer.add_callback(TimedSaves(settings.save_every_s))
     if prepare is not None:
