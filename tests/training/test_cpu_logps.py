@@ -7,6 +7,7 @@ to what is compared."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -15,8 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from training.trainers import cpu_logps
 from training.trainers.common import module
-from training.trainers.cpu_logps import ChunkedLogpsMixin
+from training.trainers.cpu_logps import ChunkedLogpsMixin, padding_spans
 
 TEMPERATURE = 0.7
 PROMPT, COMPLETION = 5, 7
@@ -94,9 +96,17 @@ def test_the_override_keeps_trls_signature() -> None:
     ],
 )
 @pytest.mark.parametrize("entropy_bonus", [False, True])
+# Rows trimmed of their padding one by one (these three differ in length), or together.
+@pytest.mark.parametrize("slack", [0.1, 10.0])
 def test_log_probs_entropies_and_gradients_equal_trls(
-    model: Any, budget: int, batch_size: int | None, entropy_bonus: bool
+    model: Any,
+    budget: int,
+    batch_size: int | None,
+    entropy_bonus: bool,
+    slack: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(cpu_logps, "padding_spans", functools.partial(padding_spans, slack=slack))
     ids, mask = _batch()
     weights = torch.randn(3, COMPLETION, generator=torch.Generator().manual_seed(2))
 
@@ -124,6 +134,32 @@ def test_log_probs_entropies_and_gradients_equal_trls(
     assert len(ours[2]) == len(theirs[2])
     for mine, trl in zip(ours[2], theirs[2], strict=True):
         torch.testing.assert_close(mine, trl, rtol=1e-4, atol=1e-6)
+
+
+def test_padding_spans_cover_every_token_once_and_bound_the_padding() -> None:
+    # Eight rows of a multi-turn batch: prompts of 3-6 tokens left-padded to 6,
+    # completions of 0-40 tokens right-padded to 40.
+    prompt_width, completion_width = 6, 40
+    shapes = [(6, 40), (3, 2), (5, 38), (4, 0), (6, 10), (3, 11), (6, 39), (5, 9)]
+    mask = torch.zeros(len(shapes), prompt_width + completion_width, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(shapes):
+        mask[row, prompt_width - prompt : prompt_width + completion] = 1
+
+    spans = padding_spans(mask, prompt_width, slack=0.1)
+
+    assert sorted(r for span in spans for r in span.rows) == list(range(len(shapes)))
+    for span in spans:
+        rows = list(span.rows)
+        assert mask[rows, : span.first].sum() == 0 and mask[rows, span.end :].sum() == 0
+        assert span.end > prompt_width  # a completion column to score, even when empty
+        lengths = [
+            max(prompt_width + c, prompt_width + 1) - (prompt_width - p)
+            for p, c in (shapes[r] for r in rows)
+        ]
+        assert len(rows) * (span.end - span.first) <= 1.1 * sum(lengths) or len(rows) == 1
+    # The long rows go together, apart from the short ones.
+    assert any({0, 2, 6} <= set(span.rows) for span in spans)
+    assert not any({0, 1} <= set(span.rows) for span in spans)
 
 
 def test_no_entropy_unless_asked_and_the_reference_pass_needs_no_graph(model: Any) -> None:

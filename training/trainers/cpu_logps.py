@@ -18,9 +18,16 @@ scaled or soft-capped logits) it calls TRL's own method.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChunkedLogpsMixin", "completion_logps_and_entropies", "plain_parts"]
+__all__ = [
+    "ChunkedLogpsMixin",
+    "PaddingSpan",
+    "completion_logps_and_entropies",
+    "padding_spans",
+    "plain_parts",
+]
 
 # Config fields by which a model scales its logits inside its own forward; TRL's fused
 # head reproduces them, this path does not (it calls TRL's method for such models).
@@ -33,6 +40,10 @@ _LOGIT_SCALING_FIELDS = (
 )
 
 FP32_BYTES = 4
+
+PADDING_SLACK = 0.1
+"""Rows run through the backbone together while their padded area is at most 10 % more
+than their tokens (`padding_spans`)."""
 
 
 def completion_logps_and_entropies(
@@ -88,29 +99,107 @@ def completion_logps_and_entropies(
                 entropy = normaliser - (probs * logits).sum(-1)
         return logps, entropy
 
-    all_logps, all_entropies = [], []
+    width = input_ids.size(1)
+    completion_start = width - logits_to_keep
+    all_logps, all_entropies, order = [], [], []
     for start in range(0, rows, step):
-        ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
-        states = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        # The state at t−1 scores the token at t: the completion's states end one early.
-        states = states[:, -logits_to_keep - 1 : -1]
-        targets = ids[:, -logits_to_keep:]
-        for first in range(0, ids.size(0), head_rows):
-            hidden, chunk_targets = (
-                states[first : first + head_rows],
-                targets[first : first + head_rows],
-            )
-            if recompute:
-                logps, entropy = checkpoint(head, hidden, chunk_targets, use_reentrant=False)
-            else:
-                logps, entropy = head(hidden, chunk_targets)
-            all_logps.append(logps)
-            if entropy is not None:
-                all_entropies.append(entropy)
+        for span in padding_spans(attention_mask[start : start + step], completion_start):
+            picked = torch.tensor([start + r for r in span.rows], dtype=torch.long)
+            ids = input_ids.index_select(0, picked)[:, span.first : span.end]
+            mask = attention_mask.index_select(0, picked)[:, span.first : span.end]
+            kept = span.end - completion_start  # completion columns that hold a token
+            states = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            # The state at t−1 scores the token at t: the completion's states end one early.
+            states = states[:, -kept - 1 : -1]
+            targets = ids[:, -kept:]
+            for first in range(0, ids.size(0), head_rows):
+                hidden, chunk_targets = (
+                    states[first : first + head_rows],
+                    targets[first : first + head_rows],
+                )
+                if recompute:
+                    logps, entropy = checkpoint(head, hidden, chunk_targets, use_reentrant=False)
+                else:
+                    logps, entropy = head(hidden, chunk_targets)
+                # Back to the batch's width: the trimmed padding columns hold 0.
+                all_logps.append(torch.nn.functional.pad(logps, (0, logits_to_keep - kept)))
+                if entropy is not None:
+                    all_entropies.append(
+                        torch.nn.functional.pad(entropy, (0, logits_to_keep - kept))
+                    )
+            order += [start + r for r in span.rows]
+    back = torch.empty(rows, dtype=torch.long)
+    back[torch.tensor(order, dtype=torch.long)] = torch.arange(rows)
     padding = attention_mask[:, -logits_to_keep:] == 0
-    logps = torch.cat(all_logps).masked_fill(padding, 0.0)
-    entropies = torch.cat(all_entropies).masked_fill(padding, 0.0) if compute_entropy else None
+    logps = torch.cat(all_logps).index_select(0, back).masked_fill(padding, 0.0)
+    entropies = (
+        torch.cat(all_entropies).index_select(0, back).masked_fill(padding, 0.0)
+        if compute_entropy
+        else None
+    )
     return logps, entropies
+
+
+@dataclass(frozen=True)
+class PaddingSpan:
+    """Rows of a padded batch that run through the backbone together, on the columns
+    `[first, end)`: the padding columns none of them uses are not computed."""
+
+    rows: tuple[int, ...]
+    first: int
+    """The first column any of the rows uses (left padding before it)."""
+    end: int
+    """One past the last column any of the rows uses (right padding from it)."""
+
+
+def padding_spans(
+    attention_mask: Any, completion_start: int, *, slack: float = PADDING_SLACK
+) -> list[PaddingSpan]:
+    """The rows of a left-padded prompt + right-padded completion batch, grouped by
+    length so that each group's padded area is at most `1 + slack` times its tokens.
+
+    Why: TRL pads a whole generation batch to its longest rollout (and shuffles it
+    before cutting micro-batches), so a micro-batch of multi-turn episodes was about half
+    padding (smollm2-rl: 46-50 % of the completion columns held a token). A token's
+    log-probability does not depend on the columns trimmed: the right padding comes after
+    it (causal attention), and dropping leading padding shifts every position of a row
+    by the same amount, which rotary position embeddings do not see (they depend on
+    position differences; the backbone is called without `position_ids`, as TRL calls it).
+    Each span keeps at least one completion column (`end > completion_start`)."""
+    import torch
+
+    valid = attention_mask.bool()
+    rows = attention_mask.size(0)
+    width = attention_mask.size(1)
+    columns = torch.arange(width)
+    used = valid.any(dim=1)
+    first_used = torch.where(valid, columns, width).min(dim=1).values
+    last_used = torch.where(valid, columns + 1, 0).max(dim=1).values
+    firsts: list[int] = torch.where(used, first_used, 0).tolist()
+    ends = [max(int(e), completion_start + 1) for e in last_used.tolist()]
+    by_length = sorted(range(rows), key=lambda r: ends[r] - firsts[r])
+    spans: list[PaddingSpan] = []
+    group: list[int] = []
+    for r in by_length:
+        candidate = [*group, r]
+        first = min(firsts[i] for i in candidate)
+        end = max(ends[i] for i in candidate)
+        tokens = sum(ends[i] - firsts[i] for i in candidate)
+        if group and len(candidate) * (end - first) > (1 + slack) * tokens:
+            spans.append(_span(group, firsts, ends))
+            candidate = [r]
+        group = candidate
+    if group:
+        spans.append(_span(group, firsts, ends))
+    return spans
+
+
+def _span(rows: list[int], firsts: list[int], ends: list[int]) -> PaddingSpan:
+    return PaddingSpan(
+        rows=tuple(sorted(rows)),
+        first=min(firsts[i] for i in rows),
+        end=max(ends[i] for i in rows),
+    )
 
 
 class ChunkedLogpsMixin:
