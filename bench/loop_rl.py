@@ -257,6 +257,7 @@ def run_rl_stage(
                     "batch_size",
                     "gradient_accumulation_steps",
                     "max_steps",
+                    "grpo_iterations",
                     "rl_tokens_per_step",
                 )
             }

@@ -114,6 +114,11 @@ class TrainingSettings(BaseSettings):
     """GRPO rollouts per task prompt (seed 000 §4.4: 4 … 8); the group for the advantage."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of GRPO rollouts."""
+    grpo_iterations: int = Field(default=1, ge=1)
+    """Optimiser steps GRPO takes on each generation batch (TRL's `num_iterations`, μ; seed
+    000 §4.4: 2 … 3 epochs over a batch). Above 1 the clip range ε matters (the ratio to the
+    batch's old log-probabilities, scored once after generation, moves off 1) and a run of
+    `max_steps` optimiser steps generates `max_steps / grpo_iterations` batches."""
     rl_tokens_per_step: int | None = None
     """Agentic GRPO's batch in tokens (`EPIFLOW_TRAINING_RL_TOKENS_PER_STEP`; seed 000 §4.4:
     32,768 … 131,072): prompt and completion tokens of an optimiser step's rollouts. When

@@ -109,6 +109,10 @@ def test_the_budget_sets_one_group_per_micro_batch_and_the_groups_per_step(
     assert config.per_device_train_batch_size == 6 and config.num_generations == 6
     assert config.gradient_accumulation_steps == config.steps_per_generation == 9
     assert config.generation_batch_size == 54 == budget.rollouts_per_step
+    assert config.num_iterations == 1  # one optimiser step per generation batch
+    twice = settings.model_copy(update={"grpo_iterations": 2})
+    config = grpo_config(TrainJob(base_model_dir=tmp_path, output_dir=tmp_path, settings=twice))
+    assert config.num_iterations == 2 and config.generation_batch_size == 54
 
 
 class _Built(Exception):

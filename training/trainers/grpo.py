@@ -85,6 +85,7 @@ def grpo_config(job: TrainJob) -> Any:
         temperature=settings.temperature,
         beta=settings.beta,
         epsilon=settings.clip_epsilon,
+        num_iterations=settings.grpo_iterations,
         remove_unused_columns=False,
     )
 
