@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from sqlalchemy import Engine
 
@@ -33,7 +33,7 @@ from suites.builtin import builtin_suite
 from training.errors import TrainingStopped
 from training.settings import TrainingSettings
 from training.trainers.common import TrainJob
-from training.trainers.episode_grpo import RolloutBatch, run_episode_grpo
+from training.trainers.episode_grpo import run_episode_grpo
 
 STOPPED_WITHIN_S = 60.0
 """The stop must end the run well before the blocked episodes' own timeouts (300 s)."""
@@ -54,7 +54,24 @@ class _Blocking(Policy):
 
 
 def _jails() -> list[int]:
-    return [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "nsjail"]
+    """The nsjail processes descending from this one (from /proc)."""
+    parents: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        parents[int(entry.name)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), comm)
+    ours = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, (ppid, _) in parents.items() if ppid in ours} - ours
+        grew = bool(found)
+        ours |= found
+    return [pid for pid in ours if parents.get(pid, (0, ""))[1] == "nsjail"]
 
 
 def _setup(tiny_base_model: Path, tmp_path: Path, stop: threading.Event | None) -> Any:
@@ -159,6 +176,7 @@ def test_a_cancelled_rollout_run_waits_for_its_training_thread(
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     assert asked.wait(300), "no rollout episode started"
+    assert _jails(), "the rollouts' jails run while the policy is asked"
     loop = sources[0].loop
     assert loop is not None
     cancelled_at = time.monotonic()
