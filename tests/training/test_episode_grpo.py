@@ -35,6 +35,7 @@ from storage.run_reads import run_counts, run_status, run_trajectories
 from suites.builtin import builtin_suite
 from tasks.types import TaskInstance
 from tests.training.factory import call_step, episode, final_step
+from tests.training.grpo_setup import rollout_settings, tiny_grpo_training
 from tests.training.trainer_policy import TrainerModelPolicy
 from training.errors import TrainerError
 from training.groups import GroupFate
@@ -369,23 +370,9 @@ def test_grpo_over_episodes_in_real_jails(
         capture.wrap(GRPOTrainer._generate_and_score_completions),
     )
     tasks = builtin_suite().instances(1, templates=["dir_tree", "checksums", "largest_files"])
-    settings = dataclasses.replace(
-        load_settings(),
-        loop=LoopSettings(max_steps=3, max_consecutive_parse_failures=2),
-        policy=PolicySettings(outage_episodes=0),
-    )
-    training = TrainingSettings(
-        vocab_size=4096,
-        max_length=1024,
-        max_position_embeddings=1024,
-        max_steps=2,
-        batch_size=9,
-        rollouts_per_task=3,
-        max_completion_length=16,
-        prompt_style=PromptStyle.COMPACT,
-        rl_learning_rate=5e-6,
-        beta=0.05,
-        logging_steps=1,
+    settings = rollout_settings(max_steps=3, max_consecutive_parse_failures=2)
+    training = tiny_grpo_training(
+        max_steps=2, batch_size=9, rollouts_per_task=3, rl_learning_rate=5e-6, beta=0.05
     )
     by_id = {t.task_id: t for t in tasks}
     training_key = f"test-{uuid.uuid4().hex[:8]}"
@@ -531,16 +518,8 @@ def test_grpo_with_per_turn_returns_in_real_jails(
 
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", keep_inputs)
     tasks = builtin_suite().instances(1, templates=["dir_tree"])
-    settings = dataclasses.replace(
-        load_settings(),
-        loop=LoopSettings(max_steps=4, max_consecutive_parse_failures=2),
-        policy=PolicySettings(outage_episodes=0),
-    )
-    training = TrainingSettings(
-        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
-        batch_size=3, rollouts_per_task=3, max_completion_length=16,
-        prompt_style=PromptStyle.COMPACT, logging_steps=1, returns_gamma=0.9,
-    )  # fmt: skip
+    settings = rollout_settings(max_steps=4, max_consecutive_parse_failures=2)
+    training = tiny_grpo_training(max_steps=1, batch_size=3, rollouts_per_task=3, returns_gamma=0.9)
     by_id = {t.task_id: t for t in tasks}
 
     def policy(batch: RolloutBatch) -> _LengthsPolicy:
@@ -636,16 +615,10 @@ def test_the_default_rollout_policy_is_the_token_exact_hf_policy(
     sampled id, and each turn's prompt extends the previous turn's (the stream TRL trains
     on)."""
     tasks = builtin_suite().instances(1, templates=["dir_tree"])
-    settings = dataclasses.replace(
-        load_settings(),
-        loop=LoopSettings(max_steps=2, max_consecutive_parse_failures=2),
-        policy=PolicySettings(outage_episodes=0),
+    settings = rollout_settings(max_steps=2, max_consecutive_parse_failures=2)
+    training = tiny_grpo_training(
+        max_steps=1, batch_size=2, rollouts_per_task=2, max_completion_length=8
     )
-    training = TrainingSettings(
-        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
-        batch_size=2, rollouts_per_task=2, max_completion_length=8,
-        prompt_style=PromptStyle.COMPACT, logging_steps=1,
-    )  # fmt: skip
     job = TrainJob(base_model_dir=tiny_base_model, output_dir=tmp_path / "rl", settings=training)
     key = f"default-{uuid.uuid4().hex[:8]}"
     result, rollouts = run_grpo_rollouts(
@@ -699,11 +672,9 @@ def test_train_grpo_registers_the_checkpoint_and_keys_the_rollout_run(
     from training.trainers.common import load_tokenizer
     from training.training_config import build_training_config
 
-    training = TrainingSettings(
-        vocab_size=4096, max_length=1024, max_position_embeddings=1024, max_steps=1,
-        batch_size=2, rollouts_per_task=2, max_completion_length=8,
-        prompt_style=PromptStyle.COMPACT, logging_steps=1,
-    )  # fmt: skip
+    training = tiny_grpo_training(
+        max_steps=1, batch_size=2, rollouts_per_task=2, max_completion_length=8
+    )
     real = builtin_suite().instances(1, templates=["dir_tree", "checksums", "csv_to_json"])
     collected = []
     for i, task in enumerate(real):
