@@ -30,6 +30,7 @@ from storage.objects import LocalObjectStore
 from storage.run_reads import run_status
 from suites.builtin import builtin_suite
 from tasks.types import TaskInstance
+from tests.services.processes import descendants
 from tests.training.grpo_setup import rollout_settings, tiny_grpo_training
 from training.errors import TrainingStopped
 from training.trainers.common import TrainJob
@@ -63,25 +64,17 @@ def _jails_left(within_s: float = 10.0) -> list[int]:
 
 
 def _jails() -> list[int]:
-    """The live (not zombie) nsjail processes descending from this one (from /proc)."""
-    parents: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    """The live (not zombie) nsjail processes descending from this one."""
+    live = []
+    for pid in descendants(os.getpid()):
         try:
-            stat = (entry / "stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:  # gone meanwhile
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        parents[int(entry.name)] = (int(ppid), "" if state == "Z" else comm)
-    ours = {os.getpid()}
-    grew = True
-    while grew:
-        found = {pid for pid, (ppid, _) in parents.items() if ppid in ours} - ours
-        grew = bool(found)
-        ours |= found
-    return [pid for pid in ours if parents.get(pid, (0, ""))[1] == "nsjail"]
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if name == "nsjail" and state != "Z":
+            live.append(pid)
+    return live
 
 
 @dataclasses.dataclass
