@@ -259,6 +259,8 @@ def run_rl_stage(
                     "max_steps",
                     "grpo_iterations",
                     "rl_tokens_per_step",
+                    "returns_gamma",
+                    "task_sampling",
                 )
             }
             | {

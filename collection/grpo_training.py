@@ -272,7 +272,9 @@ def train_grpo_model(
             str(run_id),
             tasks,
             settings,
-            lambda source: run_episode_grpo(task_ids, job, source, budget=budget),
+            lambda source: run_episode_grpo(
+                task_ids, job, source, budget=budget, templates=[t.template for t in tasks]
+            ),
             base_model_dir=base_dir,
             engine=engine,
             store=store,

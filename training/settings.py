@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.prompt import PromptStyle
+from training.curriculum import TaskSampling
 
 __all__ = ["TrainingSettings"]
 
@@ -139,6 +140,11 @@ class TrainingSettings(BaseSettings):
     group's start returns (`training.returns`). None (the default): one advantage per
     episode, from its total reward. Must be in (0, 1]; not the default because it was not
     measured at the recipe's scale (docs/training.md, "Per-turn returns")."""
+    task_sampling: TaskSampling = TaskSampling.UNIFORM
+    """How agentic GRPO draws each batch's tasks (`training.curriculum`): `uniform`
+    (TRL's shuffled pass over the tasks, the default) or `success_variance` (each group's
+    template weighted by p̂(1 − p̂) of its success in the run so far, seed 000 §5.3's
+    30-70 % tasks drawn most)."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO weight of desirable (successful) examples."""
     kto_undesirable_weight: float = Field(default=1.0, gt=0)

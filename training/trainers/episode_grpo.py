@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, Trajectory
+from training.curriculum import TaskOutcomes, TaskSampling
 from training.errors import TrainerError
 from training.groups import Group, GroupCounts, judge_group, zero_variance_warning
 from training.rollout_tokens import (
@@ -209,6 +210,9 @@ class EpisodeRollouts:
     """The token budget the batch was sized from (None: `batch_size` rollouts)."""
     budget_warning: str | None = None
     """The first step outside half to twice the budget, as its warning (logged once)."""
+    outcomes: TaskOutcomes = field(default_factory=TaskOutcomes)
+    """Successes per template of the judged rollouts so far (infrastructure outcomes
+    aside): what `task_sampling` `success_variance` draws the next batches by."""
 
     def task_ids(self, prompts: Sequence[Any]) -> list[str]:
         """One task id per group of `prompts` (each repeated `rollouts_per_task` times).
@@ -265,6 +269,9 @@ class EpisodeRollouts:
         self.last = judged
         for group in groups:
             self.counts.add(group)
+            for t in group.trajectories:
+                if t.status not in INFRASTRUCTURE_STATUSES:
+                    self.outcomes.add(t.template, t.status is EpisodeStatus.SUCCESS)
         warning = zero_variance_warning(self.counts, warn_above=self.zero_variance_warn_share)
         if warning is not None and not self.warned:
             logger.warning(warning)
@@ -289,16 +296,25 @@ class EpisodeRollouts:
         return output
 
 
-def episode_grpo_trainer(*, step_returns: bool = False) -> Any:
+def episode_grpo_trainer(
+    *, step_returns: bool = False, task_outcomes: TaskOutcomes | None = None
+) -> Any:
     """The trainer class of episode GRPO: TRL's `GRPOTrainer`, scoring log-probabilities
-    without its fused LM head on CPU (`training.trainers.cpu_logps`) and, with
-    `step_returns`, training on per-turn advantages (`training.trainers.step_returns`)."""
+    without its fused LM head on CPU (`training.trainers.cpu_logps`); with
+    `step_returns`, training on per-turn advantages (`training.trainers.step_returns`);
+    with `task_outcomes`, drawing its tasks by them (`training.trainers.task_sampler`)."""
     mixins: tuple[type, ...] = (ChunkedLogpsMixin,)
+    attributes: dict[str, Any] = {}
     if step_returns:
         from training.trainers.step_returns import StepReturnsMixin
 
         mixins = (StepReturnsMixin, *mixins)
-    return type("EpisodeGRPOTrainer", (*mixins, module("trl").GRPOTrainer), {})
+    if task_outcomes is not None:
+        from training.trainers.task_sampler import TaskSamplerMixin
+
+        mixins = (TaskSamplerMixin, *mixins)
+        attributes["task_outcomes"] = task_outcomes
+    return type("EpisodeGRPOTrainer", (*mixins, module("trl").GRPOTrainer), attributes)
 
 
 def episode_grpo_settings(
@@ -330,6 +346,7 @@ def run_episode_grpo(
     source: RolloutSource,
     *,
     budget: TokenBudget | None = None,
+    templates: Sequence[str] | None = None,
 ) -> tuple[TrainResult, EpisodeRollouts]:
     """GRPO over whole episodes of `task_ids`, from `job.base_model_dir` to `job.output_dir`.
 
@@ -339,11 +356,14 @@ def run_episode_grpo(
     (`TokenBudget.applied`: TRL fixes the step's rollouts when the trainer is built, so the
     budget is converted once, here, never per step); the KL coefficient is `beta` (reference: `job.ref_model_dir`,
     else the base), the clip range `clip_epsilon`, the learning rate `rl_learning_rate`.
+    The tasks of a batch are TRL's uniform draw, or with `task_sampling`
+    `success_variance` drawn by `training.curriculum` from `templates` (each task's
+    template, in `task_ids`' order).
 
     Raises:
-        TrainerError: no task, a batch the source did not fill, an episode without token
-            ids or whose prompts do not extend (`RolloutTokenError`), or a failure in the
-            trainer.
+        TrainerError: no task, `success_variance` without `templates` (or not one per
+            task), a batch the source did not fill, an episode without token ids or whose
+            prompts do not extend (`RolloutTokenError`), or a failure in the trainer.
     """
     from datasets import Dataset
 
@@ -351,6 +371,13 @@ def run_episode_grpo(
 
     if not task_ids:
         raise TrainerError("GRPO over episodes needs at least one task")
+    if templates is not None and len(templates) != len(task_ids):
+        raise TrainerError(f"{len(templates)} templates for {len(task_ids)} tasks")
+    curriculum = job.settings.task_sampling is TaskSampling.SUCCESS_VARIANCE
+    if curriculum and templates is None:
+        raise TrainerError(
+            "task_sampling success_variance draws tasks by template: pass each task's template"
+        )
     job = replace(job, settings=episode_grpo_settings(job.settings, budget))
     settings = job.settings
     generations = settings.rollouts_per_task
@@ -375,9 +402,18 @@ def run_episode_grpo(
         )
         result = train_with(
             Algo.GRPO,
-            episode_grpo_trainer(step_returns=settings.returns_gamma is not None),
+            episode_grpo_trainer(
+                step_returns=settings.returns_gamma is not None,
+                task_outcomes=rollouts.outcomes if curriculum else None,
+            ),
             config,
-            Dataset.from_list([{"prompt": t} for t in task_ids]),
+            Dataset.from_list(
+                [{"prompt": t} for t in task_ids]
+                if templates is None
+                else [
+                    {"prompt": t, "template": m} for t, m in zip(task_ids, templates, strict=True)
+                ]
+            ),
             job,
             n_examples=len(task_ids),
             prepare=(lambda trainer: use_reference(trainer, reference)) if reference else None,
