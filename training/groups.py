@@ -257,6 +257,6 @@ def zero_variance_warning(counts: GroupCounts, *, warn_above: float) -> str | No
         "rollout got the same reward: their generation was wasted. Give the groups both "
         "outcomes: more rollouts per task (EPIFLOW_TRAINING_ROLLOUTS_PER_TASK, seed 4-8), a "
         "higher temperature (EPIFLOW_TRAINING_TEMPERATURE), tasks the model solves 30-70 % "
-        "of the time (a curriculum band), or start from an SFT checkpoint that already "
-        "succeeds now and then."
+        "of the time (EPIFLOW_TRAINING_TASK_SAMPLING=success_variance draws those most), or "
+        "start from an SFT checkpoint that already succeeds now and then."
     )

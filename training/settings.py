@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.prompt import PromptStyle
-from training.curriculum import TaskSampling
+from training.task_sampling import TaskSampling
 
 __all__ = ["TrainingSettings"]
 
@@ -141,7 +141,7 @@ class TrainingSettings(BaseSettings):
     episode, from its total reward. Must be in (0, 1]; not the default because it was not
     measured at the recipe's scale (docs/training.md, "Per-turn returns")."""
     task_sampling: TaskSampling = TaskSampling.UNIFORM
-    """How agentic GRPO draws each batch's tasks (`training.curriculum`): `uniform`
+    """How agentic GRPO draws each batch's tasks (`training.task_sampling`): `uniform`
     (TRL's shuffled pass over the tasks, the default) or `success_variance` (each group's
     template weighted by p̂(1 − p̂) of its success in the run so far, seed 000 §5.3's
     30-70 % tasks drawn most)."""

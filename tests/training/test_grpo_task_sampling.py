@@ -1,6 +1,6 @@
 """TRL's GRPO trainer drawing its tasks with `task_sampling = "success_variance"`.
 
-The trainer, TRL's data loader and the curriculum's draw are real (the tiny model trains
+The trainer, TRL's data loader and the success-variance draw are real (the tiny model trains
 three steps); the rollouts come from a test double of the rollout collection that
 answers by template, without a jail: the jail path of the same trainer is
 `test_episode_grpo`'s, and it does not depend on how the tasks were drawn.
@@ -19,8 +19,8 @@ from scoring.rewards import apply_rewards
 from scoring.settings import RewardSettings
 from tests.training.factory import call_step, episode, final_step
 from tests.training.grpo_setup import tiny_grpo_training
-from training.curriculum import CurriculumSampler, TaskSampling
 from training.errors import TrainerError
+from training.task_sampling import SuccessVarianceSampler, TaskSampling
 from training.trainers.common import TrainJob
 from training.trainers.episode_grpo import JudgedBatch, RolloutBatch, run_episode_grpo
 
@@ -74,7 +74,7 @@ class _TemplateSource:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_trainer_trains_on_the_tasks_the_curriculum_drew(
+def test_the_trainer_trains_on_the_tasks_the_sampler_drew(
     tiny_base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     templates = {
@@ -82,13 +82,13 @@ def test_the_trainer_trains_on_the_tasks_the_curriculum_drew(
         for i, name in enumerate(["solved"] * 4 + ["mixed"] * 4)
     }
     drawn: list[list[int]] = []
-    draw = CurriculumSampler.draw
+    draw = SuccessVarianceSampler.draw
 
-    def spy(sampler: CurriculumSampler) -> list[int]:
+    def spy(sampler: SuccessVarianceSampler) -> list[int]:
         drawn.append(draw(sampler))
         return drawn[-1]
 
-    monkeypatch.setattr(CurriculumSampler, "draw", spy)
+    monkeypatch.setattr(SuccessVarianceSampler, "draw", spy)
     training = tiny_grpo_training(
         max_steps=3, batch_size=4, rollouts_per_task=2, task_sampling=TaskSampling.SUCCESS_VARIANCE
     )
@@ -101,7 +101,7 @@ def test_the_trainer_trains_on_the_tasks_the_curriculum_drew(
     )
 
     assert result.steps == 3 and len(source.batches) == 3
-    # Every batch the trainer asked for is a batch the curriculum drew, in order (the
+    # Every batch the trainer asked for is a batch the sampler drew, in order (the
     # loader may have drawn one more ahead).
     assert len(drawn) >= 3
     for batch, indices in zip(source.batches, drawn, strict=False):

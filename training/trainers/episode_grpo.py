@@ -60,7 +60,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus, Trajectory
-from training.curriculum import TaskOutcomes, TaskSampling
 from training.errors import TrainerError
 from training.groups import Group, GroupCounts, judge_group, zero_variance_warning
 from training.rollout_tokens import (
@@ -70,6 +69,7 @@ from training.rollout_tokens import (
     token_rollout,
 )
 from training.settings import TrainingSettings
+from training.task_sampling import TaskOutcomes, TaskSampling
 from training.token_budget import TokenBudget, budget_drift_warning, recorded_rollout_tokens
 from training.trainers.common import Algo, TrainJob, TrainResult, module, train_with
 from training.trainers.cpu_logps import ChunkedLogpsMixin
@@ -357,7 +357,7 @@ def run_episode_grpo(
     budget is converted once, here, never per step); the KL coefficient is `beta` (reference: `job.ref_model_dir`,
     else the base), the clip range `clip_epsilon`, the learning rate `rl_learning_rate`.
     The tasks of a batch are TRL's uniform draw, or with `task_sampling`
-    `success_variance` drawn by `training.curriculum` from `templates` (each task's
+    `success_variance` drawn by `training.task_sampling` from `templates` (each task's
     template, in `task_ids`' order).
 
     Raises:
@@ -373,8 +373,8 @@ def run_episode_grpo(
         raise TrainerError("GRPO over episodes needs at least one task")
     if templates is not None and len(templates) != len(task_ids):
         raise TrainerError(f"{len(templates)} templates for {len(task_ids)} tasks")
-    curriculum = job.settings.task_sampling is TaskSampling.SUCCESS_VARIANCE
-    if curriculum and templates is None:
+    by_success = job.settings.task_sampling is TaskSampling.SUCCESS_VARIANCE
+    if by_success and templates is None:
         raise TrainerError(
             "task_sampling success_variance draws tasks by template: pass each task's template"
         )
@@ -404,7 +404,7 @@ def run_episode_grpo(
             Algo.GRPO,
             episode_grpo_trainer(
                 step_returns=settings.returns_gamma is not None,
-                task_outcomes=rollouts.outcomes if curriculum else None,
+                task_outcomes=rollouts.outcomes if by_success else None,
             ),
             config,
             Dataset.from_list(

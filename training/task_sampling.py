@@ -17,13 +17,17 @@ of that template: each template's tasks in their own shuffled cycle, so a batch 
 repeat a task while the template has others.
 
 `TaskOutcomes` holds the counts: the rollout function (`training.trainers.episode_grpo`)
-adds each judged batch's episodes. `CurriculumSampler` is what the trainer's data loader
+adds each judged batch's episodes. `SuccessVarianceSampler` is what the trainer's data loader
 draws the tasks with instead of `RepeatSampler`, with its batch shape (whole groups,
 each batch repeated for the micro-batches and iterations that train on it). It draws a
 batch's templates when the loader reaches the batch, so the weights follow the run; the
 loader reads ahead (a whole optimiser step's micro-batches, then one more), so a batch's
 draw sees the outcomes of the batches two before it and earlier: the first two batches
 draw from the prior, uniformly over the templates.
+
+`suites.curriculum` is the offline side of the same seed section: it sorts a policy's
+stored episodes into the 30-70 % band to choose what to collect next; this module
+weighs the templates online, while one GRPO run learns.
 
 Pure logic: no trainer, no SQL.
 """
@@ -35,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["CurriculumSampler", "TaskOutcomes", "TaskSampling", "success_variance"]
+__all__ = ["SuccessVarianceSampler", "TaskOutcomes", "TaskSampling", "success_variance"]
 
 
 class TaskSampling(StrEnum):
@@ -83,7 +87,7 @@ class TaskOutcomes:
 
 
 @dataclass
-class CurriculumSampler:
+class SuccessVarianceSampler:
     """Dataset indices in `RepeatSampler`'s shape, each group's template drawn by
     `outcomes` (see the module).
 

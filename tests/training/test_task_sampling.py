@@ -1,4 +1,4 @@
-"""`training.curriculum`: the success-variance draw of GRPO's tasks, and its trainer mixin."""
+"""`training.task_sampling`: the success-variance draw of GRPO's tasks, and its trainer mixin."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from trl.trainer.utils import RepeatSampler
 
-from training.curriculum import CurriculumSampler, TaskOutcomes, success_variance
 from training.errors import TrainerError
+from training.task_sampling import SuccessVarianceSampler, TaskOutcomes, success_variance
 from training.trainers.task_sampler import TaskSamplerMixin
 
 
@@ -37,7 +37,7 @@ def test_task_outcomes_count_per_template() -> None:
     ]
 
 
-def _batches(sampler: CurriculumSampler | RepeatSampler, size: int) -> list[list[int]]:
+def _batches(sampler: SuccessVarianceSampler | RepeatSampler, size: int) -> list[list[int]]:
     drawn = list(sampler)
     return [drawn[i : i + size] for i in range(0, len(drawn), size)]
 
@@ -45,7 +45,7 @@ def _batches(sampler: CurriculumSampler | RepeatSampler, size: int) -> list[list
 def test_the_sampler_has_trls_batch_shape_and_length() -> None:
     templates = ["a"] * 5 + ["b"] * 4 + ["c"] * 3  # 12 tasks
     shape = {"rollouts_per_task": 3, "groups": 2, "batch_repeats": 2}
-    ours = CurriculumSampler(templates=templates, outcomes=TaskOutcomes(), seed=1, **shape)
+    ours = SuccessVarianceSampler(templates=templates, outcomes=TaskOutcomes(), seed=1, **shape)
     trls = RepeatSampler(list(range(12)), mini_repeat_count=3, batch_size=2, repeat_count=2, seed=1)
     assert len(ours) == len(trls) == len(list(ours)) == 6 * 2 * 3 * 2
     # A generation batch: 2 tasks, each 3 times in a row; the batch then comes again (the
@@ -63,7 +63,7 @@ def test_the_draw_favours_templates_near_half_success() -> None:
         for i in range(300):
             outcomes.add(template, i < successes)
     templates = ["half"] * 10 + ["solved"] * 10 + ["unsolved"] * 10
-    sampler = CurriculumSampler(
+    sampler = SuccessVarianceSampler(
         templates=templates, outcomes=outcomes, groups=1, rollouts_per_task=1, seed=3
     )
     drawn = Counter(templates[sampler.draw()[0]] for _ in range(600))
@@ -77,7 +77,7 @@ def test_each_batch_is_drawn_by_the_outcomes_when_the_loader_reaches_it() -> Non
     for _ in range(1000):
         outcomes.add("a", False)  # a: hopeless so far; b: untried
     templates = ["a"] * 8 + ["b"] * 8
-    sampler = CurriculumSampler(
+    sampler = SuccessVarianceSampler(
         templates=templates, outcomes=outcomes, groups=4, rollouts_per_task=2, seed=0
     )
     stream = iter(sampler)
@@ -95,7 +95,7 @@ def test_a_template_s_tasks_come_back_only_after_its_others() -> None:
     outcomes = TaskOutcomes()
     for _ in range(10_000):
         outcomes.add("b", True)  # b: weight ~1e-4, a: 0.25
-    sampler = CurriculumSampler(
+    sampler = SuccessVarianceSampler(
         templates=templates, outcomes=outcomes, groups=3, rollouts_per_task=1, seed=5
     )
     assert sorted(sampler.draw()) == [0, 2, 3]  # a's three tasks, none twice
@@ -103,11 +103,13 @@ def test_a_template_s_tasks_come_back_only_after_its_others() -> None:
 
 def test_the_sampler_refuses_a_batch_its_tasks_cannot_fill() -> None:
     with pytest.raises(ValueError, match="2 tasks cannot fill a batch of 3"):
-        CurriculumSampler(
+        SuccessVarianceSampler(
             templates=["a", "b"], outcomes=TaskOutcomes(), groups=3, rollouts_per_task=2
         )
     with pytest.raises(ValueError, match="at least one group"):
-        CurriculumSampler(templates=["a"], outcomes=TaskOutcomes(), groups=1, rollouts_per_task=0)
+        SuccessVarianceSampler(
+            templates=["a"], outcomes=TaskOutcomes(), groups=1, rollouts_per_task=0
+        )
 
 
 class _Dataset:
@@ -134,7 +136,7 @@ def test_the_mixin_gives_the_trainer_a_sampler_of_its_batch_shape() -> None:
     rows = [{"prompt": f"t{i}", "template": "ab"[i % 2]} for i in range(6)]
     trainer = _trainer(_Dataset(rows), outcomes)
     sampler = TaskSamplerMixin._get_train_sampler(trainer)  # type: ignore[arg-type]
-    assert isinstance(sampler, CurriculumSampler)
+    assert isinstance(sampler, SuccessVarianceSampler)
     assert sampler.outcomes is outcomes and list(sampler.templates) == ["a", "b"] * 3
     assert (sampler.groups, sampler.rollouts_per_task, sampler.batch_repeats) == (2, 3, 8)
     assert sampler.seed == 7
