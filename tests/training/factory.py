@@ -15,6 +15,8 @@ from agent.trajectory import (
     utcnow,
 )
 from sandbox.tool_specs import BUILTIN_TOOLS
+from scoring.rewards import apply_rewards
+from scoring.settings import RewardSettings
 
 TOOL_VERSIONS = {name: spec.version for name, spec in BUILTIN_TOOLS.items()}
 
@@ -93,3 +95,24 @@ def episode(
         verifier_score=1.0 if success else 0.0,
         steps=body,
     )
+
+
+def tokened_episode(
+    *, task: int, rollout: int, success: bool, sampled: int, template: str = "csv_to_json"
+) -> Trajectory:
+    """A rewarded two-turn episode (`ls`, then a final answer) with the token ids and
+    logprobs a policy recorded: turn 0's prompt `[1, 2, 3]` and sampled `[sampled, 9]`;
+    turn 1's prompt extends it with the observation `[50, 51]`, sampled `[sampled + 1, 9]`;
+    logprobs -1 and -2 each turn."""
+    p0 = [1, 2, 3]
+    p1 = [*p0, sampled, 9, 50, 51]
+    t = episode(
+        task=task,
+        rollout=rollout,
+        success=success,
+        template=template,
+        steps=[call_step(0, "ls"), final_step(1)],
+    )
+    for step, prompt, ids in zip(t.steps, (p0, p1), ([sampled, 9], [sampled + 1, 9]), strict=True):
+        step.prompt_token_ids, step.completion_token_ids, step.logprobs = prompt, ids, [-1.0, -2.0]
+    return apply_rewards(t, RewardSettings())

@@ -15,32 +15,12 @@ from typing import Any
 import pytest
 
 from agent.trajectory import Trajectory
-from scoring.rewards import apply_rewards
-from scoring.settings import RewardSettings
-from tests.training.factory import call_step, episode, final_step
+from tests.training.factory import episode, tokened_episode
 from tests.training.grpo_setup import tiny_grpo_training
 from training.errors import TrainerError
 from training.task_sampling import SuccessVarianceSampler, TaskSampling
 from training.trainers.common import TrainJob
 from training.trainers.episode_grpo import JudgedBatch, RolloutBatch, run_episode_grpo
-
-
-def _rollout(task_id: str, template: str, rollout: int, *, success: bool) -> Trajectory:
-    task = int(task_id.rsplit("#", 1)[1].split("-")[0])
-    t = episode(
-        task=task,
-        rollout=rollout,
-        success=success,
-        template=template,
-        steps=[call_step(0, "ls"), final_step(1)],
-    )
-    sampled = 10 + rollout
-    for step, prompt, ids in zip(
-        t.steps, ([1, 2, 3], [1, 2, 3, sampled, 9, 50, 51]), ([sampled, 9], [sampled + 1, 9]),
-        strict=True,
-    ):  # fmt: skip
-        step.prompt_token_ids, step.completion_token_ids, step.logprobs = prompt, ids, [-1.0, -2.0]
-    return apply_rewards(t, RewardSettings())
 
 
 class _TemplateSource:
@@ -54,11 +34,12 @@ class _TemplateSource:
         self.batches.append(batch)
         return [
             [
-                _rollout(
-                    task_id,
-                    self.templates[task_id],
-                    r,
+                tokened_episode(
+                    task=int(task_id.rsplit("#", 1)[1].split("-")[0]),
+                    rollout=r,
                     success=self.templates[task_id] == "solved" or r % 2 == 0,
+                    sampled=10 + r,
+                    template=self.templates[task_id],
                 )
                 for r in range(batch.rollouts_per_task)
             ]
