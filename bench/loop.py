@@ -65,10 +65,11 @@ does the same with the `loop` recipe's small model (`hf:` evaluation): the path 
 `--rl-from DIR` runs only the RL stage and its evaluation again, from the SFT checkpoint
 and oracle collection of a work directory such a run kept (`--keep`), on the same
 held-out instances; the base and SFT figures are that run's stored evaluations, re-read
-from SQL (`run_rl_from`): an RL setting can be tried, or the RL stage repeated, without
-the ~50 minutes of base evaluation, SFT and SFT evaluation before it. A whole run does its
-own RL stage that way too, in a fresh process (`_rl_stage_in_child`): on top of what the
-earlier stages left in this one, `smollm2-rl`'s GRPO was killed for memory.
+from SQL (`bench/loop_rl_from.py`: `run_rl_from`): an RL setting can be tried, or the RL
+stage repeated, without the ~50 minutes of base evaluation, SFT and SFT evaluation before
+it. A whole run does its own RL stage that way too, in a fresh process
+(`rl_stage_in_child`): on top of what the earlier stages left in this one, `smollm2-rl`'s
+GRPO was killed for memory.
 
 `--curve-every-s S` also saves the model every S seconds of training and evaluates each
 save afterwards (completion against training minutes; outside the budget, `curve_s`).
@@ -82,6 +83,11 @@ under bf16 autocast (the recipe's precision: fp32 for `loop`, `auto` for `smollm
 checkpoint was evaluated in, `precision` all of it (`training.precision.precision_report`,
 with `bf16_native`: whether this CPU runs bf16 natively). stdout carries only the JSON
 (or `key: value` lines without `--json`); progress goes to stderr.
+
+This file runs the stages (`run`) and the command line (`main`); beside it,
+`bench/loop_setup.py` applies the recipe to the command line, `bench/loop_eval.py` runs
+and summarises the evaluations, `bench/loop_rl_from.py` runs `--rl-from` and the whole
+run's RL stage in its fresh process, and `bench/loop_rl.py` is the RL stage itself.
 """
 
 from __future__ import annotations
@@ -94,16 +100,19 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# This folder: the script's own, first on sys.path (as mypy maps bench/: no package).
+from loop_eval import base_heldout_tasks, evaluate
+from loop_rl_from import rl_stage_in_child, run_rl_from
+from loop_setup import LoopInputError, apply_recipe, log
 
 SAVE_RESERVE_S = 25.0
 """Seconds kept for storing the checkpoint and fetching it back (registry round-trip)."""
@@ -118,11 +127,6 @@ def _iteration_steps(total: int, n_iter: int, it: int, first_share: float) -> in
     if it == 1:
         return first
     return max(1, (total - first) // (n_iter - 1))
-
-
-def _log(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _collect(
@@ -179,137 +183,6 @@ def _gate(
     return qc_run_id, counts
 
 
-def _served_episodes(
-    model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
-) -> tuple[list[Any], dict[str, Any]]:
-    """Greedy `openai:` episodes against `model_dir` served by `transformers serve`, and
-    the serving figures (startup, generated tokens, tokens/s)."""
-    from agent.policies import make_policy
-    from agent.serving import serve_checkpoint
-    from agent.settings import PolicySettings
-    from collection.evaluation import run_evaluation
-
-    policy_settings = PolicySettings(request_timeout_s=args.request_timeout_s)
-    started = time.perf_counter()
-    with serve_checkpoint(
-        model_dir,
-        log_path=args.work / f"serve-{run_key}.log",
-        policy=policy_settings,
-        torch_threads=args.serve_threads,
-    ) as served:
-        startup_s = time.perf_counter() - started
-        spec = (
-            f"{served.policy_spec}?max_tokens={args.max_new_tokens}"
-            f"&prompt_style={args.prompt_style}"
-        )
-        policy = make_policy(spec, settings=policy_settings)
-        started = time.perf_counter()
-
-        async def episodes() -> list[Any]:
-            try:
-                return await run_evaluation(
-                    policy,
-                    tasks,
-                    run_key=run_key,
-                    suite="builtin",
-                    settings=_eval_settings(args, max_parse_failures=args.eval_max_parse_failures),
-                    engine=args.engine,
-                    store=args.store,
-                    concurrency=args.eval_concurrency,
-                )
-            finally:
-                await policy.aclose()
-
-        trajectories = asyncio.run(episodes())
-        episodes_s = time.perf_counter() - started
-    generated = sum(t.completion_tokens for t in trajectories)
-    return trajectories, {
-        "serve_startup_s": round(startup_s, 1),
-        "generated_tokens": generated,
-        "generation_tokens_per_s": round(generated / episodes_s, 1) if episodes_s else None,
-        "policy": spec.split("#", 1)[0] + "#<dir>?" + spec.split("?", 1)[1],
-        "serve_threads": args.serve_threads,
-        "concurrency": args.eval_concurrency,
-    }
-
-
-def _eval_settings(args: argparse.Namespace, *, max_parse_failures: int | None = None) -> Any:
-    """The environment's settings with the recipe's evaluation budget (episodes are stored
-    in the loop's database, `args.engine`, as collection runs `loop-eval-…`)."""
-    from collection.evaluation import evaluation_settings
-    from config.settings import load_settings
-
-    return evaluation_settings(
-        load_settings(), max_steps=args.eval_max_steps, max_parse_failures=max_parse_failures
-    )
-
-
-def _evaluate(
-    model_dir: Path, tasks: list[Any], *, run_key: str, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Greedy episodes on the held-out tasks (`hf:` in process, or `openai:` on the served
-    checkpoint): completion, per template, turn rates; infrastructure outcomes apart."""
-    from collection.evaluation import run_model_evaluation
-
-    started = time.perf_counter()
-    serving: dict[str, Any] | None = None
-    if args.eval_policy == "openai":
-        trajectories, serving = _served_episodes(model_dir, tasks, run_key=run_key, args=args)
-    else:
-        trajectories = asyncio.run(
-            run_model_evaluation(
-                model_dir,
-                tasks,
-                run_key=run_key,
-                suite="builtin",
-                settings=_eval_settings(args),
-                max_new_tokens=args.max_new_tokens,
-                engine=args.engine,
-                store=args.store,
-            )
-        )
-    if args.dump is not None:
-        with args.dump.open("a", encoding="utf-8") as out:
-            for t in trajectories:
-                out.write(t.model_dump_json() + "\n")
-    return _evaluation_summary(
-        trajectories, tasks, eval_s=time.perf_counter() - started, serving=serving
-    )
-
-
-def _evaluation_summary(
-    trajectories: list[Any], tasks: list[Any], *, eval_s: float | None, serving: Any
-) -> dict[str, Any]:
-    """What the JSON says of one evaluation: completion overall and per template, turn
-    rates, statuses; infrastructure outcomes counted apart (`training.evaluation`)."""
-    from training.evaluation import evaluation_metrics
-
-    metrics = evaluation_metrics(trajectories, tasks)
-
-    def r(x: float | None) -> float | None:
-        return None if x is None else round(x, 3)
-
-    return {
-        "completion_rate": round(metrics.completion_rate, 3),
-        "by_template": {k: round(v, 3) for k, v in metrics.by_template.items()},
-        "avg_steps": round(metrics.avg_steps, 2),
-        "tool_failure_rate": round(metrics.tool_failure_rate, 3),
-        "parse_error_rate": r(metrics.parse_error_rate),
-        "wrong_tool_rate": r(metrics.wrong_tool_rate),
-        "wrong_content_rate": r(metrics.wrong_content_rate),
-        "premature_final_rate": r(metrics.premature_final_rate),
-        "exact_call_rate": r(metrics.exact_call_rate),
-        "statuses": dict(Counter(t.status.value for t in trajectories)),
-        "episodes": len(trajectories),
-        "infrastructure_episodes": metrics.n_infrastructure,
-        "eval_s": round(eval_s, 1) if eval_s is not None else None,
-        "serving": serving,
-        "sample_first_turn": trajectories[0].steps[0].raw_output[:300]
-        if trajectories and trajectories[0].steps
-        else "",
-    }
-
-
 class _Curve:
     """Saves the model every `every_s` seconds of training (for the completion curve)."""
 
@@ -326,286 +199,6 @@ class _Curve:
             self.losses.append(
                 {"step": step, "s": round(now - self._started, 1), "loss": round(logs["loss"], 4)}
             )
-
-
-class LoopInputError(Exception):
-    """A command line `bench/loop.py` cannot run (exit 2, the message names what to fix)."""
-
-
-def _stored_evaluation(
-    engine: Any, store: Any, run_key: str, tasks: list[Any], where: Path
-) -> dict[str, Any]:
-    """The summary of evaluation run `run_key` as it is stored in a kept work directory,
-    over exactly `tasks` (each must have its episode there)."""
-    from models import run_id_for
-    from storage.run_reads import run_trajectories
-
-    stored = {t.task_id: t for t in run_trajectories(engine, store, run_id_for(run_key))}
-    missing = [t.task_id for t in tasks if t.task_id not in stored]
-    if missing:
-        raise LoopInputError(
-            f"--rl-from {where}: evaluation run {run_key} has no episode of {len(missing)} of "
-            f"the {len(tasks)} held-out instances (e.g. {missing[0]}); give the recipe, "
-            "--templates, --heldout and --base-heldout the run was made with"
-        )
-    return _evaluation_summary([stored[t.task_id] for t in tasks], tasks, eval_s=None, serving=None)
-
-
-def _newest_sft(engine: Any) -> uuid.UUID | None:
-    """The newest checkpoint an SFT training run saved."""
-    from sqlmodel import Session, col, select
-
-    from models import Checkpoint, TrainingRun
-
-    query = (
-        select(Checkpoint.id)
-        .join(TrainingRun, col(Checkpoint.training_run_id) == col(TrainingRun.id))
-        .where(TrainingRun.algo == "sft")
-        .order_by(col(Checkpoint.created_at).desc())
-    )
-    with Session(engine) as session:
-        return session.exec(query).first()
-
-
-def _newest_gate(engine: Any, run_id: uuid.UUID) -> uuid.UUID | None:
-    """The newest gate run over collection run `run_id`."""
-    from sqlmodel import Session, col, select
-
-    from models import QcRun
-
-    query = (
-        select(QcRun.id).where(col(QcRun.run_id) == run_id).order_by(col(QcRun.started_at).desc())
-    )
-    with Session(engine) as session:
-        return session.exec(query).first()
-
-
-_RUN_KEYS = frozenset(
-    {
-        "recipe",
-        "rl_from",
-        "total_s",
-        "load_avg",
-        "templates",
-        "heldout_instances",
-        "base_heldout_instances",
-        "base",
-        "sft",
-        "cpu_flags",
-    }
-)
-"""Keys of `run_rl_from`'s report that describe its own run, not the RL stage."""
-
-
-CHILD_STOP_S = 120.0
-"""Seconds a stopping run gives its RL child to stop before killing it (a GRPO trainer stops
-within a micro-batch, or at once while it waits for rollouts)."""
-
-
-def _rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
-    """The RL stage and its evaluation in a fresh process: this command line again with
-    `--rl-from work` (`run_rl_from`), its progress on this stderr; returns the RL keys of
-    its JSON.
-
-    Why a process: after the base evaluation, SFT and the SFT evaluation this process
-    held ~17 GB (freed memory glibc keeps), and `smollm2-rl`'s GRPO on top of it was
-    killed for memory at its third optimiser step (anon RSS 24.2 GB, 24 GiB machine);
-    alone, the stage's first step peaked at 10.4 GiB (docs/training.md).
-
-    Raises:
-        RuntimeError: the child failed (its stderr, on this stderr, says why).
-    """
-    argv = [a for a in sys.argv[1:] if a not in ("--json", "--keep")]
-    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--json"]
-    command += ["--rl-from", str(work)]
-    _log(quiet, f"RL stage in a fresh process: {' '.join(command[1:])}")
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
-        try:
-            out, _ = child.communicate()
-        except BaseException as e:
-            # This run is stopping (SIGTERM, Ctrl-C): so does the child, the same way, so
-            # that its rollout run ends `interrupted`, its training run `failed` and its
-            # jails closed; killed only if it does not end in CHILD_STOP_S. Ctrl-C reached
-            # it already (its terminal's process group): a second signal would cut its stop.
-            if not isinstance(e, KeyboardInterrupt):
-                child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(CHILD_STOP_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            raise
-    lines = out.strip().splitlines()
-    if child.returncode != 0 or not lines:
-        raise RuntimeError(f"the RL stage ({' '.join(command[1:])}) exited {child.returncode}")
-    report: dict[str, Any] = json.loads(lines[-1])
-    return {k: v for k, v in report.items() if k not in _RUN_KEYS}
-
-
-def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
-    """`--rl-from DIR`: the RL stage and the RL evaluation again, in DIR, a work directory
-    an earlier `--recipe smollm2-rl` (or `smollm2`) run kept (`--keep`): from its SFT
-    checkpoint and oracle collection, on the same held-out instances. The base and SFT
-    figures are its stored evaluations, re-read from SQL (not re-run: `base_eval_s` and
-    the SFT's `eval_s` are None); `rl_from` names DIR. Each call is a new training run, a
-    new rollout run and a new evaluation run (`loop-eval-rl-<time>`), beside the earlier ones.
-
-    Raises:
-        LoopInputError: DIR is not such a directory, or the recipe has no RL stage.
-    """
-    from loop_rl import cpu_flags
-
-    from models import run_id_for
-    from storage.db import make_engine
-    from storage.migrate import upgrade
-    from storage.objects import LocalObjectStore
-    from storage.settings import DatabaseSettings
-    from suites.builtin import builtin_suite
-
-    recipe, settings, templates, _, _, heldout_n = _setup(args)
-    where = Path(args.rl_from).resolve()
-    if recipe.rl is None:
-        raise LoopInputError(f"--rl-from needs a recipe with an RL stage, not {recipe.name}")
-    if not (where / "loop.db").is_file() or not (where / "objects").is_dir():
-        raise LoopInputError(
-            f"--rl-from {where}: no loop.db and objects/ there; give a work directory "
-            "that bench/loop.py --recipe smollm2-rl --keep left"
-        )
-    load_start = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    engine = make_engine(DatabaseSettings(url=f"sqlite:///{where / 'loop.db'}"))
-    try:
-        upgrade(engine)
-        store = LocalObjectStore(where / "objects")
-        args.work, args.engine, args.store = where, engine, store
-        heldout = builtin_suite().heldout_instances(heldout_n, templates=templates)
-        base_tasks = _base_tasks(heldout, templates, args.base_heldout)
-        base_eval = _stored_evaluation(engine, store, "loop-eval-base", base_tasks, where)
-        sft_eval = _stored_evaluation(engine, store, "loop-eval-1", heldout, where)
-        sft_id = _newest_sft(engine)
-        oracle_run = run_id_for("loop-oracle")
-        gate_id = _newest_gate(engine, oracle_run)
-        if sft_id is None or gate_id is None:
-            raise LoopInputError(
-                f"--rl-from {where}: no SFT checkpoint or no gated oracle collection "
-                "(loop-oracle) in loop.db; give a directory whose run got past its SFT stage"
-            )
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        _log(args.quiet, f"RL again from {where}: SFT checkpoint {sft_id}, run {stamp}")
-        rl_keys = _rl_stage(
-            args,
-            recipe=recipe,
-            settings=settings,
-            sft_checkpoint_id=sft_id,
-            oracle_run_id=oracle_run,
-            oracle_gate_id=gate_id,
-            templates=templates,
-            heldout=heldout,
-            work=where / f"rl-from-{stamp}",
-            evaluations=(base_eval, sft_eval),
-            eval_run_key=f"loop-eval-rl-{stamp}",
-        )
-    finally:
-        engine.dispose()
-    return {
-        "recipe": recipe.name,
-        "rl_from": str(where),
-        "sft_checkpoint_id": str(sft_id),
-        "total_s": round(time.perf_counter() - t0, 1),
-        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        "templates": templates,
-        "heldout_instances": len(heldout),
-        "base_heldout_instances": len(base_tasks),
-        "base": {k: v for k, v in base_eval.items() if k != "sample_first_turn"},
-        "sft": {k: v for k, v in sft_eval.items() if k != "sample_first_turn"},
-        "cpu_flags": cpu_flags(),
-    } | rl_keys
-
-
-def _setup(args: argparse.Namespace) -> tuple[Any, Any, list[str], int, int, int]:
-    """The recipe, its training settings with the command line's overrides, the templates,
-    oracle, noisy and held-out instances per template; the evaluation's limits set on
-    `args`."""
-    from training.recipes import get_recipe
-    from training.settings import TrainingSettings
-
-    recipe = get_recipe(args.recipe)
-    settings = recipe.training_settings(TrainingSettings())
-    overrides = {
-        k: v
-        for k, v in {
-            "seed": args.seed,
-            "sft_learning_rate": args.lr,
-            "batch_size": args.batch,
-            "hidden_size": args.hidden,
-            "intermediate_size": args.hidden * 4 if args.hidden else None,
-            "num_layers": args.layers,
-            "save_every_s": args.curve_every_s,
-            "max_steps": args.max_steps,
-        }.items()
-        if v is not None
-    }
-    settings = settings.model_copy(update=overrides)
-    templates = list(args.templates or recipe.templates)
-    train_tasks = args.train_tasks if args.train_tasks is not None else recipe.oracle_tasks
-    noisy_tasks = args.noisy_tasks if args.noisy_tasks is not None else recipe.noisy_tasks
-    heldout_n = args.heldout if args.heldout is not None else recipe.heldout
-    args.eval_max_steps = args.eval_max_steps or recipe.eval_max_steps
-    args.max_new_tokens = args.max_new_tokens or recipe.eval_max_new_tokens
-    args.eval_policy = recipe.eval_policy
-    args.eval_concurrency = recipe.eval_concurrency
-    args.eval_max_parse_failures = recipe.eval_max_parse_failures
-    args.serve_threads = recipe.serve_threads
-    args.prompt_style = settings.prompt_style.value
-    args.base_heldout = args.base_heldout or recipe.base_heldout or 2
-    return recipe, settings, templates, train_tasks, noisy_tasks, heldout_n
-
-
-def _base_tasks(heldout: list[Any], templates: list[str], per_template: int) -> list[Any]:
-    """The first `per_template` held-out instances of each template (the base's)."""
-    return [
-        t for name in templates for t in [h for h in heldout if h.template == name][:per_template]
-    ]
-
-
-def _rl_stage(
-    args: argparse.Namespace,
-    *,
-    recipe: Any,
-    settings: Any,
-    sft_checkpoint_id: uuid.UUID,
-    oracle_run_id: uuid.UUID,
-    oracle_gate_id: uuid.UUID,
-    templates: list[str],
-    heldout: list[Any],
-    work: Path,
-    evaluations: tuple[dict[str, Any], dict[str, Any]],
-    eval_run_key: str,
-) -> dict[str, Any]:
-    """GRPO from the SFT checkpoint (`bench/loop_rl.py`), the RL checkpoint evaluated on
-    `heldout`, and the RL keys of the JSON beside the base and SFT `evaluations`."""
-    # bench/loop_rl.py: this script's folder is sys.path[0] (as mypy maps bench/)
-    from loop_rl import rl_report, run_rl_stage
-
-    stage = run_rl_stage(
-        args.engine,
-        args.store,
-        recipe=recipe,
-        sft_settings=settings,
-        sft_checkpoint_id=sft_checkpoint_id,
-        oracle_run_id=oracle_run_id,
-        oracle_gate_id=oracle_gate_id,
-        templates=templates,
-        work=work,
-        rollout_settings=_eval_settings(args, max_parse_failures=args.eval_max_parse_failures),
-        steps=args.rl_steps,
-        groups_per_step=args.rl_groups,
-        tokens_per_step=args.rl_tokens_per_step,
-        log=lambda message: _log(args.quiet, message),
-    )
-    rl_eval = _evaluate(stage.model_dir, heldout, run_key=eval_run_key, args=args)
-    _log(args.quiet, f"RL eval: {rl_eval}")
-    base_eval, sft_eval = evaluations
-    return rl_report(base_eval, sft_eval, rl_eval, stage, templates=templates)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -628,12 +221,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.threads import tuned_threads
 
     quiet = args.quiet
-    recipe, settings, templates, train_tasks, noisy_tasks, heldout_n = _setup(args)
+    recipe, settings, templates, train_tasks, noisy_tasks, heldout_n = apply_recipe(args)
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="epiflow-bench-loop-"))
     args.work = work
-    _log(quiet, f"recipe {recipe.name}, work directory {work}")
+    log(quiet, f"recipe {recipe.name}, work directory {work}")
     iterations: list[dict[str, Any]] = []
     try:
         engine = make_engine(DatabaseSettings(url=f"sqlite:///{work / 'loop.db'}"))
@@ -666,14 +259,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 seed=train_tasks,
             )
         collect_s = time.perf_counter() - started
-        _log(quiet, f"collected in {collect_s:.1f}s")
+        log(quiet, f"collected in {collect_s:.1f}s")
 
         # 2. gate every run
         started = time.perf_counter()
         config = load_qc_config()
         gates = {name: _gate(engine, store, r, config) for name, r in runs.items()}
         gate_s = time.perf_counter() - started
-        _log(quiet, f"gated in {gate_s:.1f}s: {[g[1] for g in gates.values()]}")
+        log(quiet, f"gated in {gate_s:.1f}s: {[g[1] for g in gates.values()]}")
 
         # 3. one SFT snapshot from what the gates admitted
         verdicts = tuple(args.verdicts)
@@ -704,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         snapshot = write_snapshot(
             engine, store, kind=DatasetKind.SFT, built=built, filter_=filter_for(list(runs), {})
         )
-        _log(quiet, f"snapshot: {snapshot.n_rows} rows, weight {snapshot.weight_sum:.1f}")
+        log(quiet, f"snapshot: {snapshot.n_rows} rows, weight {snapshot.weight_sum:.1f}")
 
         # 4. base model from scratch
         suite = builtin_suite()
@@ -757,12 +350,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             base_dir = fetch_checkpoint(engine, store, base_id, work / "base-eval-model")
         base_build_s = time.perf_counter() - started
         warmup = get_checkpoint(engine, base_id).metrics.get("copy_warmup")
-        _log(quiet, f"base model in {base_build_s:.1f}s (copy warm-up: {warmup_s})")
+        log(quiet, f"base model in {base_build_s:.1f}s (copy warm-up: {warmup_s})")
 
         # 5. the base on a few held-out instances
-        base_tasks = _base_tasks(heldout, templates, args.base_heldout)
-        base_eval = _evaluate(base_dir, base_tasks, run_key="loop-eval-base", args=args)
-        _log(quiet, f"base eval: {base_eval}")
+        base_tasks = base_heldout_tasks(heldout, templates, args.base_heldout)
+        base_eval = evaluate(base_dir, base_tasks, run_key="loop-eval-base", args=args)
+        log(quiet, f"base eval: {base_eval}")
 
         # 6-8. train (and iterate) within the budget
         parent_id, snapshot_rows, curve = base_id, built.rows, _Curve(args.curve_every_s)
@@ -813,7 +406,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # seconds left, so the machine's load changes the time and not the result.
                 steps = _iteration_steps(step_budget, n_iter, it, args.first_share)
                 budget_update: dict[str, Any] = {"max_steps": steps, "max_time_s": None}
-                _log(quiet, f"iteration {it}: training for {steps} steps")
+                log(quiet, f"iteration {it}: training for {steps} steps")
             else:
                 elapsed = time.perf_counter() - t0
                 left = args.budget_s - elapsed - eval_reserve * (n_iter - it + 1)
@@ -823,7 +416,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     share = left * args.first_share
                 max_time = max(30.0, share)
                 budget_update = {"max_time_s": max_time}
-                _log(quiet, f"iteration {it}: training for {max_time:.0f}s")
+                log(quiet, f"iteration {it}: training for {max_time:.0f}s")
             started = time.perf_counter()
             outcome = train_checkpoint(
                 engine,
@@ -838,14 +431,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             train_s = time.perf_counter() - started
             train_s_total += train_s
             result = outcome.result
-            _log(
-                quiet, f"trained in {train_s:.1f}s: {result.steps} steps, loss {result.train_loss}"
-            )
+            log(quiet, f"trained in {train_s:.1f}s: {result.steps} steps, loss {result.train_loss}")
             trained_dir = fetch_checkpoint(
                 engine, store, outcome.checkpoint_id, work / f"trained-model-{it}"
             )
-            evaluation = _evaluate(trained_dir, heldout, run_key=f"loop-eval-{it}", args=args)
-            _log(quiet, f"iteration {it} eval: {evaluation}")
+            evaluation = evaluate(trained_dir, heldout, run_key=f"loop-eval-{it}", args=args)
+            log(quiet, f"iteration {it} eval: {evaluation}")
             iterations.append(
                 {
                     "iteration": it,
@@ -860,7 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             parent_id = outcome.checkpoint_id
         rl_keys: dict[str, Any] = {}
         if recipe.rl is not None and result is not None:
-            rl_keys = _rl_stage_in_child(work, quiet=quiet)
+            rl_keys = rl_stage_in_child(work, quiet=quiet)
         bare_torch = None
         if recipe.bare_torch_steps > 0 and result is not None:
             bare_torch = _bare_torch(
@@ -871,7 +462,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bf16=result.bf16,
                 threads=result.threads[0] if result.threads else 1,
             )
-            _log(quiet, f"bare torch: {bare_torch}")
+            log(quiet, f"bare torch: {bare_torch}")
         total_s = time.perf_counter() - t0
 
         curve_points: list[dict[str, Any]] = []
@@ -1053,7 +644,7 @@ def _evaluate_saves(
         # The save lacks the training config; the final model has the same one.
         shutil.copy(model_dir / CONFIG_FILE, save / CONFIG_FILE)
         mark = json.loads((save / ELAPSED_FILE).read_text())
-        evaluation = _evaluate(save, heldout, run_key=f"loop-curve-{save.name}", args=args)
+        evaluation = evaluate(save, heldout, run_key=f"loop-curve-{save.name}", args=args)
         out.append(
             {
                 "step": int(mark["step"]),
