@@ -26,7 +26,9 @@ The counts come from two places and are reported side by side: what the trainer
 counted (`rollouts_generated`, `groups_used`, `groups_dropped_*`,
 `infrastructure_rollouts`: `training.groups.GroupCounts`) and what SQL holds
 (`storage.grpo_rollouts.rollout_run_figures`: `rollouts_stored`, the rollout run's
-`grpo_rollout` rows joined to their episodes; `episodes_stored`, its `episode` rows).
+`grpo_rollout` rows joined to their episodes; `episodes_stored`, its `episode` rows;
+`rollouts_by_template`, each template's rollouts and their success rate, infrastructure
+outcomes aside: what the task draw, `TrainingSettings.task_sampling`, spent the groups on).
 `rollout_tokens_per_s` is the tokens the policy sampled (`episode.completion_tokens`) per
 second of rollout wall time, a generation batch's wall time being its first episode's
 start to its last one's end (sandbox, tools and verifier included); `trainer_tokens_per_s` is the tokens the trainer fed its model
@@ -233,6 +235,11 @@ def run_rl_stage(
             "rollout_tokens_per_s": round(stored.rollout_tokens_per_s, 2)
             if stored.rollout_tokens_per_s is not None
             else None,
+            # What the task draw spent the groups on, and how those rollouts ended.
+            "rollouts_by_template": {
+                t: {"rollouts": r.rollouts, "success_rate": r.success_rate}
+                for t, r in stored.by_template.items()
+            },
             "trainer_tokens": result.tokens,
             # None when no group was trained: the trainer then saw only placeholder slots.
             "trainer_tokens_per_s": round(result.tokens / trainer_s, 2)

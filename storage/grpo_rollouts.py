@@ -17,17 +17,22 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, col
 
+from agent.trajectory import INFRASTRUCTURE_STATUSES, EpisodeStatus
 from core.errors import reason_line
 from models import Episode, GrpoRollout
 from storage.errors import IngestError
 
 __all__ = [
     "RolloutRunFigures",
+    "TemplateRollouts",
     "grpo_rollouts_of_run",
     "record_grpo_rollouts",
     "rollout_run_figures",
     "rollout_run_key",
 ]
+
+_INFRASTRUCTURE = frozenset(s.value for s in INFRASTRUCTURE_STATUSES)
+"""`episode.status` values of an infrastructure outcome (not the policy's: no outcome)."""
 
 
 def rollout_run_key(training_run_key: str) -> str:
@@ -73,6 +78,22 @@ def grpo_rollouts_of_run(engine: Engine, run_id: uuid.UUID) -> list[GrpoRollout]
         return [GrpoRollout.model_validate(r.model_dump()) for r in rows]
 
 
+class TemplateRollouts(BaseModel):
+    """One template's stored rollouts of a GRPO rollout run."""
+
+    rollouts: int
+    """Rollouts (`grpo_rollout` rows) of the template."""
+    outcomes: int
+    """Those that ended with an outcome (infrastructure failures aside)."""
+    successes: int
+    """Those that succeeded."""
+
+    @property
+    def success_rate(self) -> float | None:
+        """successes / outcomes; None without an outcome."""
+        return self.successes / self.outcomes if self.outcomes else None
+
+
 class RolloutRunFigures(BaseModel):
     """What SQL holds of a GRPO rollout run (`rollout_run_figures`)."""
 
@@ -85,6 +106,9 @@ class RolloutRunFigures(BaseModel):
     rollout_wall_s: float
     """Wall time of the generation batches: per policy version, its first episode's start
     to its last episode's end (sandboxes, tools and verifier included), summed."""
+    by_template: dict[str, TemplateRollouts] = {}
+    """The stored rollouts per task template: what the run's task draw
+    (`TrainingSettings.task_sampling`) spent its groups on, and how they ended."""
 
     @property
     def rollout_tokens_per_s(self) -> float | None:
@@ -102,6 +126,8 @@ def rollout_run_figures(engine: Engine, run_id: uuid.UUID) -> RolloutRunFigures:
                 col(Episode.started_at),
                 col(Episode.ended_at),
                 col(Episode.completion_tokens),
+                col(Episode.template),
+                col(Episode.status),
             ).where(col(Episode.run_id) == run_id)
         ).all()
         versions = dict(
@@ -112,13 +138,25 @@ def rollout_run_figures(engine: Engine, run_id: uuid.UUID) -> RolloutRunFigures:
             ).all()
         )
     spans: dict[int, list[datetime]] = defaultdict(list)
-    for episode_id, started, ended, _ in episodes:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for episode_id, started, ended, _, template, status in episodes:
         version = versions.get(episode_id)
-        if version is not None and started is not None and ended is not None:
+        if version is None:
+            continue
+        if started is not None and ended is not None:
             spans[int(version)] += [started, ended]
+        seen = counts[str(template)]
+        seen[0] += 1
+        if status not in _INFRASTRUCTURE:
+            seen[1] += 1
+            seen[2] += status == EpisodeStatus.SUCCESS.value
     return RolloutRunFigures(
         rollouts_stored=len(versions),
         episodes_stored=len(episodes),
-        sampled_tokens=sum(int(tokens or 0) for *_, tokens in episodes),
+        sampled_tokens=sum(int(row[3] or 0) for row in episodes),
         rollout_wall_s=sum((max(ts) - min(ts)).total_seconds() for ts in spans.values()),
+        by_template={
+            t: TemplateRollouts(rollouts=n, outcomes=o, successes=s)
+            for t, (n, o, s) in sorted(counts.items())
+        },
     )

@@ -13,6 +13,7 @@ from agent.trajectory import EpisodeStatus, FailureCategory
 from models import GrpoRollout, run_id_for
 from storage.episodes import persist_episodes
 from storage.grpo_rollouts import (
+    TemplateRollouts,
     grpo_rollouts_of_run,
     record_grpo_rollouts,
     rollout_run_figures,
@@ -86,7 +87,8 @@ def test_rollout_run_figures_count_the_stored_rollouts_and_time_the_batches(
 ) -> None:
     """Two generation batches of two rollouts (policy versions 0 and 1), each batch 10 s
     from its first start to its last end, 30 sampled tokens an episode; a fifth episode of
-    the run has no `grpo_rollout` row (an episode, not a rollout)."""
+    the run has no `grpo_rollout` row (an episode, not a rollout). The second batch is of
+    `dir_tree`, one rollout failed, the other's jail did not start."""
     store = LocalObjectStore(tmp_path / "objects")
     store.check()
     trajectories = []
@@ -94,7 +96,13 @@ def test_rollout_run_figures_count_the_stored_rollouts_and_time_the_batches(
         steps = [call_step(0, "ls"), final_step(1)]
         for step in steps:
             step.completion_tokens = 15
-        t = episode(run_key=RUN_KEY, task=i // 2, rollout=i % 2, steps=steps)
+        template = "dir_tree" if i in (2, 3) else "csv_to_json"
+        t = episode(
+            run_key=RUN_KEY, task=i // 2, rollout=i % 2, steps=steps, template=template,
+            success=i != 2,
+        )  # fmt: skip
+        if i == 3:
+            t.status, t.failure_category = EpisodeStatus.ENV_ERROR, FailureCategory.ENV_ERROR
         started = START + timedelta(seconds=100 * (i // 2) + 4 * (i % 2))
         t.started_at, t.ended_at = started, started + timedelta(seconds=6)
         trajectories.append(t)
@@ -111,6 +119,12 @@ def test_rollout_run_figures_count_the_stored_rollouts_and_time_the_batches(
     assert figures.sampled_tokens == 5 * 30
     assert figures.rollout_wall_s == 20.0  # 2 batches × (4 s apart + 6 s long)
     assert figures.rollout_tokens_per_s == 150 / 20.0
+    # Per template: the rollouts (not the fifth episode), outcomes without the infrastructure one.
+    assert figures.by_template == {
+        "csv_to_json": TemplateRollouts(rollouts=2, outcomes=2, successes=2),
+        "dir_tree": TemplateRollouts(rollouts=2, outcomes=1, successes=0),
+    }
+    assert figures.by_template["dir_tree"].success_rate == 0.0
     empty = rollout_run_figures(migrated_engine, uuid.uuid4())
     assert (empty.rollouts_stored, empty.episodes_stored, empty.rollout_tokens_per_s) == (
         0,
