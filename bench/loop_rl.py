@@ -268,6 +268,7 @@ def run_rl_stage(
                     "rl_tokens_per_step",
                     "returns_gamma",
                     "task_sampling",
+                    "rollout_batch_window_s",
                 )
             }
             | {

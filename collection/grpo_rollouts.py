@@ -118,10 +118,12 @@ def trainer_model_policy(
     batch_size: int,
     settings: Settings,
     generation_dtype: GenerationDtype | None = None,
+    batch_window_s: float = 0.0,
 ) -> PolicyFactory:
     """The default `PolicyFactory`: the trainer's model in-process (`HFPolicy.from_loaded`),
-    sampling at `temperature`, up to `batch_size` episodes' turns generated together, its
-    spec naming the run and the policy version. With `generation_dtype`, the turns are
+    sampling at `temperature`, up to `batch_size` episodes' turns generated together (a
+    call waits up to `batch_window_s` for that many), its spec naming the run and the
+    policy version. With `generation_dtype`, the turns are
     sampled from one copy of the model in that dtype, its weights copied from the
     trainer's at each policy version (`agent.policies.hf_replica`); None: from the
     trainer's model itself."""
@@ -143,7 +145,10 @@ def trainer_model_policy(
             spec=f"hf:grpo/{run_key}@{batch.policy_version}",
             prompt_style=prompt_style,
             generation=HFGeneration(
-                do_sample=True, temperature=temperature, max_batch_size=batch_size
+                do_sample=True,
+                temperature=temperature,
+                max_batch_size=batch_size,
+                batch_window_s=batch_window_s,
             ),
         )
 
@@ -373,6 +378,7 @@ def run_grpo_rollouts(
     temperature: float = 1.0,
     max_new_tokens: int = 256,
     generation_dtype: GenerationDtype | None = None,
+    batch_window_s: float = 0.0,
     training_run_id: uuid.UUID | None = None,
     stop: threading.Event | None = None,
 ) -> T:
@@ -412,6 +418,7 @@ def run_grpo_rollouts(
         batch_size=concurrency,
         settings=settings,
         generation_dtype=generation_dtype,
+        batch_window_s=batch_window_s,
     )
     trained: list[T] = []
 

@@ -284,6 +284,7 @@ def train_grpo_model(
             temperature=training.temperature,
             max_new_tokens=training.max_completion_length,
             generation_dtype=rollout_dtype(training),
+            batch_window_s=training.rollout_batch_window_s,
             training_run_id=run_id,
             stop=job.stop,
         )

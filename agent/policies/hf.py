@@ -26,7 +26,8 @@ temperature (1 when greedy), before top-p cuts the distribution: the quantity TR
 Batching: one generation runs at a time, in a worker thread so the event loop stays live.
 Requests that arrive while it runs wait and form the next batch, left-padded, when
 `HFGeneration.max_batch_size` allows more than one (the default is 1: greedy runs stay
-reproducible); `batch_window_s` holds a batch open that long for more requests first. A
+reproducible); `batch_window_s` holds a batch open up to that long for more requests
+first, and no longer once `max_batch_size` are waiting. A
 request alone is generated exactly as before batching existed: no padding, the same
 generation config. Rows of a batch get the same token budget as alone (the model's
 positions left after their prompt, at most `settings.max_tokens`); a request that would
@@ -114,8 +115,10 @@ class HFGeneration(BaseModel):
     on timing, so a greedy evaluation batched could flip a close argmax between runs.
     RL rollouts, sampled anyway, batch the group (e.g. 8)."""
     batch_window_s: float = Field(default=0.0, ge=0)
-    """How long a batch stays open for more requests before it runs (0: whatever is waiting
-    when the previous generation ends)."""
+    """How long a batch stays open for more requests before it runs, at most: it runs as
+    soon as `max_batch_size` requests wait (0: whatever is waiting when the previous
+    generation ends). Concurrent episodes fall out of step (each waits for its tools
+    between turns), so without a window a batch holds whoever happened to be waiting."""
 
 
 @dataclass
@@ -204,6 +207,7 @@ class HFPolicy(Policy):
         self._prompt_style: PromptStyle | None = None
         self._jobs: list[_Job] = []
         self._jobs_lock = threading.Lock()
+        self._jobs_waiting = threading.Condition(self._jobs_lock)
         self._worker: threading.Thread | None = None
         self._stats = HFTokenStats()
         self._warned: set[str] = set()
@@ -279,6 +283,7 @@ class HFPolicy(Policy):
         job = _Job(request)
         with self._jobs_lock:
             self._jobs.append(job)
+            self._jobs_waiting.notify()
             start = self._worker is None
             if start:
                 self._worker = threading.Thread(
@@ -294,11 +299,14 @@ class HFPolicy(Policy):
 
     def _drain(self) -> None:
         """Worker thread: run batches until no request waits, then end."""
+        size = self.generation.max_batch_size
         while True:
-            if self.generation.batch_window_s:
-                time.sleep(self.generation.batch_window_s)
-            with self._jobs_lock:
-                taken = self._jobs[: self.generation.max_batch_size]
+            with self._jobs_waiting:
+                if self.generation.batch_window_s and self._jobs:  # a batch to hold open
+                    closes = time.monotonic() + self.generation.batch_window_s
+                    while len(self._jobs) < size and (left := closes - time.monotonic()) > 0:
+                        self._jobs_waiting.wait(left)
+                taken = self._jobs[:size]
                 del self._jobs[: len(taken)]
                 if not taken:
                     self._worker = None

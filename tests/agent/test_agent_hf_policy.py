@@ -309,6 +309,35 @@ def test_sampled_rollouts_batch_across_episodes_and_repeat_with_a_seed(tiny_chec
     ]
 
 
+def test_a_full_batch_runs_without_waiting_out_its_window(tiny_checkpoint: Path, task):
+    """`batch_window_s` holds a batch open for more requests only while fewer than
+    `max_batch_size` wait: four requests arriving together run as one batch at once, not
+    after the (here one-minute) window."""
+    import time
+
+    generation = HFGeneration(do_sample=True, seed=3, batch_window_s=60.0, max_batch_size=4)
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=6), generation=generation)
+    request = PolicyRequest(
+        task=task,
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": task.prompt}],
+        tools=list(BUILTIN_TOOLS.values()),
+    )
+
+    async def go() -> float:
+        started = time.monotonic()
+        try:
+            answers = await asyncio.gather(*(policy.respond(request) for _ in range(4)))
+            assert all(a.completion_token_ids for a in answers)
+            return time.monotonic() - started
+        finally:
+            await policy.aclose()  # no request left: the worker ends without a window
+
+    elapsed = asyncio.run(go())
+    stats = policy.token_stats
+    assert (stats.batches, stats.largest_batch, stats.answers) == (1, 4, 4)
+    assert elapsed < 30.0  # far below the window: the full batch did not wait for it
+
+
 def test_a_loaded_model_is_driven_in_place(tiny_checkpoint: Path, task):
     """`from_loaded` generates with the caller's model and tokenizer, restores its training
     mode, and leaves both to the caller after `aclose`."""
