@@ -31,9 +31,6 @@ __all__ = [
     "rollout_run_key",
 ]
 
-_INFRASTRUCTURE = frozenset(s.value for s in INFRASTRUCTURE_STATUSES)
-"""`episode.status` values of an infrastructure outcome (not the policy's: no outcome)."""
-
 
 def rollout_run_key(training_run_key: str) -> str:
     """The collection run key of a training run's rollouts (one rollout run per training
@@ -147,9 +144,9 @@ def rollout_run_figures(engine: Engine, run_id: uuid.UUID) -> RolloutRunFigures:
             spans[int(version)] += [started, ended]
         seen = counts[str(template)]
         seen[0] += 1
-        if status not in _INFRASTRUCTURE:
+        if status not in INFRASTRUCTURE_STATUSES:  # StrEnum: equal to the stored strings
             seen[1] += 1
-            seen[2] += status == EpisodeStatus.SUCCESS.value
+            seen[2] += status == EpisodeStatus.SUCCESS
     return RolloutRunFigures(
         rollouts_stored=len(versions),
         episodes_stored=len(episodes),
