@@ -1,21 +1,22 @@
-"""One GRPO generation batch of real rollouts, generated with and without a batch window.
+"""One GRPO generation batch of real rollouts, decoded continuously, with and without a window.
 
     python bench/rollout_batching.py --model DIR [--windows 0 1.0] [--groups 9]
                                      [--rollouts-per-task 6] [--concurrency 16] [--seed 0]
 
-The `hf:` policy generates the turns waiting when its previous `generate` call ends; the
-episodes fall out of step between turns (tools, jails, verifiers), so on the
-`smollm2-rl` recipe a call held 6.9 rows of the 16 allowed (`docs/training.md`, "Where
-the rollout time goes"). `TrainingSettings.rollout_batch_window_s`
-(`HFGeneration.batch_window_s`) holds a call open up to that long for more rows, and no
-longer once `--concurrency` wait. This runs the same batch (`--groups` tasks of the
+The `hf:` policy decodes the concurrent episodes' turns in one batch that rows join and
+leave at every step (`agent.policies.hf_decode`); the episodes fall out of step between
+turns (tools, jails, verifiers). `TrainingSettings.rollout_batch_window_s`
+(`HFGeneration.batch_window_s`) holds an idle policy up to that long for more rows, and
+no longer once `--concurrency` wait. This runs the same batch (`--groups` tasks of the
 smollm2 templates, `--rollouts-per-task` each, temperature 1, turn limits and tokens of
 the recipe's evaluation) once per `--windows` value, back to back, through
 `collection.grpo_rollouts.run_grpo_rollouts` (real nsjail sandboxes, the online gate, a
 throwaway database and store) with the checkpoint at `--model` as the trainer's model
 (the rollouts come from its bf16 copy, as in the recipe on a bf16 CPU). Prints JSON per
-window: the batch's wall time, sampled tokens and tokens/s, generate calls and rows per
-call, successes; with the load average before and after and the CPU flags.
+window: the batch's wall time, sampled tokens and tokens/s, turns, joins (prefills) and
+rows per join, decode steps and rows per step, the largest batch, a turn's mean wait for
+its answer (`generation_latency_ms`), successes; with the load average before and after
+and the CPU flags.
 
 `--model`: an SFT checkpoint directory, e.g. `<work>/rl-from-…/rl/base` of a
 `bench/loop.py --recipe smollm2-rl --keep` run (the policy must act, or every episode
@@ -119,15 +120,22 @@ def one_batch(
     episodes = [t for g in groups for t in g]
     sampled = sum(int(t.completion_tokens or 0) for t in episodes)
     stats = policies[0].token_stats
+    waits = [s.generation_latency_ms for t in episodes for s in t.steps if s.generation_latency_ms]
     return {
         "batch_window_s": window_s,
         "rollouts": len(episodes),
         "batch_s": round(seconds, 1),
         "sampled_tokens": sampled,
         "rollout_tokens_per_s": round(sampled / seconds, 2),
-        "generate_calls": stats.batches,
-        "rows_per_call": round(stats.answers / stats.batches, 2) if stats.batches else None,
-        "largest_call": stats.largest_batch,
+        "turns": stats.answers,
+        "joins": stats.batches,
+        "rows_per_join": round(stats.answers / stats.batches, 2) if stats.batches else None,
+        "decode_steps": stats.decode_steps,
+        "rows_per_step": round(stats.row_steps / stats.decode_steps, 2)
+        if stats.decode_steps
+        else None,
+        "largest_batch": stats.largest_batch,
+        "turn_wait_s": round(sum(waits) / len(waits) / 1000, 2) if waits else None,
         "successes": sum(t.status is EpisodeStatus.SUCCESS for t in episodes),
     }
 

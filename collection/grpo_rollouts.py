@@ -121,8 +121,9 @@ def trainer_model_policy(
     batch_window_s: float = 0.0,
 ) -> PolicyFactory:
     """The default `PolicyFactory`: the trainer's model in-process (`HFPolicy.from_loaded`),
-    sampling at `temperature`, up to `batch_size` episodes' turns generated together (a
-    call waits up to `batch_window_s` for that many), its spec naming the run and the
+    sampling at `temperature`, up to `batch_size` episodes' turns decoded together, joining
+    and leaving at every step (an idle policy waits up to `batch_window_s` for that many),
+    its spec naming the run and the
     policy version. With `generation_dtype`, the turns are
     sampled from one copy of the model in that dtype, its weights copied from the
     trainer's at each policy version (`agent.policies.hf_replica`); None: from the

@@ -141,9 +141,10 @@ class TrainingSettings(BaseSettings):
     episode, from its total reward. Must be in (0, 1]; not the default because it was not
     measured at the recipe's scale (docs/training.md, "Per-turn returns")."""
     rollout_batch_window_s: float = Field(default=0.0, ge=0)
-    """How long an agentic GRPO rollout's generate call waits for more episodes' turns, at
-    most, before it runs (`HFGeneration.batch_window_s`; it runs at once when the rollout
-    concurrency's worth wait). 0: whoever waits when the previous call ends."""
+    """How long the idle rollout policy of agentic GRPO waits for more episodes' turns, at
+    most, before it starts decoding (`HFGeneration.batch_window_s`; it starts at once when
+    the rollout concurrency's worth wait). Turns that arrive while others decode join
+    them at the next step without a window. 0: at once."""
     task_sampling: TaskSampling = TaskSampling.UNIFORM
     """How agentic GRPO draws each batch's tasks (`training.task_sampling`): `uniform`
     (TRL's shuffled pass over the tasks, the default) or `success_variance` (each group's

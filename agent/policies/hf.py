@@ -23,15 +23,15 @@ The logprob of a sampled token is taken from the model's scores divided by the s
 temperature (1 when greedy), before top-p cuts the distribution: the quantity TRL's
 `GRPOTrainer` computes from its logits, so old and new logprobs compare.
 
-Batching: one generation runs at a time, in a worker thread so the event loop stays live.
-Requests that arrive while it runs wait and form the next batch, left-padded, when
-`HFGeneration.max_batch_size` allows more than one (the default is 1: greedy runs stay
-reproducible); `batch_window_s` holds a batch open up to that long for more requests
-first, and no longer once `max_batch_size` are waiting. A
-request alone is generated exactly as before batching existed: no padding, the same
-generation config. Rows of a batch get the same token budget as alone (the model's
-positions left after their prompt, at most `settings.max_tokens`); a request that would
-push a longer batch past the model's positions waits for the next batch.
+Batching: one worker thread decodes, so the event loop stays live. With
+`HFGeneration.max_batch_size` above 1 (the default is 1: greedy runs stay reproducible) the
+requests decode together and continuously (`agent.policies.hf_decode`): a waiting request
+joins the running batch at the next step, and a row leaves it, answered, the step it ends,
+so a turn neither waits for a whole batch to finish nor idles behind the batch's longest
+row. `batch_window_s` holds an idle policy for more requests first, and no longer once
+`max_batch_size` are waiting. Each row has its own positions and mask, so a request alone
+is decoded as in a batch, only without padding; its budget is the model's positions left
+after its own prompt, at most `settings.max_tokens`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.errors import PolicyError, PolicyLoadError
 from agent.policies.base import Policy, PolicyRequest, PolicyResponse
+from agent.policies.hf_decode import DecodeBatch, Row, Sampling
 from agent.policies.hf_tokens import ChatTokens, PromptIds
 from agent.prompt import PromptStyle, render_system_prompt
 from agent.settings import PolicySettings
@@ -106,19 +107,19 @@ class HFGeneration(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass (1: the whole distribution). Ignored when greedy."""
     seed: int | None = None
-    """Seed of the sampling: each batch draws from a generator seeded by it and the batch's
-    (episode seed, step) pairs, so a rollout repeats when its batch does; the process's
-    torch generator is left as it was. None: draw from the process's generator."""
+    """Seed of the sampling: each request draws from its own generator, seeded by it and
+    the request's (episode seed, step), so a rollout repeats whoever shares its batch (up
+    to floating-point noise in the scores); the process's torch generator is left as it
+    was. None: draw from the process's generator."""
     max_batch_size: int = Field(default=1, ge=1)
-    """Most requests generated in one batch. 1 by default: a left-padded batch is not
-    bit-identical to generating each row alone, and which requests share a batch depends
-    on timing, so a greedy evaluation batched could flip a close argmax between runs.
-    RL rollouts, sampled anyway, batch the group (e.g. 8)."""
+    """Most rows decoding at once. 1 by default: a padded batch is not bit-identical to
+    decoding each row alone, and which requests share a batch depends on timing, so a
+    greedy evaluation batched could flip a close argmax between runs. RL rollouts,
+    sampled anyway, decode the concurrent episodes' turns together (e.g. 16)."""
     batch_window_s: float = Field(default=0.0, ge=0)
-    """How long a batch stays open for more requests before it runs, at most: it runs as
-    soon as `max_batch_size` requests wait (0: whatever is waiting when the previous
-    generation ends). Concurrent episodes fall out of step (each waits for its tools
-    between turns), so without a window a batch holds whoever happened to be waiting."""
+    """How long an idle policy waits, at most, for more requests before it starts
+    decoding: it starts as soon as `max_batch_size` requests wait (0: at once). Requests
+    that arrive while rows decode join at the next step, without a window."""
 
 
 @dataclass
@@ -132,9 +133,13 @@ class HFTokenStats:
     full_renders: int = 0
     """Turns after an episode's first whose prompt had to be rendered and encoded whole."""
     batches: int = 0
-    """Generate calls."""
+    """Joins: prefill forwards, each of the requests that joined the decoding batch together."""
     largest_batch: int = 0
-    """Most requests in one generate call."""
+    """Most rows decoding at once."""
+    decode_steps: int = 0
+    """Decode forwards of closed batches (a batch closes when its last row ends)."""
+    row_steps: int = 0
+    """Rows summed over those forwards: `row_steps / decode_steps` rows a step."""
 
 
 @dataclass
@@ -145,44 +150,8 @@ class _Job:
     )
     prompt: PromptIds | None = None
     budget: int = 0
-    started: bool = False
-    """Taken by the worker (its future is running): a job deferred to the next batch."""
-
-
-class _SampledLogprobs:
-    """A logits processor that keeps, per row, the logprob of each token the model picks.
-
-    Called once per generated position with the scores before temperature and top-p; the
-    token picked from them is only known at the next call (or from the output), so the
-    log-softmax of one position is kept until then.
-    """
-
-    def __init__(self, temperature: float) -> None:
-        self.temperature = temperature
-        self.picked: list[Any] = []
-        self._pending: Any = None
-
-    def _take(self, tokens: Any) -> None:
-        if self._pending is not None:
-            self.picked.append(self._pending.gather(1, tokens[:, None]).squeeze(1))
-            self._pending = None
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        self._take(input_ids[:, -1])
-        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, last_tokens: Any) -> list[list[float]]:
-        """Per row, the logprob of every generated position."""
-        import torch
-
-        self._take(last_tokens)
-        if not self.picked:
-            return []
-        rows: list[list[float]] = torch.stack(self.picked, dim=1).tolist()
-        return rows
+    abandoned: bool = False
+    """Its caller stopped waiting (cancelled): the row leaves the batch at the next step."""
 
 
 class HFPolicy(Policy):
@@ -211,6 +180,7 @@ class HFPolicy(Policy):
         self._worker: threading.Thread | None = None
         self._stats = HFTokenStats()
         self._warned: set[str] = set()
+        self._was_training = False
 
     @classmethod
     def from_loaded(
@@ -292,70 +262,124 @@ class HFPolicy(Policy):
         if start:
             assert self._worker is not None
             self._worker.start()
-        # Cancelling this await (the loop's policy timeout) cancels the job if it has
-        # not started; a started one finishes with its batch and its answer is dropped.
-        response = await asyncio.wrap_future(job.future)
+        # Cancelling this await (the loop's policy timeout, a stop) cancels the job if it
+        # has not started; a started one leaves the decoding batch at its next step.
+        try:
+            response = await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.abandoned = True
+            raise
         return response.model_copy(update={"latency_ms": (time.perf_counter() - started) * 1000.0})
 
     def _drain(self) -> None:
-        """Worker thread: run batches until no request waits, then end."""
+        """Worker thread: decode until no row is live and no request waits, then end.
+
+        Waiting requests join the decoding batch before each step (`hf_decode`), up to
+        `max_batch_size` rows; the window holds an idle batch open for more of them.
+        """
         size = self.generation.max_batch_size
+        batch: DecodeBatch | None = None
         while True:
             with self._jobs_waiting:
-                if self.generation.batch_window_s and self._jobs:  # a batch to hold open
+                live = len(batch) if batch is not None else 0
+                if self.generation.batch_window_s and self._jobs and not live:
                     closes = time.monotonic() + self.generation.batch_window_s
                     while len(self._jobs) < size and (left := closes - time.monotonic()) > 0:
                         self._jobs_waiting.wait(left)
-                taken = self._jobs[:size]
+                room = size - live if batch is None or batch.can_join else 0
+                taken = self._jobs[:room]
                 del self._jobs[: len(taken)]
-                if not taken:
+                if not taken and not live:
                     self._worker = None
                     return
-            ready = [j for j in taken if j.started or j.future.set_running_or_notify_cancel()]
-            for job in ready:
-                job.started = True
+            ready = [j for j in taken if j.future.set_running_or_notify_cancel()]
             try:
-                deferred = self._run(ready)
+                batch = self._advance(batch, ready)
             except Exception as e:
-                # Not a policy failure (those are set per job in `_run`): a programming
-                # error, handed to every caller of the batch as it is; the next batch runs.
-                for job in ready:
+                # Not a policy failure (those are set per job in `_advance`): a
+                # programming error, handed to every caller of the batch as it is.
+                live_jobs = [r.key for r in batch.rows] if batch is not None else []
+                for job in [*ready, *live_jobs]:
                     if not job.future.done():
                         job.future.set_exception(e)
-                continue
-            if deferred:
-                with self._jobs_lock:
-                    self._jobs[:0] = deferred
+                self._close_batch(batch)
+                batch = None
 
-    def _run(self, jobs: list[_Job]) -> list[_Job]:
-        """Prepare and generate `jobs`; returns those left for the next batch (still running)."""
-        if not jobs:
-            return []
-        try:
-            self._load()
-        except PolicyError as e:
-            for job in jobs:
-                job.future.set_exception(e)
-            return []
-        batch: list[_Job] = []
+    def _advance(self, batch: DecodeBatch | None, jobs: list[_Job]) -> DecodeBatch | None:
+        """Let `jobs` join the batch, then run one decode step; answer the rows that end.
+        Returns the batch, or None once no row is left in it."""
+        if jobs:
+            try:
+                self._load()
+            except PolicyError as e:
+                for job in jobs:
+                    job.future.set_exception(e)
+                jobs = []
+        rows: list[Row] = []
         for job in jobs:
             try:
                 self._prepare(job)
             except PolicyError as e:
                 job.future.set_exception(e)
             else:
-                batch.append(job)
-        batch, deferred = self._fit(batch)
-        if batch:
-            try:
-                answers = self._generate(batch)
-            except PolicyError as e:
-                for job in batch:
-                    job.future.set_exception(e)
-            else:
-                for job, answer in zip(batch, answers, strict=True):
-                    job.future.set_result(answer)
-        return deferred
+                assert job.prompt is not None
+                rows.append(
+                    Row(job, list(job.prompt.ids), job.budget, generator=self._generator(job))
+                )
+        if batch is None:
+            if not rows:
+                return None
+            batch = self._open_batch()
+        for row in batch.rows:
+            row.done = row.done or row.key.abandoned
+        batch.finished()  # abandoned rows: nobody waits for their answer
+        try:
+            ended = batch.admit(rows)
+            if rows:
+                self._stats.batches += 1
+            self._stats.largest_batch = max(self._stats.largest_batch, len(batch) + len(ended))
+            ended += batch.step()
+        except (RuntimeError, ValueError, IndexError) as e:
+            error = PolicyError(f"generation with {self.path} failed: {e}")
+            for job in [*(r.key for r in rows), *(r.key for r in batch.rows)]:
+                if not job.future.done():
+                    job.future.set_exception(error)
+            self._close_batch(batch)
+            return None
+        eos = self._tokenizer.eos_token_id
+        for row in ended:
+            row.key.future.set_result(self._answer(row.key, row.tokens, row.logprobs, eos))
+        if len(batch):
+            return batch
+        self._close_batch(batch)
+        return None
+
+    def _open_batch(self) -> DecodeBatch:
+        """An empty decoding batch over the model, put in eval mode until it closes."""
+        tokenizer, model, options = self._tokenizer, self._model, self.generation
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        self._was_training = bool(getattr(model, "training", False))
+        if self._was_training:
+            model.eval()
+        return DecodeBatch(
+            model,
+            eos=eos,
+            pad=pad,
+            sampling=Sampling(
+                do_sample=options.do_sample, temperature=options.temperature, top_p=options.top_p
+            ),
+        )
+
+    def _close_batch(self, batch: DecodeBatch | None) -> None:
+        """Give the model back its training mode; fold the batch's counts into the stats."""
+        if batch is None:
+            return
+        if self._was_training:
+            self._model.train()
+            self._was_training = False
+        self._stats.decode_steps += batch.steps
+        self._stats.row_steps += batch.row_steps
 
     def _context_limit(self) -> int | None:
         limit = getattr(self._model.config, "max_position_embeddings", None)
@@ -381,6 +405,7 @@ class HFPolicy(Policy):
             self._stats.extended_prompts += 1
         # Never generate past the model's positions: the answer is cut to fit, and a
         # history that already fills the context is the policy's failure, not a crash.
+        # Each row has its own positions in the batch, so only its own prompt counts.
         limit = self._context_limit()
         length = len(prompt.ids)
         budget = (
@@ -394,106 +419,34 @@ class HFPolicy(Policy):
             )
         job.prompt, job.budget = prompt, budget
 
-    def _fit(self, jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
-        """The jobs that can share one generate call, and those that wait: a batch runs
-        as many steps as its largest budget, which must fit after every row's prompt."""
-        limit = self._context_limit()
-        batch: list[_Job] = []
-        deferred: list[_Job] = []
-        steps = 0
-        for job in jobs:
-            assert job.prompt is not None
-            candidate = [*batch, job]
-            need = max(steps, job.budget)
-            if limit is None or all(
-                len(j.prompt.ids) + need <= limit for j in candidate if j.prompt
-            ):
-                batch, steps = candidate, need
-            else:
-                deferred.append(job)
-        return batch, deferred
-
-    def _seed(self, jobs: Sequence[_Job]) -> int:
-        rows = ",".join(f"{j.request.seed}:{j.request.step_index}" for j in jobs)
-        digest = hashlib.sha256(f"{self.generation.seed}|{rows}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
-
-    def _generate(self, jobs: Sequence[_Job]) -> list[PolicyResponse]:
+    def _generator(self, job: _Job) -> Any:
+        """The row's own seeded generator (None: the process's), from the policy's seed and
+        the request's (episode seed, step): a rollout's draws do not depend on its batch."""
+        if not (self.generation.do_sample and self.generation.seed is not None):
+            return None
         import torch
 
-        tokenizer, model, options = self._tokenizer, self._model, self.generation
-        eos = tokenizer.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-        prompts = [list(j.prompt.ids) if j.prompt else [] for j in jobs]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.tensor(
-            [[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=model.device
-        )
-        attention = torch.tensor(
-            [[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-            dtype=torch.long,
-            device=model.device,
-        )
-        sampling: dict[str, Any] = (
-            {"temperature": options.temperature, "top_p": options.top_p, "top_k": 0}
-            if options.do_sample
-            else {}
-        )
-        config = _transformers().GenerationConfig(
-            do_sample=options.do_sample,
-            max_new_tokens=max(j.budget for j in jobs),
-            eos_token_id=eos,
-            pad_token_id=pad,
-            **sampling,
-        )
-        recorder = _SampledLogprobs(options.temperature if options.do_sample else 1.0)
-        processors = _transformers().LogitsProcessorList([recorder])
-        training = bool(getattr(model, "training", False))
-        cuda = [model.device] if model.device.type == "cuda" else []
-        try:
-            if training:
-                model.eval()
-            with torch.inference_mode(), torch.random.fork_rng(devices=cuda):
-                if options.do_sample and options.seed is not None:
-                    torch.manual_seed(self._seed(jobs))
-                output = model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    generation_config=config,
-                    logits_processor=processors,
-                )
-        except (RuntimeError, ValueError, IndexError) as e:
-            raise PolicyError(f"generation with {self.path} failed: {e}") from e
-        finally:
-            if training:
-                model.train()
-        logprobs = recorder.finish(output[:, -1])
-        new = output[:, width:].tolist()
-        self._stats.batches += 1
-        self._stats.largest_batch = max(self._stats.largest_batch, len(jobs))
-        return [
-            self._answer(job, row, logprobs[i] if logprobs else [], eos)
-            for i, (job, row) in enumerate(zip(jobs, new, strict=True))
-        ]
+        key = f"{self.generation.seed}|{job.request.seed}:{job.request.step_index}"
+        digest = hashlib.sha256(key.encode()).digest()
+        generator = torch.Generator(device=self._model.device)
+        generator.manual_seed(int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF)
+        return generator
 
     def _answer(
-        self, job: _Job, row: list[int], logprobs: list[float], eos: int | None
+        self, job: _Job, tokens: list[int], logprobs: list[float], eos: int | None
     ) -> PolicyResponse:
-        cut = row[: job.budget]
-        if eos is not None and eos in cut:
-            cut = cut[: cut.index(eos) + 1]
         assert job.prompt is not None
         self._stats.answers += 1
-        text = self._tokenizer.decode(cut, skip_special_tokens=True)
+        text = self._tokenizer.decode(tokens, skip_special_tokens=True)
         return PolicyResponse(
             text=str(text),
             prompt_tokens=len(job.prompt.ids),
-            completion_tokens=len(cut),
-            finish_reason="stop" if cut and cut[-1] == eos else "length",
+            completion_tokens=len(tokens),
+            finish_reason="stop" if tokens and tokens[-1] == eos else "length",
             model=str(self.path),
             prompt_token_ids=list(job.prompt.ids),
-            completion_token_ids=cut,
-            logprobs=[float(x) for x in logprobs[: len(cut)]],
+            completion_token_ids=list(tokens),
+            logprobs=[float(x) for x in logprobs],
             token_prefix_break=job.prompt.fallback,
         )
 

@@ -6,6 +6,7 @@ Async code runs through `asyncio.run` inside plain test functions (no asyncio pl
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,54 @@ class MemoryOpener:
 @pytest.fixture
 def memory_opener() -> Callable[..., MemoryOpener]:
     return MemoryOpener
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny, randomly initialised Qwen2 checkpoint built here (no downloads): a byte-level
+    BPE trained on a few protocol strings, TRL's `qwen2_5.jinja` chat template."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    trl = pytest.importorskip("trl")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    template = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
+    if not template.is_file():
+        pytest.skip(f"TRL ships no {template.name} in this version")
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = [
+        '<tool_call id="c1" name="read_file">\n<arg name="path">data/in.txt</arg>\n</tool_call>',
+        "<final>done</final> system user assistant tool You are an agent working inside a sandbox.",
+    ] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = template.read_text()
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    fast.save_pretrained(path)
+    config = transformers.Qwen2Config(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16384,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    return path

@@ -1,4 +1,4 @@
-"""The `hf:` policy with a tiny, randomly initialised Qwen2 checkpoint built here (no downloads).
+"""The `hf:` policy with a tiny, randomly initialised Qwen2 checkpoint (`tests/agent/conftest.py`).
 
 The tokenizer is a byte-level BPE trained on a few protocol strings; the chat template is
 TRL's `qwen2_5.jinja` from the installed package. The model's output is garbage by
@@ -25,55 +25,6 @@ from sandbox.tool_specs import BUILTIN_TOOLS
 from tests.agent.conftest import MemoryOpener, memory_verify
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    trl = pytest.importorskip("trl")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    template = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
-    if not template.is_file():
-        pytest.skip(f"TRL ships no {template.name} in this version")
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    corpus = [
-        '<tool_call id="c1" name="read_file">\n<arg name="path">data/in.txt</arg>\n</tool_call>',
-        "<final>done</final> system user assistant tool You are an agent working inside a sandbox.",
-    ] * 20
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-    )
-    fast.chat_template = template.read_text()
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    fast.save_pretrained(path)
-    config = transformers.Qwen2Config(
-        vocab_size=len(fast),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16384,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
 
 
 def test_generates_text_with_token_counts(tiny_checkpoint: Path, task) -> None:
@@ -539,3 +490,31 @@ def test_a_replica_refuses_weights_of_another_model(tiny_checkpoint: Path):
         model.lm_head.weight = torch.nn.Parameter(torch.zeros(3, 3))
     with pytest.raises(PolicyLoadError, match="float32 replica"):
         replica.sync(model, version=1)
+
+
+def test_a_cancelled_turn_leaves_the_decoding_batch(tiny_checkpoint: Path, task):
+    """A turn whose caller stops waiting (the loop's policy timeout, a stop) is not decoded
+    to its budget: its row leaves at the next step, unanswered, and the worker ends."""
+    policy = HFPolicy(tiny_checkpoint, PolicySettings(max_tokens=4000))
+    request = PolicyRequest(
+        task=task,
+        # Greedy, this checkpoint answers this prompt without an end of turn: 4,000 tokens.
+        messages=[
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "tool user assistant"},
+        ],
+        tools=list(BUILTIN_TOOLS.values()),
+    )
+
+    async def go() -> None:
+        turn = asyncio.ensure_future(policy.respond(request))
+        await asyncio.sleep(1.0)
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        await asyncio.wait_for(policy.aclose(), timeout=30)
+
+    asyncio.run(go())
+    stats = policy.token_stats
+    assert stats.answers == 0
+    assert 0 < stats.decode_steps < 4000
