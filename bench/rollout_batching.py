@@ -15,7 +15,8 @@ throwaway database and store) with the checkpoint at `--model` as the trainer's 
 (the rollouts come from its bf16 copy, as in the recipe on a bf16 CPU). Prints JSON per
 window: the batch's wall time, sampled tokens and tokens/s, turns, joins (prefills) and
 rows per join, decode steps and rows per step, the largest batch, a turn's mean wait for
-its answer (`generation_latency_ms`), successes; with the load average before and after
+its answer (`generation_latency_ms`), the turns' prompt tokens and those an earlier turn's
+KV cache held (not prefilled again), successes; with the load average before and after
 and the CPU flags.
 
 `--model`: an SFT checkpoint directory, e.g. `<work>/rl-from-…/rl/base` of a
@@ -136,6 +137,8 @@ def one_batch(
         else None,
         "largest_batch": stats.largest_batch,
         "turn_wait_s": round(sum(waits) / len(waits) / 1000, 2) if waits else None,
+        "prompt_tokens": sum(int(t.prompt_tokens or 0) for t in episodes),
+        "cached_prompt_tokens": stats.cached_prompt_tokens,
         "successes": sum(t.status is EpisodeStatus.SUCCESS for t in episodes),
     }
 

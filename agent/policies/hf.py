@@ -31,7 +31,9 @@ so a turn neither waits for a whole batch to finish nor idles behind the batch's
 row. `batch_window_s` holds an idle policy for more requests first, and no longer once
 `max_batch_size` are waiting. Each row has its own positions and mask, so a request alone
 is decoded as in a batch, only without padding; its budget is the model's positions left
-after its own prompt, at most `settings.max_tokens`.
+after its own prompt, at most `settings.max_tokens`. An answered turn's KV cache is kept
+(the newest `max_batch_size` of them) and the episode's next turn, whose prompt ids extend
+it, prefills only its tail (`HFTokenStats.cached_prompt_tokens`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -140,6 +143,8 @@ class HFTokenStats:
     """Decode forwards of closed batches (a batch closes when its last row ends)."""
     row_steps: int = 0
     """Rows summed over those forwards: `row_steps / decode_steps` rows a step."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens not prefilled: an earlier turn of the episode left their KV cache."""
 
 
 @dataclass
@@ -181,6 +186,8 @@ class HFPolicy(Policy):
         self._stats = HFTokenStats()
         self._warned: set[str] = set()
         self._was_training = False
+        self._kept: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        """KV caches of answered turns, by their prompt and answer ids (`_keep`)."""
 
     @classmethod
     def from_loaded(
@@ -323,9 +330,8 @@ class HFPolicy(Policy):
                 job.future.set_exception(e)
             else:
                 assert job.prompt is not None
-                rows.append(
-                    Row(job, list(job.prompt.ids), job.budget, generator=self._generator(job))
-                )
+                row = Row(job, list(job.prompt.ids), job.budget, generator=self._generator(job))
+                rows.append(self._with_prefix(row))
         if batch is None:
             if not rows:
                 return None
@@ -349,10 +355,35 @@ class HFPolicy(Policy):
         eos = self._tokenizer.eos_token_id
         for row in ended:
             row.key.future.set_result(self._answer(row.key, row.tokens, row.logprobs, eos))
+            self._keep(row)
         if len(batch):
             return batch
         self._close_batch(batch)
         return None
+
+    def _with_prefix(self, row: Row) -> Row:
+        """`row` with the KV cache of an earlier turn whose ids start its prompt (the
+        longest kept), taken out of the store: only the rest of the prompt is prefilled."""
+        best: tuple[int, ...] | None = None
+        for ids in self._kept:
+            longer = best is None or len(ids) > len(best)
+            if longer and len(ids) <= len(row.prompt) and tuple(row.prompt[: len(ids)]) == ids:
+                best = ids
+        if best is not None:
+            row.prefix, row.prefix_len = self._kept.pop(best), len(best) - 1
+            self._stats.cached_prompt_tokens += row.prefix_len
+        return row
+
+    def _keep(self, row: Row) -> None:
+        """Keep an answered row's KV cache for its episode's next turn (whose prompt ids
+        extend its prompt and answer: `hf_tokens`), the oldest dropped past
+        `max_batch_size` kept."""
+        if row.kv is None:
+            return
+        self._kept[tuple(row.prompt + row.tokens)] = row.kv
+        row.kv = None
+        while len(self._kept) > self.generation.max_batch_size:
+            self._kept.popitem(last=False)
 
     def _open_batch(self) -> DecodeBatch:
         """An empty decoding batch over the model, put in eval mode until it closes."""
@@ -369,6 +400,7 @@ class HFPolicy(Policy):
             sampling=Sampling(
                 do_sample=options.do_sample, temperature=options.temperature, top_p=options.top_p
             ),
+            keep_kv=True,
         )
 
     def _close_batch(self, batch: DecodeBatch | None) -> None:
@@ -454,6 +486,7 @@ class HFPolicy(Policy):
         worker = self._worker
         if worker is not None:
             await asyncio.to_thread(worker.join)
+        self._kept.clear()
         if self._owns_model:
             self._model = None
             self._tokenizer = None

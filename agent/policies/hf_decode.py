@@ -23,9 +23,15 @@ when seeded (`Row.generator`), by inverse CDF over the scores divided by the tem
 after top-p; its logprob is taken before top-p (what TRL recomputes). Greedy rows take the
 argmax.
 
+A multi-turn episode's next prompt is its last prompt and answer plus a tail (the
+observation turn: `hf_tokens`), so with `keep_kv` a row that ends keeps its KV cache
+(`Row.kv`: its prompt and every answer token but the last, which was never fed), and the
+policy hands it back with the episode's next turn (`Row.prefix`): only the tail is
+prefilled, from the end of the prefix.
+
 Only caches made of plain `DynamicLayer`s (full attention: Llama, Qwen2, SmolLM2) can be
 merged; for any other (`can_join` false) rows join only an empty batch, which is a batch
-per admission as `generate` ran it.
+per admission as `generate` ran it, and no row keeps its cache.
 """
 
 from __future__ import annotations
@@ -57,9 +63,16 @@ class Row:
     """New tokens at most."""
     generator: Any = None
     """A seeded `torch.Generator` for this row's draws; None: the process's generator."""
+    prefix: Any = None
+    """The KV cache of the prompt's first `prefix_len` tokens, per layer (keys, values) of
+    batch 1, kept from an earlier turn (`DecodeBatch.keep_kv`); None: prefill it all."""
+    prefix_len: int = 0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False
+    kv: Any = None
+    """Set when the row ends in a batch that keeps them: the KV cache of its prompt and
+    tokens but the last (which was never fed), per layer (keys, values) of batch 1."""
 
 
 class DecodeBatch:
@@ -69,8 +82,12 @@ class DecodeBatch:
     torch work under `torch.inference_mode()`.
     """
 
-    def __init__(self, model: Any, *, eos: int | None, pad: int, sampling: Sampling) -> None:
+    def __init__(
+        self, model: Any, *, eos: int | None, pad: int, sampling: Sampling, keep_kv: bool = False
+    ) -> None:
         self.model = model
+        self.keep_kv = keep_kv
+        """Give each row that ends its KV cache (`Row.kv`), for its episode's next turn."""
         self.eos = eos
         self.pad = pad
         self.sampling = sampling
@@ -97,12 +114,24 @@ class DecodeBatch:
         return all(type(layer) is DynamicLayer for layer in self._cache.layers)
 
     def admit(self, rows: list[Row]) -> list[Row]:
-        """Prefill `rows` together, sample each one's first token and merge them into the
-        batch; returns those already finished (their first token ended them)."""
+        """Prefill `rows`, sample each one's first token and merge them into the batch;
+        returns those already finished (their first token ended them). Rows without a
+        cached prefix are prefilled together; a row with one (`Row.prefix`), alone, from
+        the end of its prefix."""
         import torch
 
-        if not rows:
-            return []
+        fresh = [r for r in rows if r.prefix is None]
+        with torch.inference_mode():
+            if fresh:
+                self._prefill(fresh)
+            for row in rows:
+                if row.prefix is not None:
+                    self._prefill_after(row)
+        return self.finished()
+
+    def _prefill(self, rows: list[Row]) -> None:
+        import torch
+
         device = self.model.device
         width = max(len(r.prompt) for r in rows)
         ids = torch.tensor(
@@ -115,20 +144,39 @@ class DecodeBatch:
             dtype=torch.long,
             device=device,
         )
-        with torch.inference_mode():
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            self.prefills += 1
-            self._merge(out.cache, mask)
-            self.rows.extend(rows)
-            self._pick(rows, out.logits[:, -1, :])
-        return self.finished()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._joined(rows, out, mask)
+
+    def _prefill_after(self, row: Row) -> None:
+        """Prefill the part of `row`'s prompt after its cached prefix."""
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        device = self.model.device
+        start, total = row.prefix_len, len(row.prompt)
+        out = self.model(
+            input_ids=torch.tensor([row.prompt[start:]], dtype=torch.long, device=device),
+            attention_mask=torch.ones((1, total), dtype=torch.long, device=device),
+            position_ids=torch.arange(start, total, device=device)[None, :],
+            cache=DynamicCache(ddp_cache_data=row.prefix),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        row.prefix = None  # merged: the batch's cache holds it now
+        self._joined([row], out, torch.ones((1, total), dtype=torch.long, device=device))
+
+    def _joined(self, rows: list[Row], out: Any, mask: Any) -> None:
+        self.prefills += 1
+        self._merge(out.cache, mask)
+        self.rows.extend(rows)
+        self._pick(rows, out.logits[:, -1, :])
 
     def step(self) -> list[Row]:
         """One forward of every live row's last token; returns the rows that ended."""
@@ -166,6 +214,18 @@ class DecodeBatch:
         if not ended:
             return []
         keep = [i for i, r in enumerate(self.rows) if not r.done]
+        with torch.inference_mode():
+            if self.keep_kv and self.can_join:
+                for i, row in enumerate(self.rows):
+                    if row.done:
+                        start = self._mask.shape[1] - int(self._mask[i].sum().item())
+                        row.kv = [
+                            (
+                                layer.keys[i : i + 1, :, start:].clone(),
+                                layer.values[i : i + 1, :, start:].clone(),
+                            )
+                            for layer in self._cache.layers
+                        ]
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             self._cache = self._mask = None

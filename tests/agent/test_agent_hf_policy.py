@@ -197,6 +197,10 @@ def test_multi_turn_episode_in_a_real_jail_is_token_exact(tiny_checkpoint: Path,
     _assert_token_exact(traj)
     stats = policy.token_stats
     assert (stats.answers, stats.extended_prompts, stats.full_renders) == (3, 2, 0)
+    # Turns 2 and 3 were prefilled from the cache the turn before left: the earlier
+    # turns' prompt and answer ids but the last answer token (which was never fed).
+    sent = [len(s.prompt_token_ids) + len(s.completion_token_ids) - 1 for s in traj.steps[:2]]
+    assert stats.cached_prompt_tokens == sum(sent)
     # The observation the loop fed back is in the tail, as the template renders it.
     from transformers import AutoTokenizer
 

@@ -163,3 +163,28 @@ def test_top_p_keeps_draws_inside_the_nucleus(model_and_tokenizer) -> None:
     )[0]
     assert nucleus.tokens == greedy.tokens
     assert torch.allclose(torch.tensor(nucleus.logprobs), torch.tensor(greedy.logprobs), atol=1e-6)
+
+
+def test_a_turn_after_a_kept_cache_decodes_what_a_full_prefill_does(model_and_tokenizer) -> None:
+    """An episode's next turn, its prompt the last turn's prompt and answer plus a tail,
+    prefilled from the cache the last turn left (`Row.kv`) or whole: same tokens, same
+    logprobs; the kept cache covers the prompt and every answer token but the last."""
+    model, tokenizer = model_and_tokenizer
+    first = Row("t1", _ids(tokenizer, PROMPTS[1]), 7)
+    batch = DecodeBatch(
+        model, eos=None, pad=tokenizer.pad_token_id, sampling=Sampling(), keep_kv=True
+    )
+    other = Row("other", _ids(tokenizer, PROMPTS[0]), 12)  # a longer neighbour: padding
+    _run(batch, [other, first], join_after={1: 2})
+    assert first.kv is not None
+    assert first.kv[0][0].shape[2] == len(first.prompt) + len(first.tokens) - 1
+    sent = first.prompt + first.tokens
+    second = sent + _ids(tokenizer, " tool user")
+    cached = Row("t2", second, 9, prefix=first.kv, prefix_len=len(sent) - 1)
+    whole = Row("t2", second, 9)
+    (cached_out,) = _run(_batch(model, tokenizer), [cached], join_after={})
+    (whole_out,) = _run(_batch(model, tokenizer), [whole], join_after={})
+    assert cached_out.tokens == whole_out.tokens
+    assert torch.allclose(
+        torch.tensor(cached_out.logprobs), torch.tensor(whole_out.logprobs), atol=1e-5
+    )
