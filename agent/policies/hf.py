@@ -136,7 +136,8 @@ class HFTokenStats:
     full_renders: int = 0
     """Turns after an episode's first whose prompt had to be rendered and encoded whole."""
     batches: int = 0
-    """Joins: prefill forwards, each of the requests that joined the decoding batch together."""
+    """Prefill forwards: one over the requests that joined the decoding batch together,
+    and one for each that joined with a kept cache (`cached_prompt_tokens`)."""
     largest_batch: int = 0
     """Most rows decoding at once."""
     decode_steps: int = 0
@@ -339,10 +340,10 @@ class HFPolicy(Policy):
         for row in batch.rows:
             row.done = row.done or row.key.abandoned
         batch.finished()  # abandoned rows: nobody waits for their answer
+        prefills = batch.prefills
         try:
             ended = batch.admit(rows)
-            if rows:
-                self._stats.batches += 1
+            self._stats.batches += batch.prefills - prefills
             self._stats.largest_batch = max(self._stats.largest_batch, len(batch) + len(ended))
             ended += batch.step()
         except (RuntimeError, ValueError, IndexError) as e:
