@@ -2,13 +2,15 @@
 
     python bench/rollout_batching.py --model DIR [--windows 0 1.0] [--groups 9]
                                      [--rollouts-per-task 6] [--concurrency 16] [--seed 0]
+                                     [--temperature 1.0]
 
 The `hf:` policy decodes the concurrent episodes' turns in one batch that rows join and
 leave at every step (`agent.policies.hf_decode`); the episodes fall out of step between
 turns (tools, jails, verifiers). `TrainingSettings.rollout_batch_window_s`
 (`HFGeneration.batch_window_s`) holds an idle policy up to that long for more rows, and
 no longer once `--concurrency` wait. This runs the same batch (`--groups` tasks of the
-smollm2 templates, `--rollouts-per-task` each, temperature 1, turn limits and tokens of
+smollm2 templates, `--rollouts-per-task` each, at `--temperature` (the recipe's 1), turn
+limits and tokens of
 the recipe's evaluation) once per `--windows` value, back to back, through
 `collection.grpo_rollouts.run_grpo_rollouts` (real nsjail sandboxes, the online gate, a
 throwaway database and store) with the checkpoint at `--model` as the trainer's model
@@ -16,7 +18,8 @@ throwaway database and store) with the checkpoint at `--model` as the trainer's 
 window: the batch's wall time, sampled tokens and tokens/s, turns, joins (prefills) and
 rows per join, decode steps and rows per step, the largest batch, a turn's mean wait for
 its answer (`generation_latency_ms`), the turns' prompt tokens and those an earlier turn's
-KV cache held (not prefilled again), successes; with the load average before and after
+KV cache held (not prefilled again), successes (in all, and [successes, rollouts] per
+template); with the load average before and after
 and the CPU flags.
 
 `--model`: an SFT checkpoint directory, e.g. `<work>/rl-from-…/rl/base` of a
@@ -78,7 +81,7 @@ def one_batch(
     factory = trainer_model_policy(
         run_key=key,
         prompt_style=PromptStyle.COMPACT,
-        temperature=1.0,
+        temperature=args.temperature,
         max_new_tokens=256,
         batch_size=args.concurrency,
         settings=settings,
@@ -140,6 +143,13 @@ def one_batch(
         "prompt_tokens": sum(int(t.prompt_tokens or 0) for t in episodes),
         "cached_prompt_tokens": stats.cached_prompt_tokens,
         "successes": sum(t.status is EpisodeStatus.SUCCESS for t in episodes),
+        "successes_by_template": {
+            template: [
+                sum(t.status is EpisodeStatus.SUCCESS for t in episodes if t.template == template),
+                sum(t.template == template for t in episodes),
+            ]
+            for template in sorted({t.template for t in episodes})
+        },
     }
 
 
@@ -151,6 +161,7 @@ def main() -> None:
     parser.add_argument("--rollouts-per-task", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         sys.exit(f"no checkpoint at {args.model}: pass an SFT checkpoint directory")
@@ -164,6 +175,7 @@ def main() -> None:
                 "groups": args.groups,
                 "rollouts_per_task": args.rollouts_per_task,
                 "concurrency": args.concurrency,
+                "temperature": args.temperature,
                 "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "cpu_flags": cpu_flags(),
             }
