@@ -329,9 +329,10 @@ _SMOLLM2_RL = Recipe.model_validate(
             # rollout (the smollm2 SFT examples of these episodes: 400-650; the run measures
             # its own mean) that is 9 groups × 6 rollouts a step; 5 steps keep the run's
             # rollouts near the 288 of the earlier 12 × 4 × 6 budget (270 at 600 tokens,
-            # 240-420 over 650-400; 6 steps would be 324 at 600, 288-504): by the arithmetic of
-            # docs/training.md ("What a full RL run costs here"), ~41-61 min on a 2-core
-            # AMX machine, ~4 h on the fp32 EPYC.
+            # 240-420 over 650-400; 6 steps would be 324 at 600, 288-504). Measured on a
+            # 2-core AMX Xeon: 40.3 min for 5 steps with one `generate` per call, 225 s a
+            # step (12 in 45 min, run I) with the continuous decoder, so ~19 min now
+            # (docs/training.md); the arithmetic there gives ~4 h on the fp32 EPYC before it.
             steps=5,
             tokens_per_step=32_768,
             # 16 episodes at a time, their turns generated in one batch: SmolLM2 from a bf16
