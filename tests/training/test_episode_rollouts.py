@@ -210,3 +210,19 @@ def test_episode_grpo_recomputes_activations_unless_told_and_applies_the_budget(
     assert applied.activation_checkpointing is True
     with pytest.raises(TrainerError, match="planned for 4 rollouts per task"):
         episode_grpo_settings(TrainingSettings(rollouts_per_task=6), budget)
+
+
+def test_trl_s_warning_for_a_dropped_slot_s_none_reward_is_filtered(caplog) -> None:
+    """Episode GRPO gives None on purpose to the slots of dropped groups and discarded
+    rollouts (and counts them); TRL's four-line warning for such a row is dropped, its
+    other warnings are not."""
+    from training.trainers.episode_grpo import episode_grpo_trainer
+
+    episode_grpo_trainer()
+    episode_grpo_trainer()  # one filter, however many trainers are built
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    assert sum(type(f).__name__ == "_DroppedSlotRewards" for f in trl_logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_trainer"):
+        trl_logger.warning("All reward functions returned None for the following kwargs: {}")
+        trl_logger.warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]

@@ -296,6 +296,19 @@ class EpisodeRollouts:
         return output
 
 
+class _DroppedSlotRewards(logging.Filter):
+    """Drops TRL's warning that every reward function returned None for a row: episode
+    GRPO returns None on purpose for the slots of dropped groups and discarded rollouts
+    (counted in `groups_dropped_*` and `qc_discarded_rollouts`), and TRL logs four lines
+    for each batch that has one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("All reward functions returned None")
+
+
+_TRL_GRPO_LOGGER = "trl.trainer.grpo_trainer"
+
+
 def episode_grpo_trainer(
     *, step_returns: bool = False, task_outcomes: TaskOutcomes | None = None
 ) -> Any:
@@ -314,6 +327,9 @@ def episode_grpo_trainer(
 
         mixins = (TaskSamplerMixin, *mixins)
         attributes["task_outcomes"] = task_outcomes
+    trl_logger = logging.getLogger(_TRL_GRPO_LOGGER)
+    if not any(isinstance(f, _DroppedSlotRewards) for f in trl_logger.filters):
+        trl_logger.addFilter(_DroppedSlotRewards())
     return type("EpisodeGRPOTrainer", (*mixins, module("trl").GRPOTrainer), attributes)
 
 
