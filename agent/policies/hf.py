@@ -338,7 +338,8 @@ class HFPolicy(Policy):
                 return None
             batch = self._open_batch()
         for row in batch.rows:
-            row.done = row.done or row.key.abandoned
+            if row.key.abandoned:
+                row.done = row.dropped = True
         batch.finished()  # abandoned rows: nobody waits for their answer
         prefills = batch.prefills
         try:

@@ -70,6 +70,8 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False
+    dropped: bool = False
+    """Leaves unanswered (its caller stopped waiting): done, and its cache is not kept."""
     kv: Any = None
     """Set when the row ends in a batch that keeps them: the KV cache of its prompt and
     tokens but the last (which was never fed), per layer (keys, values) of batch 1."""
@@ -217,7 +219,7 @@ class DecodeBatch:
         with torch.inference_mode():
             if self.keep_kv and self.can_join:
                 for i, row in enumerate(self.rows):
-                    if row.done:
+                    if row.done and not row.dropped:
                         start = self._mask.shape[1] - int(self._mask[i].sum().item())
                         row.kv = [
                             (
