@@ -1,11 +1,16 @@
-"""Verify checksums (difficulty 3): report corrupted and missing files; ignore unlisted extras."""
+"""Verify checksums (difficulty 3): report corrupted and missing files; ignore unlisted extras.
+
+Two reference solutions (`either_reference`): run `sha256sum -c` and write the names it
+failed, or one pipeline that writes them. Version 2 added the pipeline; the tasks are
+version 1's.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import random
 
-from suites.builtin.common import WORDS, python_verifier, shell, write
+from suites.builtin.common import WORDS, either_reference, python_verifier, read, shell, write
 from suites.template import TaskDraft, TaskTemplate
 
 _VERIFY = """
@@ -53,10 +58,20 @@ def build(rng: random.Random) -> TaskDraft:
     return TaskDraft(
         prompt=prompt,
         files=files,
-        reference_solution=[
-            shell("cd downloads && sha256sum -c SHA256SUMS"),
-            write("bad_files.txt", "".join(f"{name}\n" for name in bad)),
-        ],
+        reference_solution=either_reference(
+            rng,
+            transcribing=[
+                shell("cd downloads && sha256sum -c SHA256SUMS"),
+                write("bad_files.txt", "".join(f"{name}\n" for name in bad)),
+            ],
+            computing=[
+                shell(
+                    "cd downloads && sha256sum -c SHA256SUMS 2>/dev/null | grep -v ': OK$' "
+                    "| cut -d: -f1 | sort > ../bad_files.txt"
+                ),
+                read("bad_files.txt"),
+            ],
+        ),
         reference_final=f"{len(bad)} bad files: {', '.join(bad)}.",
         verifier=python_verifier(_VERIFY, {"bad": bad}),
     )
@@ -64,7 +79,7 @@ def build(rng: random.Random) -> TaskDraft:
 
 TEMPLATE = TaskTemplate(
     name="checksums",
-    version="1",
+    version="2",
     difficulty=3,
     summary="verify SHA256SUMS and report corrupted and missing files",
     build=build,

@@ -74,6 +74,28 @@ def python_shell(script: str) -> ReferenceCall:
     return shell(f"python3 - <<'PYEOF'\n{body}\nPYEOF")
 
 
+COMPUTING_SHARE = 0.5
+"""Share of a two-way template's instances whose reference solution computes the answer."""
+
+
+def either_reference(
+    rng: random.Random, transcribing: list[ReferenceCall], computing: list[ReferenceCall]
+) -> list[ReferenceCall]:
+    """One of a task's two reference solutions, drawn from the task's own `rng`.
+
+    Some templates can be solved two ways: by reading the data and writing out what was
+    read (transcribing: the answer's names, numbers or rows are typed into a tool call),
+    or by one command or script that computes the answer in the sandbox (computing).
+    Their instances get one or the other (`COMPUTING_SHARE` computing), so the oracle's
+    demonstrations show both, as data from several demonstrators would: a small model
+    trained on them holds both ways, and the reward, not the demonstrations, says which
+    one it carries out reliably (docs/training.md, "Two ways to solve a task"). Call it
+    after every other draw of the template, so the task itself (prompt, files, verifier)
+    is what it is for the seed without it.
+    """
+    return computing if rng.random() < COMPUTING_SHARE else transcribing
+
+
 def read(path: str) -> ReferenceCall:
     """A `read_file` reference call."""
     return ReferenceCall(tool="read_file", args={"path": path})

@@ -1,11 +1,24 @@
-"""CSV → JSON (difficulty 1): read a small CSV and write it as a JSON array of objects."""
+"""CSV → JSON (difficulty 1): read a small CSV and write it as a JSON array of objects.
+
+Two reference solutions (`either_reference`): write the JSON out by hand, or a Python
+script that converts the file. Version 2 added the script; the tasks are version 1's.
+"""
 
 from __future__ import annotations
 
 import json
 import random
 
-from suites.builtin.common import CITIES, csv_text, person_names, python_verifier, read, write
+from suites.builtin.common import (
+    CITIES,
+    csv_text,
+    either_reference,
+    person_names,
+    python_shell,
+    python_verifier,
+    read,
+    write,
+)
 from suites.template import TaskDraft, TaskTemplate
 
 _VERIFY = """
@@ -20,6 +33,16 @@ def verify():
     ))
     checks.add("records match the CSV, in order", data == EXPECTED["records"])
     return checks.verdict()
+"""
+
+_CONVERT = """
+import csv, json
+with open("{source}") as f:
+    rows = list(csv.DictReader(f))
+for row in rows:
+    row["age"] = int(row["age"])
+with open("{output}", "w") as f:
+    json.dump(rows, f, indent=2)
 """
 
 
@@ -41,7 +64,11 @@ def build(rng: random.Random) -> TaskDraft:
     return TaskDraft(
         prompt=prompt,
         files={source: csv_text(["name", "age", "city"], rows)},
-        reference_solution=[read(source), write(output, json.dumps(records, indent=2) + "\n")],
+        reference_solution=either_reference(
+            rng,
+            transcribing=[read(source), write(output, json.dumps(records, indent=2) + "\n")],
+            computing=[read(source), python_shell(_CONVERT.format(source=source, output=output))],
+        ),
         reference_final=f"Wrote {len(records)} records to {output}.",
         verifier=python_verifier(_VERIFY, {"output": output, "records": records}),
     )
@@ -49,7 +76,7 @@ def build(rng: random.Random) -> TaskDraft:
 
 TEMPLATE = TaskTemplate(
     name="csv_to_json",
-    version="1",
+    version="2",
     difficulty=1,
     summary="convert a small CSV file to a JSON array of objects",
     build=build,

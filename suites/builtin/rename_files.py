@@ -1,11 +1,16 @@
-"""Rename files by pattern (difficulty 3): IMG_<digits>.jpg → <prefix>_<digits>.jpg, decoys untouched."""
+"""Rename files by pattern (difficulty 3): IMG_<digits>.jpg → <prefix>_<digits>.jpg, decoys untouched.
+
+Two reference solutions (`either_reference`): one `mv` per file, names typed out, or a
+loop over the names that match the pattern. Version 2 added the loop; the tasks are
+version 1's.
+"""
 
 from __future__ import annotations
 
 import random
 import shlex
 
-from suites.builtin.common import list_dir, python_verifier, shell
+from suites.builtin.common import either_reference, list_dir, python_verifier, shell
 from suites.template import TaskDraft, TaskTemplate
 
 _VERIFY = """
@@ -53,10 +58,18 @@ def build(rng: random.Random) -> TaskDraft:
         f"mv {shlex.quote(f'{folder}/{old}')} {shlex.quote(f'{folder}/{new}')}"
         for old, new in renamed.items()
     )
+    loop = (
+        f"cd {shlex.quote(folder)} && for f in $(ls | grep -E '^IMG_[0-9]+\\.jpg$'); "
+        f'do mv "$f" "{prefix}_${{f#IMG_}}"; done'
+    )
     return TaskDraft(
         prompt=prompt,
         files={f"{folder}/{name}": text for name, text in content.items()},
-        reference_solution=[list_dir(folder), shell(moves), list_dir(folder)],
+        reference_solution=either_reference(
+            rng,
+            transcribing=[list_dir(folder), shell(moves), list_dir(folder)],
+            computing=[list_dir(folder), shell(loop), list_dir(folder)],
+        ),
         reference_final=f"Renamed {len(renamed)} files.",
         verifier=python_verifier(
             _VERIFY, {"folder": folder, "renamed": renamed, "decoys": decoys, "content": content}
@@ -66,7 +79,7 @@ def build(rng: random.Random) -> TaskDraft:
 
 TEMPLATE = TaskTemplate(
     name="rename_files",
-    version="1",
+    version="2",
     difficulty=3,
     summary="rename IMG_<digits>.jpg files by a pattern, leaving look-alike decoys alone",
     build=build,
