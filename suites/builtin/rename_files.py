@@ -1,8 +1,8 @@
 """Rename files by pattern (difficulty 3): IMG_<digits>.jpg → <prefix>_<digits>.jpg, decoys untouched.
 
 Two reference solutions (`either_reference`): one `mv` per file, names typed out, or a
-loop over the names that match the pattern. Version 2 added the loop; the tasks are
-version 1's.
+Python script that renames the names matching the pattern. Version 2 added the script;
+the tasks are version 1's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import shlex
 
-from suites.builtin.common import either_reference, list_dir, python_verifier, shell
+from suites.builtin.common import either_reference, list_dir, python_shell, python_verifier, shell
 from suites.template import TaskDraft, TaskTemplate
 
 _VERIFY = """
@@ -32,6 +32,14 @@ def verify():
     expected_names = set(renamed.values()) | set(EXPECTED["decoys"])
     checks.add("no other files in the folder", set(os.listdir(folder)) == expected_names)
     return checks.verdict()
+"""
+
+_RENAME = """
+import os, re
+for name in os.listdir("{folder}"):
+    match = re.fullmatch(r"IMG_(\\d+)\\.jpg", name)
+    if match:
+        os.rename(f"{folder}/{{name}}", f"{folder}/{prefix}_{{match.group(1)}}.jpg")
 """
 
 
@@ -58,17 +66,17 @@ def build(rng: random.Random) -> TaskDraft:
         f"mv {shlex.quote(f'{folder}/{old}')} {shlex.quote(f'{folder}/{new}')}"
         for old, new in renamed.items()
     )
-    loop = (
-        f"cd {shlex.quote(folder)} && for f in $(ls | grep -E '^IMG_[0-9]+\\.jpg$'); "
-        f'do mv "$f" "{prefix}_${{f#IMG_}}"; done'
-    )
     return TaskDraft(
         prompt=prompt,
         files={f"{folder}/{name}": text for name, text in content.items()},
         reference_solution=either_reference(
             rng,
             transcribing=[list_dir(folder), shell(moves), list_dir(folder)],
-            computing=[list_dir(folder), shell(loop), list_dir(folder)],
+            computing=[
+                list_dir(folder),
+                python_shell(_RENAME.format(folder=folder, prefix=prefix)),
+                list_dir(folder),
+            ],
         ),
         reference_final=f"Renamed {len(renamed)} files.",
         verifier=python_verifier(
