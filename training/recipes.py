@@ -232,7 +232,9 @@ largest_files and jsonl_extract are solved by one program that is the same for e
 instance; dir_tree copies the paths of the prompt into one command; checksums runs one
 fixed command and writes the names it reports as failed; rename_files lists a folder and
 writes one `mv` per listed name; csv_to_json rewrites the file it read as JSON (the
-hardest of the six: every value is copied into another format)."""
+hardest of the six: every value is copied into another format). Half the instances of
+the last three demonstrate a command or script that computes the answer instead
+(`suites.builtin.common.either_reference`, version 2 of those templates)."""
 
 _LOOP = Recipe(
     name="loop",
