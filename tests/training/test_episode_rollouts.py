@@ -215,14 +215,22 @@ def test_episode_grpo_recomputes_activations_unless_told_and_applies_the_budget(
 def test_trl_s_warning_for_a_dropped_slot_s_none_reward_is_filtered(caplog) -> None:
     """Episode GRPO gives None on purpose to the slots of dropped groups and discarded
     rollouts (and counts them); TRL's four-line warning for such a row is dropped, its
-    other warnings are not."""
+    other warnings are not. Logged through TRL's own logger (accelerate's, which prefixes
+    `[RANK 0] `), as TRL logs it."""
+    from accelerate import PartialState
+    from trl.trainer import grpo_trainer
+
     from training.trainers.episode_grpo import episode_grpo_trainer
 
     episode_grpo_trainer()
     episode_grpo_trainer()  # one filter, however many trainers are built
     trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
     assert sum(type(f).__name__ == "_DroppedSlotRewards" for f in trl_logger.filters) == 1
+    PartialState()  # accelerate's logger needs its state, as a trainer sets it up
     with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_trainer"):
-        trl_logger.warning("All reward functions returned None for the following kwargs: {}")
-        trl_logger.warning("something else")
-    assert [r.getMessage() for r in caplog.records] == ["something else"]
+        grpo_trainer.logger.warning(
+            "All reward functions returned None for the following kwargs:\n{}\n"
+            "Please ensure that at least one reward function returns a valid reward."
+        )
+        grpo_trainer.logger.warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] something else"]

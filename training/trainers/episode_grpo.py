@@ -53,6 +53,7 @@ vllm_mode="server")`: TRL pushes the weights to the vLLM server before each call
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 import warnings
 from collections.abc import Sequence
@@ -300,10 +301,14 @@ class _DroppedSlotRewards(logging.Filter):
     """Drops TRL's warning that every reward function returned None for a row: episode
     GRPO returns None on purpose for the slots of dropped groups and discarded rollouts
     (counted in `groups_dropped_*` and `qc_discarded_rollouts`), and TRL logs four lines
-    for each batch that has one."""
+    for each batch that has one. TRL's logger is accelerate's, which puts `[RANK n] ` in
+    front of the message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("All reward functions returned None")
+        return _DROPPED_SLOT_WARNING.match(str(record.msg)) is None
+
+
+_DROPPED_SLOT_WARNING = re.compile(r"(\[RANK \d+\] )?All reward functions returned None")
 
 
 _TRL_GRPO_LOGGER = "trl.trainer.grpo_trainer"
