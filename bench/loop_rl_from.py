@@ -98,6 +98,7 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     Raises:
         RuntimeError: the child failed (its stderr, on this stderr, says why).
     """
+    _release_freed_memory(quiet)
     argv = [a for a in sys.argv[1:] if a not in ("--json", "--keep")]
     command = [sys.executable, str(_LOOP_SCRIPT), *argv, "--json"]
     command += ["--rl-from", str(work)]
@@ -124,6 +125,38 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k not in _RUN_KEYS}
 
 
+def _rss_gib() -> float | None:
+    """This process's resident memory (`VmRSS`), in GiB; None where /proc has no such line."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        return None
+    return None
+
+
+def _release_freed_memory(quiet: bool) -> None:
+    """Hands the heap that SFT and the evaluations freed back to the kernel (glibc's
+    `malloc_trim`) before this process waits out its RL child: it held 11.4 GiB idle
+    through a whole RL stage, and when another job wanted memory the OOM killer chose it,
+    so the child's JSON found no reader (run K, docs/training.md). Nothing where the C
+    library has no `malloc_trim` (not glibc)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    before = _rss_gib()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+    after = _rss_gib()
+    if before is not None and after is not None:
+        log(quiet, f"freed memory handed back before the RL child: {before:.1f} → {after:.1f} GiB")
+
+
 def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
     """`--rl-from DIR`: the RL stage and the RL evaluation again, in DIR, a work directory
     an earlier `--recipe smollm2-rl` (or `smollm2`) run kept (`--keep`): from its SFT
@@ -131,6 +164,8 @@ def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
     figures are its stored evaluations, re-read from SQL (not re-run: `base_eval_s` and
     the SFT's `eval_s` are None); `rl_from` names DIR. Each call is a new training run, a
     new rollout run and a new evaluation run (`loop-eval-rl-<time>`), beside the earlier ones.
+    The report is also written to DIR/rl-from-<time>/report.json, so a caller that died
+    (the parent of a whole run's RL child) loses no figure.
 
     Raises:
         LoopInputError: DIR is not such a directory, or the recipe has no RL stage.
@@ -189,7 +224,7 @@ def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
         )
     finally:
         engine.dispose()
-    return {
+    report = {
         "recipe": recipe.name,
         "rl_from": str(where),
         "sft_checkpoint_id": str(sft_id),
@@ -202,6 +237,11 @@ def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
         "sft": {k: v for k, v in sft_eval.items() if k != "sample_first_turn"},
         "cpu_flags": cpu_flags(),
     } | rl_keys
+    saved = where / f"rl-from-{stamp}" / "report.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(report) + "\n", encoding="utf-8")
+    log(args.quiet, f"report written to {saved}")
+    return report
 
 
 def _rl_stage(

@@ -75,6 +75,14 @@ def test_rl_again_from_a_kept_run_reuses_its_sft_and_evaluations(tmp_path: Path)
         assert again["rl_steps"] == 1 and again["rollouts_generated"] > 0
         assert again["rollouts_generated"] == again["rollouts_stored"]
         assert again["rl_training_run_id"] != report["rl_training_run_id"]
+        # Each RL stage's report is also a file in the work directory (the first run's
+        # came from its RL child), so a parent that died loses no figure.
+        saved = sorted(work.glob("rl-from-*/report.json"))
+        assert len(saved) == 2
+        assert json.loads(saved[-1].read_text()) == again
+        assert (
+            json.loads(saved[0].read_text())["rl_training_run_id"] == report["rl_training_run_id"]
+        )
         with sqlite3.connect(work / "loop.db") as db:
             grpo = db.execute("SELECT count(*) FROM training_run WHERE algo = 'grpo'").fetchone()
             evals = db.execute(
