@@ -774,6 +774,11 @@ def main() -> None:
         progress = logging.getLogger("training.progress")
         progress.setLevel(logging.INFO)
         progress.addHandler(logging.StreamHandler(sys.stderr))
+        # The RL stage's plan (its token budget in groups, measured from the source
+        # episodes) when it is made, before the first step.
+        plan = logging.getLogger("collection.grpo_training")
+        plan.setLevel(logging.INFO)
+        plan.addHandler(logging.StreamHandler(sys.stderr))
     # Libraries print notices and progress on stdout; the benchmark's stdout is its JSON.
     with contextlib.redirect_stdout(sys.stderr):
         try:

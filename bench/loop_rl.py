@@ -200,8 +200,6 @@ def run_rl_stage(
     )
     outcome = register_checkpoint(engine, store, trained, settings=settings)
     budget = trained.token_budget
-    if budget is not None:
-        log(budget.describe())
     ran = trained.settings if trained.settings is not None else settings
     groups = ran.batch_size * ran.gradient_accumulation_steps // ran.rollouts_per_task
     rl_s = time.perf_counter() - started
