@@ -52,18 +52,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from proc_status import status_kib
+
 RUN_KEY = "scale"
 TARGET_RSS_GROWTH = 0.2
 WINDOW = 1000
 """Episodes of the first and last windows (rates, RSS at 1k); `--window` for quick runs."""
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 # ---------------------------------------------------------------- the collector (child)
@@ -79,8 +73,8 @@ def child(args: argparse.Namespace) -> None:
             resource.getrusage(resource.RUSAGE_CHILDREN),
         )
         fields["t"] = time.monotonic()
-        fields["rss_kib"] = _status_kib("VmRSS")
-        fields["hwm_kib"] = _status_kib("VmHWM")
+        fields["rss_kib"] = status_kib("VmRSS")
+        fields["hwm_kib"] = status_kib("VmHWM")
         fields["cpu_self_s"] = own.ru_utime + own.ru_stime
         # nsjail processes the collector reaped, with what ran in their jails
         fields["cpu_children_s"] = jails.ru_utime + jails.ru_stime

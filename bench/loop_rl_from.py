@@ -27,6 +27,7 @@ from typing import Any
 
 from loop_eval import base_heldout_tasks, eval_settings, evaluate, stored_evaluation
 from loop_setup import LoopInputError, apply_recipe, log
+from proc_status import status_kib
 
 __all__ = ["CHILD_STOP_S", "rl_stage_in_child", "run_rl_from"]
 
@@ -125,17 +126,6 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k not in _RUN_KEYS}
 
 
-def _rss_gib() -> float | None:
-    """This process's resident memory (`VmRSS`), in GiB; None where /proc has no such line."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        return None
-    return None
-
-
 def _release_freed_memory(quiet: bool) -> None:
     """Hands the heap that SFT and the evaluations freed back to the kernel (glibc's
     `malloc_trim`) before this process waits out its RL child: it held 11.4 GiB idle
@@ -146,14 +136,14 @@ def _release_freed_memory(quiet: bool) -> None:
     import gc
 
     gc.collect()
-    before = _rss_gib()
+    before = status_kib("VmRSS") / 2**20
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return
     trim(0)
-    after = _rss_gib()
-    if before is not None and after is not None:
+    after = status_kib("VmRSS") / 2**20
+    if before > 0:
         log(quiet, f"freed memory handed back before the RL child: {before:.1f} → {after:.1f} GiB")
 
 

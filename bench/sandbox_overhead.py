@@ -38,6 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from proc_status import status_kib
+
 from sandbox import (
     NsjailSandbox,
     SandboxError,
@@ -62,18 +64,6 @@ def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return round(ordered[index], 3)
-
-
-def rss_kib(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return 0
-    return 0
 
 
 def host_subprocess_ms(n: int) -> list[float]:
@@ -187,7 +177,10 @@ async def idle_jails(
         # Every jail held must still answer: a jail that cannot is not "held without failure".
         answers = await asyncio.gather(*(b.exec(["true"]) for b in boxes), return_exceptions=True)
         alive = sum(1 for a in answers if not isinstance(a, BaseException) and a.exit_code == 0)
-        rss = [rss_kib(b.jail.nsjail_pid) + rss_kib(b.jail.executor_pid) for b in boxes]
+        rss = [
+            status_kib("VmRSS", b.jail.nsjail_pid) + status_kib("VmRSS", b.jail.executor_pid)
+            for b in boxes
+        ]
         return {
             "max_idle_jails": alive,
             "rss_per_idle_jail_mib": round(statistics.mean(rss) / 1024, 2) if rss else None,
