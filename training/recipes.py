@@ -327,23 +327,28 @@ _SMOLLM2_RL = Recipe.model_validate(
         "heldout": 8,
         "base_heldout": 8,
         "rl": RlStage(
-            # Batches in tokens at seed 000 §4.4's minimum, 32,768 a step. At ~600 tokens a
-            # rollout (the smollm2 SFT examples of these episodes: 400-650; the run measures
-            # its own mean) that is 9 groups × 6 rollouts a step; 5 steps keep the run's
-            # rollouts near the 288 of the earlier 12 × 4 × 6 budget (270 at 600 tokens,
-            # 240-420 over 650-400; 6 steps would be 324 at 600, 288-504). Measured on a
-            # 2-core AMX Xeon: 40.3 min for 5 steps with one `generate` per call, 225 s a
-            # step (12 in 45 min, run I) with the continuous decoder, so ~19 min now
-            # (docs/training.md); the arithmetic there gives ~4 h on the fp32 EPYC before it.
-            steps=5,
+            # Batches in tokens at seed 000 §4.4's minimum, 32,768 a step: at the ~620
+            # tokens a rollout the run measures from the oracle episodes, 9 groups × 6
+            # rollouts. 12 steps (648 rollouts): 5 steps (270) moved no template from the
+            # SFT checkpoint; 12 took run K's SFT 0.708 to RL 0.938 and 0.958 at lr 1e-5
+            # (runs K, L) and to 0.917 at seed 000 §4.4's lr 5e-6 (run M), in 36.2-42.9
+            # min on a 2-core AMX Xeon (docs/training.md, "Two ways to solve a task").
+            steps=12,
             tokens_per_step=32_768,
             # 16 episodes at a time, their turns generated in one batch: SmolLM2 from a bf16
             # copy decoded 117.5 tokens/s at 16 rows against 78.5 at 8 (1,000-token
             # prompts, 2-core AMX Xeon; docs/training.md), and a step's 54 rollouts then
             # run in about 4 waves instead of 7.
             concurrency=16,
-            # New tokens per turn as in the evaluation (`eval_max_new_tokens`).
-            settings={**_SEED_GRPO, "max_completion_length": 256},
+            # New tokens per turn as in the evaluation (`eval_max_new_tokens`); each
+            # group's template drawn by its success variance (seed 000 §5.3: the SFT
+            # checkpoint's sampled success per template spans 0.0 to 0.9, and a uniform
+            # draw spent a third of the groups where every rollout agreed).
+            settings={
+                **_SEED_GRPO,
+                "max_completion_length": 256,
+                "task_sampling": "success_variance",
+            },
         ),
     }
 )

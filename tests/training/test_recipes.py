@@ -15,6 +15,7 @@ from training.errors import TrainerError
 from training.pretrained import PRETRAINED
 from training.recipes import RECIPES
 from training.settings import TrainingSettings
+from training.task_sampling import TaskSampling
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -68,6 +69,9 @@ def test_the_smollm2_rl_recipe_declares_seed_grpo_defaults_in_steps_and_tokens()
     assert rl.rl_tokens_per_step == recipe.rl.tokens_per_step == 32_768
     assert rl.gradient_accumulation_steps == 1  # the budget sets it before the trainer
     assert rl.prompt_style == sft.prompt_style == PromptStyle.COMPACT
+    # Seed 000 §5.3: groups drawn where the policy's success varies (runs K, L, M).
+    assert rl.task_sampling == TaskSampling.SUCCESS_VARIANCE
+    assert sft.task_sampling == TaskSampling.UNIFORM  # the SFT stage draws no groups
 
 
 def test_rl_groups_win_over_tokens_and_tokens_over_the_recipe(
