@@ -27,7 +27,7 @@ from typing import Any
 
 from loop_eval import base_heldout_tasks, eval_settings, evaluate, stored_evaluation
 from loop_setup import LoopInputError, apply_recipe, log
-from proc_status import status_kib
+from proc_status import release_freed_memory
 
 __all__ = ["CHILD_STOP_S", "rl_stage_in_child", "run_rl_from"]
 
@@ -99,7 +99,14 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     Raises:
         RuntimeError: the child failed (its stderr, on this stderr, says why).
     """
-    _release_freed_memory(quiet)
+    # In run K this process held 11.4 GiB of freed heap, idle, while its child ran; the
+    # OOM killer took it and the child's JSON found no reader.
+    released = release_freed_memory()
+    if released is not None:
+        log(
+            quiet,
+            "freed memory handed back before the RL child: {:.1f} → {:.1f} GiB".format(*released),
+        )
     argv = [a for a in sys.argv[1:] if a not in ("--json", "--keep")]
     command = [sys.executable, str(_LOOP_SCRIPT), *argv, "--json"]
     command += ["--rl-from", str(work)]
@@ -124,27 +131,6 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
         raise RuntimeError(f"the RL stage ({' '.join(command[1:])}) exited {child.returncode}")
     report: dict[str, Any] = json.loads(lines[-1])
     return {k: v for k, v in report.items() if k not in _RUN_KEYS}
-
-
-def _release_freed_memory(quiet: bool) -> None:
-    """Hands the heap that SFT and the evaluations freed back to the kernel (glibc's
-    `malloc_trim`) before this process waits out its RL child: it held 11.4 GiB idle
-    through a whole RL stage, and when another job wanted memory the OOM killer chose it,
-    so the child's JSON found no reader (run K, docs/training.md). Nothing where the C
-    library has no `malloc_trim` (not glibc)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    before = status_kib("VmRSS") / 2**20
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
-    after = status_kib("VmRSS") / 2**20
-    if before > 0:
-        log(quiet, f"freed memory handed back before the RL child: {before:.1f} → {after:.1f} GiB")
 
 
 def run_rl_from(args: argparse.Namespace) -> dict[str, Any]:
