@@ -204,10 +204,22 @@ def test_a_client_leaving_mid_step_and_one_never_sending_leave_no_jail(served: S
             _error(json.loads(await asyncio.wait_for(ws.recv(), timeout=20)), "idle")
 
     asyncio.run(main())
-    # both episodes stored as the client's outcome, with the reason
-    statuses = served.statuses()
+    # both episodes stored as the client's outcome, with the reason (a closed session's
+    # episode is stored after its client has heard why)
+    statuses = _statuses_once_stored(served, 2)
     assert [s for s, _ in statuses] == ["policy_error", "policy_error"], statuses
     assert "disconnected mid-step" in (statuses[0][1] or "")
+
+
+def _statuses_once_stored(served: Served, n: int) -> list[tuple[str, str | None]]:
+    """The stored episodes once there are `n` (the server stores a session's episode after
+    its client has gone: an event to wait for, not a time); fails after 60 s without."""
+    for _ in range(1200):
+        statuses = served.statuses()
+        if len(statuses) >= n:
+            return statuses
+        threading.Event().wait(0.05)
+    raise AssertionError(f"fewer than {n} episodes stored: {served.statuses()}")
 
 
 async def _refused_then_served(url: str, headers: dict[str, str]) -> None:
@@ -227,4 +239,8 @@ def test_a_token_guards_every_request_but_health(tmp_path: Path) -> None:
         assert httpx.get(f"{served.http}/metadata", headers=headers).status_code == 200
 
         asyncio.run(_refused_then_served(served.ws, headers))
-        assert len(served.statuses()) == 0  # the refused client touched nothing; the other is open
+        # The served client's session ends when it disconnects, stored as its outcome by
+        # the server's thread in its own time; the refused client stored nothing.
+        statuses = _statuses_once_stored(served, 1)
+        assert [s for s, _ in statuses] == ["policy_error"], statuses
+        assert "client disconnected" in (statuses[0][1] or "")
