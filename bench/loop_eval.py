@@ -21,8 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from loop_setup import LoopInputError, log
-from proc_status import release_freed_memory
+from loop_setup import LoopInputError, release_memory
 
 __all__ = ["base_heldout_tasks", "eval_settings", "evaluate", "stored_evaluation"]
 
@@ -40,14 +39,7 @@ def _served_episodes(
     # The server is a second process with the model: what a stage before it freed (SFT,
     # GRPO: 18.4 GiB after run N's) goes back to the kernel first, else the evaluation
     # starves for page cache or the OOM killer picks this process.
-    released = release_freed_memory()
-    if released is not None:
-        log(
-            args.quiet,
-            "freed memory handed back before serving {}: {:.1f} → {:.1f} GiB".format(
-                run_key, *released
-            ),
-        )
+    release_memory(args.quiet, f"serving {run_key}")
     policy_settings = PolicySettings(request_timeout_s=args.request_timeout_s)
     started = time.perf_counter()
     with serve_checkpoint(

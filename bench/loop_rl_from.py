@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loop_eval import base_heldout_tasks, eval_settings, evaluate, stored_evaluation
-from loop_setup import LoopInputError, apply_recipe, log
-from proc_status import release_freed_memory
+from loop_setup import LoopInputError, apply_recipe, log, release_memory
 
 __all__ = ["CHILD_STOP_S", "rl_stage_in_child", "run_rl_from"]
 
@@ -101,12 +100,7 @@ def rl_stage_in_child(work: Path, *, quiet: bool) -> dict[str, Any]:
     """
     # In run K this process held 11.4 GiB of freed heap, idle, while its child ran; the
     # OOM killer took it and the child's JSON found no reader.
-    released = release_freed_memory()
-    if released is not None:
-        log(
-            quiet,
-            "freed memory handed back before the RL child: {:.1f} → {:.1f} GiB".format(*released),
-        )
+    release_memory(quiet, "the RL child")
     argv = [a for a in sys.argv[1:] if a not in ("--json", "--keep")]
     command = [sys.executable, str(_LOOP_SCRIPT), *argv, "--json"]
     command += ["--rl-from", str(work)]

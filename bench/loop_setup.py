@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["LoopInputError", "apply_recipe", "log"]
+__all__ = ["LoopInputError", "apply_recipe", "log", "release_memory"]
 
 
 class LoopInputError(Exception):
@@ -24,6 +24,19 @@ def log(quiet: bool, message: str) -> None:
     """One timestamped progress line on stderr, unless `quiet`."""
     if not quiet:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def release_memory(quiet: bool, before: str) -> None:
+    """Hands this process's freed heap back to the kernel (`proc_status.release_freed_memory`)
+    before `before` (a second process that needs the memory), with one line saying how much."""
+    from proc_status import release_freed_memory
+
+    released = release_freed_memory()
+    if released is not None:
+        log(
+            quiet,
+            "freed memory handed back before {}: {:.1f} → {:.1f} GiB".format(before, *released),
+        )
 
 
 def apply_recipe(args: argparse.Namespace) -> tuple[Any, Any, list[str], int, int, int]:
