@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proc_status import status_kib
+from core.memory import status_kib
 
 RUN_KEY = "scale"
 TARGET_RSS_GROWTH = 0.2

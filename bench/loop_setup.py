@@ -27,9 +27,9 @@ def log(quiet: bool, message: str) -> None:
 
 
 def release_memory(quiet: bool, before: str) -> None:
-    """Hands this process's freed heap back to the kernel (`proc_status.release_freed_memory`)
+    """Hands this process's freed heap back to the kernel (`core.memory.release_freed_memory`)
     before `before` (a second process that needs the memory), with one line saying how much."""
-    from proc_status import release_freed_memory
+    from core.memory import release_freed_memory
 
     released = release_freed_memory()
     if released is not None:

@@ -38,8 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proc_status import status_kib
-
+from core.memory import status_kib
 from sandbox import (
     NsjailSandbox,
     SandboxError,

@@ -15,6 +15,11 @@ Imports transformers at module level: import this module only where a trainer is
 - `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
   save, how long training had run.
 - `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
+- `MemoryRelease` hands the heap freed during each optimiser step back to the kernel
+  (`core.memory.release_freed_memory`) and adds the process's memory to every log event
+  (`memory/rss_gib` after the release, `memory/freed_gib`, `memory/peak_gib`): an RL
+  stage's process otherwise grew by ~0.9 GiB a step, in heap glibc kept, until the machine
+  ran out (docs/training.md).
 - `StopWhenAsked` ends training with `TrainingStopped` at the next micro-batch once its
   event is set (a cancelled flow or command: `core.worker_threads.in_worker_thread`).
 - `lr_factor` is the warm-up + decay shape; `lr_lambda` turns it into a `LambdaLR`
@@ -34,6 +39,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from core.memory import release_freed_memory, status_kib
 from core.progress import ProgressReporter, log_lines
 from training.errors import TrainingStopped
 from training.grpo_figures import TokenRate, grpo_step_figures, is_grpo_step
@@ -41,6 +47,7 @@ from training.threads import ThreadTuner
 
 __all__ = [
     "ELAPSED_FILE",
+    "MemoryRelease",
     "MetricsHook",
     "MetricsLogger",
     "StopWhenAsked",
@@ -126,6 +133,37 @@ class StopWhenAsked(TrainerCallback):
         return control
 
 
+class MemoryRelease(TrainerCallback):
+    """After every optimiser step, the heap the step freed goes back to the kernel
+    (`core.memory.release_freed_memory`, without a garbage collection: tensors are freed
+    by reference counting); every log event then carries the process's memory:
+    `memory/rss_gib` (resident after the last release), `memory/freed_gib` (what it
+    returned) and `memory/peak_gib` (the most the process has held, `VmHWM`). Must come
+    before the callbacks that read the event (`MetricsLogger`, `TrainingProgress`): it adds
+    to the event's dict. Nothing is added where the C library has no `malloc_trim`."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        released = release_freed_memory(collect=False)
+        if released is not None:
+            before, after = released
+            self.figures = {
+                "memory/rss_gib": round(after, 3),
+                "memory/freed_gib": round(max(0.0, before - after), 3),
+                "memory/peak_gib": round(status_kib("VmHWM") / 2**20, 3),
+            }
+        return control
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        if logs is not None:
+            logs.update(self.figures)
+        return control
+
+
 class MetricsLogger(TrainerCallback):
     """Every log event to `on_metrics` (numeric values only) and to the `epiflow.training` logger."""
 
@@ -196,6 +234,10 @@ class TrainingProgress(TrainerCallback):
             self.reporter.note(loss=figures["loss"])
         if is_grpo_step(figures):
             self.reporter.note(**grpo_step_figures(figures, self._token_rate(figures)))
+        if "memory/rss_gib" in figures:
+            self.reporter.note(
+                rss_gib=figures["memory/rss_gib"], peak_gib=figures.get("memory/peak_gib")
+            )
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -342,8 +342,10 @@ def train_with(
     `min_lr_ratio` over steps, or over elapsed time under `max_time_s`; training stops at
     the wall-time budget; every log event goes to `on_metrics` and `logging`, none to
     stdout; a progress line reaches the terminal at least every `progress_every_s`
-    (`training.callbacks.TrainingProgress`); the thread count follows `torch_threads`. `prepare` sees the trainer before
-    training (e.g. to load a reference model). Extra keyword arguments go to the trainer.
+    (`training.callbacks.TrainingProgress`); the heap each optimiser step freed goes back to
+    the kernel and every log event carries the process's memory (`MemoryRelease`); the
+    thread count follows `torch_threads`. `prepare` sees the trainer before training (e.g.
+    to load a reference model). Extra keyword arguments go to the trainer.
 
     Raises:
         TrainerError: the model, tokenizer or trainer cannot be built, or training failed.
@@ -351,6 +353,7 @@ def train_with(
     from transformers import PrinterCallback, ProgressCallback
 
     from training.callbacks import (
+        MemoryRelease,
         MetricsLogger,
         StopWhenAsked,
         ThreadCallback,
@@ -389,6 +392,7 @@ def train_with(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     tuner = ThreadTuner(settings.torch_threads)
+    trainer.add_callback(MemoryRelease())  # before the readers of the log event it adds to
     trainer.add_callback(MetricsLogger(job.on_metrics, budget=budget))
     trainer.add_callback(ThreadCallback(tuner))
     progress = TrainingProgress(

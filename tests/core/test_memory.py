@@ -1,4 +1,4 @@
-"""`bench/proc_status.release_freed_memory`: the heap a finished stage freed goes back to the
+"""`core.memory.release_freed_memory`: the heap a finished stage freed goes back to the
 kernel (real glibc, real /proc; run in a fresh interpreter so that the test's own heap does
 not blur the figures)."""
 
@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from proc_status import release_freed_memory, status_kib
+from core.memory import release_freed_memory, status_kib
 
 # 256 MiB in 4 KiB blocks: under glibc's mmap threshold, so they come from the heap, which
 # glibc keeps when they are freed; the block allocated after them pins the heap's top.
@@ -30,7 +30,7 @@ print(json.dumps({"held": held, "freed": freed, "released": released, "after": s
 
 def test_the_freed_heap_goes_back_to_the_kernel() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(BENCH)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _PROBE, str(ROOT)], capture_output=True, text=True, check=True
     ).stdout
     figures = json.loads(out)
     mib = 1024  # KiB
