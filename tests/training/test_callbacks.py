@@ -32,6 +32,11 @@ def test_hook_sees_every_log_event_and_nothing_is_printed(
     assert all(m == settings.max_steps for _, m, _ in seen)
     assert all("learning_rate" in logs for _, _, logs in seen if "loss" in logs)
     assert "train_loss" in seen[-1][2]  # the closing summary event
+    # Every event carries the process's memory after the last step's release of freed heap
+    # (`MemoryRelease`, real glibc): resident, what the release returned, the peak so far.
+    for _, _, logs in seen:
+        assert 0 < logs["memory/rss_gib"] <= logs["memory/peak_gib"]
+        assert logs["memory/freed_gib"] >= 0
     assert not result.stopped_by_time
     assert "'loss'" not in capsys.readouterr().out  # no metric dicts on stdout
     # save_steps: the intermediate checkpoint of every step, beside the model directory
@@ -76,7 +81,11 @@ def test_a_real_training_run_prints_progress_lines_with_step_loss_and_eta(
     step_two = next(line for line in lines if line.startswith("train sft: 2/3 steps (66%)"))
     assert re.search(r", loss \d+(\.\d+)?, ", step_two)
     assert re.search(r"(s/step|steps/s), elapsed \d+s, ETA \d+", step_two)
-    assert re.fullmatch(r"train sft: finished 3/3 steps in \d+s, loss \d+(\.\d+)?", lines[-1])
+    assert re.fullmatch(
+        r"train sft: finished 3/3 steps in \d+s, loss \d+(\.\d+)?, "
+        r"rss_gib \d+(\.\d+)?, peak_gib \d+(\.\d+)?",
+        lines[-1],
+    )
 
 
 def test_grpo_progress_lines_carry_the_steps_figures() -> None:
