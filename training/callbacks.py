@@ -15,11 +15,11 @@ Imports transformers at module level: import this module only where a trainer is
 - `TimedSaves` asks for a checkpoint every N seconds of training and records, in each
   save, how long training had run.
 - `ThreadCallback` re-chooses the intra-op thread count as the machine's load changes.
-- `MemoryRelease` hands the heap freed during each optimiser step back to the kernel
-  (`core.memory.release_freed_memory`) and adds the process's memory to every log event
-  (`memory/rss_gib` after the release, `memory/freed_gib`, `memory/peak_gib`): an RL
-  stage's process otherwise grew by ~0.9 GiB a step, in heap glibc kept, until the machine
-  ran out (docs/training.md).
+- `MemoryRelease` hands the heap the training freed back to the kernel at a step's end,
+  at most every `RELEASE_EVERY_S` (`core.memory.release_freed_memory`), and adds the
+  process's memory to every log event (`memory/rss_gib` after the release,
+  `memory/freed_gib`, `memory/peak_gib`): an RL stage's process otherwise grew by
+  ~0.9 GiB a step, in heap glibc kept, until the machine ran out (docs/training.md).
 - `StopWhenAsked` ends training with `TrainingStopped` at the next micro-batch once its
   event is set (a cancelled flow or command: `core.worker_threads.in_worker_thread`).
 - `lr_factor` is the warm-up + decay shape; `lr_lambda` turns it into a `LambdaLR`
@@ -47,6 +47,7 @@ from training.threads import ThreadTuner
 
 __all__ = [
     "ELAPSED_FILE",
+    "RELEASE_EVERY_S",
     "MemoryRelease",
     "MetricsHook",
     "MetricsLogger",
@@ -133,21 +134,45 @@ class StopWhenAsked(TrainerCallback):
         return control
 
 
-class MemoryRelease(TrainerCallback):
-    """After every optimiser step, the heap the step freed goes back to the kernel
-    (`core.memory.release_freed_memory`, without a garbage collection: tensors are freed
-    by reference counting); every log event then carries the process's memory:
-    `memory/rss_gib` (resident after the last release), `memory/freed_gib` (what it
-    returned) and `memory/peak_gib` (the most the process has held, `VmHWM`). Must come
-    before the callbacks that read the event (`MetricsLogger`, `TrainingProgress`): it adds
-    to the event's dict. Nothing is added where the C library has no `malloc_trim`."""
+RELEASE_EVERY_S = 60.0
+"""Least seconds between two releases of `MemoryRelease`: after a release the next step
+faults its memory in again from the kernel. A release at every step cost `bench/train.py`'s
+SFT step (~6 s) 13 % of its tokens/s on the AMX Xeon (565-571 → 488-497; at most every
+60 s: 535-550, as without; docs/training.md); a GRPO step over episodes (~3 minutes)
+still releases at every step."""
 
-    def __init__(self) -> None:
+
+class MemoryRelease(TrainerCallback):
+    """At the end of an optimiser step, the heap the training freed goes back to the kernel
+    (`core.memory.release_freed_memory`, without a garbage collection: tensors are freed
+    by reference counting): at the first step's end, then at the first step end
+    `every_s` after the last release. Every log event carries the process's memory:
+    `memory/rss_gib` (resident after the last release), `memory/freed_gib` (what it
+    returned) and `memory/peak_gib` (the most the process has held so far, `VmHWM`). Must
+    come before the callbacks that read the event (`MetricsLogger`, `TrainingProgress`):
+    it adds to the event's dict. Nothing is added where the C library has no
+    `malloc_trim`."""
+
+    def __init__(
+        self, every_s: float = RELEASE_EVERY_S, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: float | None = None
+        self.releases = 0
+        """Releases done so far."""
         self.figures: dict[str, float] = {}
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        now = self._clock()
+        if self._last is not None and now - self._last < self.every_s:
+            if self.figures:
+                self.figures["memory/peak_gib"] = round(status_kib("VmHWM") / 2**20, 3)
+            return control
         released = release_freed_memory(collect=False)
+        self._last = now
         if released is not None:
+            self.releases += 1
             before, after = released
             self.figures = {
                 "memory/rss_gib": round(after, 3),

@@ -136,3 +136,24 @@ def test_grpo_progress_lines_carry_the_steps_figures() -> None:
         "tokens/s 250",
     ):
         assert part in line, line
+
+
+def test_memory_is_released_at_the_first_step_end_then_at_most_every_every_s() -> None:
+    """`MemoryRelease` on an injected clock (the releases are real glibc ones): a step end
+    releases when none did for `every_s`, and the peak follows every step end."""
+    from types import SimpleNamespace
+
+    from training.callbacks import MemoryRelease
+
+    now = [0.0]
+    release = MemoryRelease(every_s=60.0, clock=lambda: now[0])
+    state, control = SimpleNamespace(global_step=0), SimpleNamespace()
+    for t in (0.0, 6.0, 59.0, 60.0, 61.0, 130.0):
+        now[0] = t
+        release.on_step_end(None, state, control)
+    assert release.releases == 3  # at 0, 60 and 130 seconds
+    logs: dict[str, float] = {"loss": 1.0}
+    release.on_log(None, state, control, logs=logs)
+    assert logs["loss"] == 1.0
+    assert 0 < logs["memory/rss_gib"] <= logs["memory/peak_gib"]
+    assert logs["memory/freed_gib"] >= 0
