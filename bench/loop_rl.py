@@ -105,6 +105,8 @@ class _StepCurve:
             "kl": "kl",
             "groups_used": "grpo/groups_used",
             "tokens": "grpo/rollout_tokens",
+            "rss_gib": "memory/rss_gib",  # after the step's release of freed heap
+            "peak_gib": "memory/peak_gib",
         }
         point = {"step": float(step)} | {
             name: round(logs[key], 4)

@@ -73,6 +73,8 @@ def test_rl_again_from_a_kept_run_reuses_its_sft_and_evaluations(tmp_path: Path)
             t: (v["base"], v["sft"]) for t, v in report["per_template"].items()
         }
         assert again["rl_steps"] == 1 and again["rollouts_generated"] > 0
+        (point,) = again["rl_curve"]  # the step's figures, its process's memory among them
+        assert point["step"] == 1 and 0 < point["rss_gib"] <= point["peak_gib"]
         assert again["rollouts_generated"] == again["rollouts_stored"]
         assert again["rl_training_run_id"] != report["rl_training_run_id"]
         # Each RL stage's report is also a file in the work directory (the first run's
