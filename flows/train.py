@@ -4,8 +4,8 @@ Stages as Prefect tasks: `dataset-snapshot` (a stored snapshot, or one built now
 collection run, `from_run`, or from the run a QC gate judged, `qc_run`), `base-model` (the
 given checkpoint, else the newest base model, built from the protocol corpus when none
 exists: no download, ever), `train` (TRL off the event loop; a progress artifact of step /
-max steps and a table of loss and learning rate, kept current while it trains; stops at
-`max_time_s`) and `register-checkpoint`. `grpo` is agentic GRPO over whole episodes: its `train` stage
+max steps and a table of loss, learning rate and the process's memory, kept current while
+it trains; stops at `max_time_s`) and `register-checkpoint`. `grpo` is agentic GRPO over whole episodes: its `train` stage
 runs the rollouts as a collection run keyed by the training run (gated online per batch),
 its progress artifact is updated at every optimiser step with the step's reward mean and
 std, success rate, KL, grad norm, groups dropped (zero variance, infrastructure, gate) and
@@ -229,6 +229,9 @@ class _TrainingMonitor:
                     "learning_rate": logs.get("learning_rate"),
                     "grad_norm": round(logs["grad_norm"], 5) if "grad_norm" in logs else None,
                     "epoch": logs.get("epoch"),
+                    # the training process's memory (`training.callbacks.MemoryRelease`)
+                    "rss_gib": logs.get("memory/rss_gib"),
+                    "peak_gib": logs.get("memory/peak_gib"),
                 }
                 self.rows.append(row | (figures or {}))
             now = time.monotonic()

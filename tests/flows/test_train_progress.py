@@ -2,7 +2,7 @@
 artifact is updated at every optimiser step (not at most once a second), its description
 carrying the step's reward mean and std, success rate, KL, grad norm, groups dropped by
 why, the step's rollout tokens and tokens/s; the loss table has the same figures per
-step. The metrics hook is fed from a worker thread, as the trainer calls it."""
+step, and the process's memory. The metrics hook is fed from a worker thread, as the trainer calls it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def _logs(step: int) -> dict[str, float]:
         "grpo/groups_dropped_infrastructure": float(step - 1),
         "grpo/groups_dropped_qc": 0.0,
         "grpo/rollout_tokens": 3000.0 * step,
+        "memory/rss_gib": 4.0 + step / 10,
+        "memory/freed_gib": 6.5,
+        "memory/peak_gib": 10.5,
     }
 
 
@@ -86,3 +89,4 @@ def test_grpo_progress_artifact_is_updated_at_every_optimiser_step(prefect_harne
     assert rows[1]["success"] == 0.5 and rows[1]["kl"] == 0.04
     assert rows[0]["tokens/s"] is None and rows[1]["tokens/s"] > 0
     assert [r["tokens"] for r in rows] == [3000, 6000, 9000]
+    assert [(r["rss_gib"], r["peak_gib"]) for r in rows] == [(4.1, 10.5), (4.2, 10.5), (4.3, 10.5)]
