@@ -10,7 +10,7 @@ thread that allocated), and PyTorch on CPU frees many such blocks of ever-changi
 (each rollout's KV cache, each micro-batch's activations). A `bench/loop.py` process held
 11.4-11.8 GiB after SFT and 18.4 GiB after GRPO, idle; an RL stage's process grew from
 10.4 GiB in its first step to 20.1 GiB in its twelfth and was OOM-killed on a 24 GiB
-machine (docs/training.md). The trainers release after every optimiser step
+machine (docs/training.md). The trainers release at a step's end, at most every 60 s
 (`training.callbacks.MemoryRelease`), the benchmark before every stage that starts
 another process.
 """

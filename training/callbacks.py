@@ -165,20 +165,16 @@ class MemoryRelease(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         now = self._clock()
-        if self._last is not None and now - self._last < self.every_s:
-            if self.figures:
-                self.figures["memory/peak_gib"] = round(status_kib("VmHWM") / 2**20, 3)
-            return control
-        released = release_freed_memory(collect=False)
-        self._last = now
-        if released is not None:
-            self.releases += 1
-            before, after = released
-            self.figures = {
-                "memory/rss_gib": round(after, 3),
-                "memory/freed_gib": round(max(0.0, before - after), 3),
-                "memory/peak_gib": round(status_kib("VmHWM") / 2**20, 3),
-            }
+        if self._last is None or now - self._last >= self.every_s:
+            released = release_freed_memory(collect=False)
+            self._last = now
+            if released is not None:
+                self.releases += 1
+                before, after = released
+                self.figures["memory/rss_gib"] = round(after, 3)
+                self.figures["memory/freed_gib"] = round(max(0.0, before - after), 3)
+        if self.figures:
+            self.figures["memory/peak_gib"] = round(status_kib("VmHWM") / 2**20, 3)
         return control
 
     def on_log(
